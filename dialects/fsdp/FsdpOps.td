@@ -1,0 +1,443 @@
+//===- FsdpOps.td - fsdp dialect operations ----------------*- tablegen -*-===//
+//
+// The descriptions below are the dialect's manual (docs/dialect/FsdpDialect.md
+// is generated from them).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_OPS_TD
+#define FSDP_OPS_TD
+
+include "fsdp/FsdpDialect.td"
+include "mlir/Dialect/Shard/IR/ShardBase.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+def Fsdp_StaticTensor : Type<And<[AnyRankedTensor.predicate, HasStaticShapePred]>,
+                             "statically shaped tensor", "::mlir::RankedTensorType">;
+
+//===----------------------------------------------------------------------===//
+// Module structure: wrap units and parameters
+//===----------------------------------------------------------------------===//
+
+def Fsdp_UnitOp : Fsdp_Op<"unit", [Symbol, HasParent<"::mlir::ModuleOp">]> {
+  let summary = "A wrap unit: one FSDP communication group.";
+  let description = [{
+    Declares a wrap unit, the analogue of one `fully_shard` call in PyTorch
+    FSDP2: the parameters that name this unit are gathered together and their
+    gradients reduced together. Units are chosen bottom-up at capture time
+    (by module class or predicate; by default each transformer block).
+
+    Exactly one unit may carry `root`: it owns every parameter not owned by a
+    nested unit, and FSDP2 keeps it unsharded after forward by default.
+    `class` records the PyTorch module class the unit was made from.
+
+    ```mlir
+    fsdp.unit @root root
+    fsdp.unit @"layers.0" class "Block"
+    ```
+
+    Rules: at most one root unit per module.
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, UnitAttr:$root,
+                       OptionalAttr<StrAttr>:$module_class);
+  let assemblyFormat = [{
+    $sym_name (`root` $root^)? (`class` $module_class^)? attr-dict
+  }];
+  let hasVerifier = 1;
+}
+
+def Fsdp_ParamOp : Fsdp_Op<"param", [
+    Symbol, HasParent<"::mlir::ModuleOp">,
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "A named model parameter, and how it is sharded.";
+  let description = [{
+    Declares a model parameter by its PyTorch fully qualified name (FQN), with
+    its logical (unsharded, unpadded) type and the wrap unit that owns it.
+    `frozen` marks parameters with `requires_grad=False`: they are gathered
+    but never receive gradients.
+
+    Once sharded, the parameter is split along dim 0 over the ranks of the
+    grid axes listed after `sharded on`. Every rank stores ceil(dim0 / N) rows
+    (N = product of those axes' sizes); `padding` is the number of zero rows
+    this adds over the whole group, N * ceil(dim0 / N) - dim0. Grid axes not
+    listed replicate the parameter (hybrid sharding). A parameter without
+    `sharded` is replicated on every rank (NO_SHARD).
+
+    ```mlir
+    shard.grid @dp(shape = 4)
+    fsdp.unit @root root
+    fsdp.param @"tok_emb.weight" : tensor<50257x768xf32> unit @root
+    fsdp.param @"lm_head.bias" : tensor<10xf32> unit @root frozen
+        sharded on @dp axes = [0] padding = 2
+    ```
+
+    Rules: the type is statically shaped; the unit names an `fsdp.unit`;
+    `sharded on`, `axes` and `padding` come together; a sharded parameter has
+    rank >= 1; the grid names a `shard.grid`, the axes are distinct, in range
+    and of static size; `padding` equals N * ceil(dim0 / N) - dim0.
+  }];
+  let arguments = (ins
+    SymbolNameAttr:$sym_name,
+    TypeAttrOf<Fsdp_StaticTensor>:$type,
+    FlatSymbolRefAttr:$unit,
+    UnitAttr:$frozen,
+    OptionalAttr<FlatSymbolRefAttr>:$grid,
+    OptionalAttr<Shard_GridAxesAttr>:$grid_axes,
+    OptionalAttr<I64Attr>:$padding);
+  let assemblyFormat = [{
+    $sym_name `:` $type `unit` $unit (`frozen` $frozen^)?
+    (`sharded` `on` $grid^ `axes` `=` $grid_axes `padding` `=` $padding)?
+    attr-dict
+  }];
+  let extraClassDeclaration = [{
+    ::mlir::RankedTensorType getLogicalType() {
+      return ::llvm::cast<::mlir::RankedTensorType>(getType());
+    }
+    bool isSharded() { return getGridAttr() != nullptr; }
+    bool isTrainable() { return !getFrozen(); }
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Training-step body
+//===----------------------------------------------------------------------===//
+
+def Fsdp_GetParamOp : Fsdp_Op<"get_param", [
+    Pure, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "Read this rank's copy of a parameter.";
+  let description = [{
+    Yields the parameter named by `name` as this rank stores it: the logical
+    tensor for a replicated parameter, or this rank's padded shard
+    (ceil(dim0 / N) rows, the parameter's own dtype) for a sharded one. The
+    sharding passes turn the shard into a full tensor with
+    `fsdp.all_gather_start` / `fsdp.wait`.
+
+    ```mlir
+    %w = fsdp.get_param @"fc1.weight" : tensor<64x32xf32>
+    ```
+
+    Rules: `name` is an `fsdp.param`, and the result type is its local type.
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$name);
+  let results = (outs Fsdp_StaticTensor:$result);
+  let assemblyFormat = "$name attr-dict `:` type($result)";
+}
+
+def Fsdp_AtenOp : Fsdp_Op<"aten", [
+    DeclareOpInterfaceMethods<MemoryEffectsOpInterface>]> {
+  let summary = "One ATen operator call, keyed by its schema name.";
+  let description = [{
+    A call of a functional (out-of-place) ATen operator, e.g. `aten::mm` or
+    `aten::add.Tensor`: namespace `::` name, then `.` overload if any. One
+    generic op covers the whole of core ATen instead of one ODS definition per
+    operator, because the sharding passes never look inside compute: they only
+    need its operands, results and order, and a generated op set would have to
+    track every PyTorch release. Operators the passes do care about can get
+    their own ops later without changing this one.
+
+    The operands are the call's tensor (and symbolic scalar) arguments. `args`,
+    when present, is the full schema argument list in order: an `index`
+    integer `i` stands for operand `i`, an array for a list argument, and any
+    other entry is a literal (`i64`, `f64`, `i1`, string, a type for a dtype,
+    `unit` for None). Without `args` the operands are the argument list.
+
+    `random` marks operators that draw random numbers (dropout, rand): they
+    touch the generator state, so they are never merged or dropped. All other
+    calls are free of side effects.
+
+    ```mlir
+    %y = fsdp.aten "aten::addmm" (%b, %x, %w) args [0 : index, 1 : index, 2 : index, 1 : i64, 1 : i64]
+           : (tensor<64xf32>, tensor<8x32xf32>, tensor<32x64xf32>) -> tensor<8x64xf32>
+    ```
+
+    Rules: the name has the form `ns::name[.overload]` with identifier
+    characters; it is not an in-place operator (`name_`), since capture is
+    functional; every operand is referenced exactly once by `args`, every
+    index is in range, and every literal is of a supported kind.
+  }];
+  let arguments = (ins StrAttr:$callee, Variadic<AnyType>:$inputs,
+                       OptionalAttr<ArrayAttr>:$args, UnitAttr:$random);
+  let results = (outs Variadic<AnyType>:$outputs);
+  let assemblyFormat = [{
+    $callee `(` $inputs `)` (`args` $args^)? (`random` $random^)? attr-dict
+    `:` functional-type($inputs, $outputs)
+  }];
+  let hasVerifier = 1;
+}
+
+def Fsdp_CastOp : Fsdp_Op<"cast", [Pure]> {
+  let summary = "Element-type conversion of a tensor.";
+  let description = [{
+    Converts every element to the result's element type, as `Tensor.to(dtype)`
+    does. The sharding passes fuse casts next to collectives into the
+    collectives' copy-in and copy-out; this op is for the casts that remain
+    (`cast_forward_inputs`, `output_dtype`). A cast to the same type folds
+    away.
+
+    ```mlir
+    %h = fsdp.cast %x : tensor<8x32xf32> to tensor<8x32xbf16>
+    ```
+
+    Rules: operand and result have the same shape; both element types are
+    integer or floating point.
+  }];
+  let arguments = (ins AnyRankedTensor:$input);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `to` type($result)";
+  let hasVerifier = 1;
+  let hasFolder = 1;
+}
+
+def Fsdp_LossOp : Fsdp_Op<"loss", [
+    MemoryEffects<[MemWrite<Fsdp_StepResultResource>]>]> {
+  let summary = "Marks the loss; what follows is the backward pass.";
+  let description = [{
+    Marks the scalar loss of the training step. It also marks the boundary
+    between forward and backward: operations before it in the function's body
+    form the forward pass, operations after it the backward pass.
+
+    ```mlir
+    fsdp.loss %l : tensor<f32>
+    ```
+
+    Rules: the loss is a rank-0 floating-point tensor; the op sits directly in
+    a function body, at most once per function.
+  }];
+  let arguments = (ins 0DTensorOf<[AnyFloat]>:$loss);
+  let assemblyFormat = "$loss attr-dict `:` type($loss)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_GradientsOp : Fsdp_Op<"gradients", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+    MemoryEffects<[MemWrite<Fsdp_StepResultResource>]>]> {
+  let summary = "Hands over the step's parameter gradients.";
+  let description = [{
+    Names the gradient of each listed parameter: `grads[i]` is the gradient of
+    `params[i]` for this step, to be accumulated into the parameter's `.grad`
+    and stepped by the optimizer. Before sharding a gradient has the
+    parameter's logical type; once the parameter is sharded it is this rank's
+    padded shard, as `fsdp.reduce_scatter_start` produces it. Tied parameters
+    are one parameter and so have one gradient.
+
+    ```mlir
+    fsdp.gradients [@"fc1.weight", @"fc1.bias"] %gw, %gb
+        : tensor<64x32xf32>, tensor<64xf32>
+    ```
+
+    Rules: one gradient per listed parameter; no parameter listed twice; every
+    name is a trainable `fsdp.param`; each gradient has its parameter's local
+    type; the op follows the function's `fsdp.loss`, in the same block, and
+    appears at most once per function.
+  }];
+  let arguments = (ins SymbolRefArrayAttr:$params,
+                       Variadic<AnyRankedTensor>:$grads);
+  let assemblyFormat = "$params $grads attr-dict `:` type($grads)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Asynchronous collectives
+//===----------------------------------------------------------------------===//
+
+class Fsdp_CollectiveStartOp<string mnemonic, list<Trait> traits = []>
+    : Fsdp_Op<mnemonic, !listconcat(traits, [
+        DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+        MemoryEffects<[MemRead<Fsdp_CommResource>, MemWrite<Fsdp_CommResource>]>])> {
+  let results = (outs Fsdp_FutureType:$future);
+  let hasVerifier = 1;
+}
+
+def Fsdp_AllGatherStartOp : Fsdp_CollectiveStartOp<"all_gather_start"> {
+  let summary = "Start gathering a bucket of dim-0 shards into full tensors.";
+  let description = [{
+    Starts one all-gather over the ranks of `axes` of `grid` (N ranks) for a
+    bucket of shards. Each input is this rank's padded shard (ceil(dim0 / N)
+    rows); the matching result, yielded by `fsdp.wait`, is the full tensor
+    with its logical dim0: the padding is dropped by the copy-out. All results
+    share one element type, the communication dtype (`param_dtype` under mixed
+    precision): the copy-in casts each shard to it while packing the bucket,
+    so there is no separate cast copy.
+
+    `unit` names the wrap unit whose parameters this bucket holds; `prefetch
+    k` (k >= 1) records that the prefetch pass issued it k units before the
+    unit runs. The inputs stay alive until the wait.
+
+    ```mlir
+    %f = fsdp.all_gather_start %w, %b on @dp axes = [0] unit @"layers.0"
+           : tensor<3x32xf32>, tensor<3xf32> -> !fsdp.future<tensor<10x32xbf16>, tensor<10xbf16>>
+    %w_full, %b_full = fsdp.wait %f : !fsdp.future<tensor<10x32xbf16>, tensor<10xbf16>>
+    ```
+
+    Rules: a non-empty bucket with one result per input; inputs of rank >= 1,
+    result ranks and trailing dims equal to the input's, input dim0 =
+    ceil(result dim0 / N); one result element type, reached from each input
+    by a float-to-float cast or no cast; grid axes distinct, in range and
+    static; `unit` names an `fsdp.unit`; `prefetch` >= 1 and only with
+    `unit`; the future has exactly one use, an `fsdp.wait` in the same block.
+  }];
+  let arguments = (ins Variadic<Fsdp_StaticTensor>:$inputs,
+                       FlatSymbolRefAttr:$grid, Shard_GridAxesAttr:$grid_axes,
+                       OptionalAttr<FlatSymbolRefAttr>:$unit,
+                       OptionalAttr<I64Attr>:$prefetch);
+  let assemblyFormat = [{
+    $inputs `on` $grid `axes` `=` $grid_axes (`unit` $unit^)?
+    (`prefetch` $prefetch^)? attr-dict `:` type($inputs) `->` qualified(type($future))
+  }];
+}
+
+def Fsdp_ReduceScatterStartOp : Fsdp_CollectiveStartOp<"reduce_scatter_start"> {
+  let summary = "Start reducing a bucket of full gradients into dim-0 shards.";
+  let description = [{
+    Starts one reduce-scatter over the ranks of `axes` of `grid` (N ranks).
+    Each input is a full gradient with its logical dim0; the matching result
+    is this rank's padded shard of the reduced sum or average (ceil(dim0 / N)
+    rows; padding rows are zero). The copy-in widens or narrows each input to
+    `reduce_dtype` while packing; the copy-out casts to each result's element
+    type (usually the parameter's dtype).
+
+    `average` is the FSDP2 default for fp32 and bf16. For fp16, whose range
+    overflows when summing, use `sum` with `pre_divide` (applied before the
+    reduction) and `post_divide` (after), as FSDP2 does.
+
+    ```mlir
+    %f = fsdp.reduce_scatter_start %gw on @dp axes = [0] reduction = average reduce_dtype = f32
+           : tensor<10x32xbf16> -> !fsdp.future<tensor<3x32xf32>>
+    ```
+
+    Rules: a non-empty bucket with one result per input; inputs of rank >= 1;
+    result dim0 = ceil(input dim0 / N), other dims equal; inputs, results and
+    `reduce_dtype` floating point; reduction `sum` or `average`; `average`
+    not with an f16 reduce dtype; divide factors positive and only with
+    `sum`; grid axes distinct, in range and static; `unit` names an
+    `fsdp.unit`; the future has exactly one use, an `fsdp.wait` in the same
+    block.
+  }];
+  let arguments = (ins Variadic<Fsdp_StaticTensor>:$inputs,
+                       FlatSymbolRefAttr:$grid, Shard_GridAxesAttr:$grid_axes,
+                       Shard_ReductionKindAttr:$reduction,
+                       TypeAttr:$reduce_dtype,
+                       OptionalAttr<F64Attr>:$pre_divide,
+                       OptionalAttr<F64Attr>:$post_divide,
+                       OptionalAttr<FlatSymbolRefAttr>:$unit);
+  let assemblyFormat = [{
+    $inputs `on` $grid `axes` `=` $grid_axes `reduction` `=` $reduction
+    `reduce_dtype` `=` $reduce_dtype (`pre_divide` `=` $pre_divide^)?
+    (`post_divide` `=` $post_divide^)? (`unit` $unit^)?
+    attr-dict `:` type($inputs) `->` qualified(type($future))
+  }];
+}
+
+def Fsdp_AllReduceStartOp : Fsdp_CollectiveStartOp<"all_reduce_start"> {
+  let summary = "Start reducing a bucket of tensors on every rank.";
+  let description = [{
+    Starts one all-reduce over the ranks of `axes` of `grid`; every rank gets
+    the reduced tensors. It carries gradients for NO_SHARD (DDP-like) and
+    the replicate axis of HYBRID_SHARD, and small reductions such as the
+    global gradient norm. Copy-in casts to `reduce_dtype`, copy-out to each
+    result's element type.
+
+    ```mlir
+    %f = fsdp.all_reduce_start %g on @hsdp axes = [0] reduction = average reduce_dtype = f32
+           : tensor<3x32xf32> -> !fsdp.future<tensor<3x32xf32>>
+    ```
+
+    Rules: a non-empty bucket with one result per input, of equal shapes;
+    inputs, results and `reduce_dtype` floating point; reduction `sum`,
+    `average`, `max`, `min` or `product`; `average` not with an f16 reduce
+    dtype; divide factors positive and only with `sum`; grid axes distinct,
+    in range and static; `unit` names an `fsdp.unit`; the future has exactly
+    one use, an `fsdp.wait` in the same block.
+  }];
+  let arguments = (ins Variadic<Fsdp_StaticTensor>:$inputs,
+                       FlatSymbolRefAttr:$grid, Shard_GridAxesAttr:$grid_axes,
+                       Shard_ReductionKindAttr:$reduction,
+                       TypeAttr:$reduce_dtype,
+                       OptionalAttr<F64Attr>:$pre_divide,
+                       OptionalAttr<F64Attr>:$post_divide,
+                       OptionalAttr<FlatSymbolRefAttr>:$unit);
+  let assemblyFormat = [{
+    $inputs `on` $grid `axes` `=` $grid_axes `reduction` `=` $reduction
+    `reduce_dtype` `=` $reduce_dtype (`pre_divide` `=` $pre_divide^)?
+    (`post_divide` `=` $post_divide^)? (`unit` $unit^)?
+    attr-dict `:` type($inputs) `->` qualified(type($future))
+  }];
+}
+
+def Fsdp_WaitOp : Fsdp_Op<"wait", [
+    DeclareOpInterfaceMethods<InferTypeOpInterface>,
+    MemoryEffects<[MemRead<Fsdp_CommResource>, MemWrite<Fsdp_CommResource>]>]> {
+  let summary = "Wait for an asynchronous collective and take its results.";
+  let description = [{
+    Blocks (the compute stream, not the host) until the collective that made
+    `future` has finished, and yields its results, typed by the future. For
+    an all-gather the results are gathered buffers, alive until the
+    `fsdp.reshard` that frees them.
+
+    ```mlir
+    %w_full = fsdp.wait %f : !fsdp.future<tensor<10x32xbf16>>
+    ```
+
+    Rules: the future comes straight from a `*_start` op.
+  }];
+  let arguments = (ins Fsdp_FutureType:$future);
+  let results = (outs Variadic<Fsdp_StaticTensor>:$results);
+  let assemblyFormat = "$future attr-dict `:` qualified(type($future))";
+  let hasVerifier = 1;
+}
+
+def Fsdp_ReshardOp : Fsdp_Op<"reshard", [
+    MemoryEffects<[MemFree<Fsdp_GatheredBufferResource>]>]> {
+  let summary = "Free gathered parameter buffers.";
+  let description = [{
+    Frees unsharded parameter buffers that an all-gather produced, returning
+    the parameters to their sharded state (FSDP2's reshard). With
+    `reshard_after_forward` it follows a unit's last forward use, and a later
+    all-gather brings the parameters back for backward.
+
+    ```mlir
+    fsdp.reshard %w_full, %b_full : tensor<10x32xbf16>, tensor<10xbf16>
+    ```
+
+    Rules: every operand is a result of an `fsdp.wait` on an
+    `fsdp.all_gather_start`; no operand is freed twice; every other use of a
+    buffer precedes the free in the same block (a use inside a nested region
+    counts at its enclosing op); a collective reading the buffer has been
+    waited for before the free.
+  }];
+  let arguments = (ins Variadic<AnyRankedTensor>:$buffers);
+  let assemblyFormat = "$buffers attr-dict `:` type($buffers)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_AllSliceOp : Fsdp_Op<"all_slice", [
+    Pure, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "Keep this rank's dim-0 shard of a full tensor (no communication).";
+  let description = [{
+    Cuts this rank's padded dim-0 shard out of a full tensor that every rank
+    of the group holds, as `shard.all_slice` does, without communicating. It
+    implements an integer `reshard_after_forward`: after forward a unit keeps
+    a shard over a smaller group (e.g. the ranks of one node) so that the
+    backward all-gather stays within that group.
+
+    ```mlir
+    %s = fsdp.all_slice %w_full on @grid2d axes = [1] : tensor<10x32xbf16> -> tensor<5x32xbf16>
+    ```
+
+    Rules: input rank >= 1; result dim0 = ceil(input dim0 / N) and the other
+    dims and the element type equal the input's; grid axes distinct, in range
+    and static.
+  }];
+  let arguments = (ins Fsdp_StaticTensor:$input, FlatSymbolRefAttr:$grid,
+                       Shard_GridAxesAttr:$grid_axes);
+  let results = (outs Fsdp_StaticTensor:$result);
+  let assemblyFormat = [{
+    $input `on` $grid `axes` `=` $grid_axes attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+#endif // FSDP_OPS_TD

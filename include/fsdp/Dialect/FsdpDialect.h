@@ -1,0 +1,42 @@
+//===- FsdpDialect.h - the fsdp dialect, its types and resources -*- C++ -*-===//
+
+#ifndef FSDP_DIALECT_FSDPDIALECT_H
+#define FSDP_DIALECT_FSDPDIALECT_H
+
+#include "mlir/Dialect/Shard/IR/ShardDialect.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Dialect.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+
+#include "fsdp/FsdpDialect.h.inc"
+
+#define GET_TYPEDEF_CLASSES
+#include "fsdp/FsdpTypes.h.inc"
+
+namespace mlir::fsdp {
+
+/// The communication streams that all collectives read and write.
+struct CommResource : public SideEffects::Resource::Base<CommResource> {
+  StringRef getName() final { return "fsdp.comm"; }
+};
+
+/// The step's results as the runtime sees them (loss, gradients).
+struct StepResultResource : public SideEffects::Resource::Base<StepResultResource> {
+  StringRef getName() final { return "fsdp.step_result"; }
+};
+
+/// Unsharded parameter storage produced by all-gathers and freed by reshard.
+struct GatheredBufferResource
+    : public SideEffects::Resource::Base<GatheredBufferResource> {
+  StringRef getName() final { return "fsdp.gathered_buffer"; }
+};
+
+/// The random-number generator state that `fsdp.aten ... random` calls advance.
+struct RandomGeneratorResource
+    : public SideEffects::Resource::Base<RandomGeneratorResource> {
+  StringRef getName() final { return "fsdp.rng"; }
+};
+
+} // namespace mlir::fsdp
+
+#endif // FSDP_DIALECT_FSDPDIALECT_H

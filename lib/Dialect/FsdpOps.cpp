@@ -1,0 +1,660 @@
+//===- FsdpOps.cpp - fsdp dialect verifiers and folders -------------------===//
+//
+// Every invariant in an op's ODS description is enforced here. Rules that need
+// other symbols (grids, units, parameters) live in verifySymbolUses, which MLIR
+// runs after all ops have passed their own verifiers.
+//
+//===----------------------------------------------------------------------===//
+
+#include "fsdp/Dialect/FsdpOps.h"
+#include "fsdp/Support/AtenOpName.h"
+#include "fsdp_rt/ShardLayout.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/OpImplementation.h"
+#include "mlir/Interfaces/FunctionInterfaces.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallPtrSet.h"
+#include "llvm/ADT/SmallSet.h"
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+#define GET_OP_CLASSES
+#include "fsdp/FsdpOps.cpp.inc"
+
+//===----------------------------------------------------------------------===//
+// Shared helpers
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Resolves grids, units and parameters for one op and reports what does not
+/// resolve on that op.
+class SymbolResolver {
+public:
+  SymbolResolver(Operation *user, SymbolTableCollection &tables)
+      : user(user), tables(tables) {}
+
+  /// Number of ranks in the group spanned by `axes` of the grid `gridRef`.
+  FailureOr<int64_t> groupSize(FlatSymbolRefAttr gridRef,
+                               ArrayRef<int16_t> axes) const {
+    auto grid = tables.lookupNearestSymbolFrom<shard::GridOp>(user, gridRef);
+    if (!grid)
+      return user->emitOpError() << gridRef << " does not name a shard.grid";
+    if (axes.empty())
+      return user->emitOpError("needs at least one grid axis");
+    ArrayRef<int64_t> shape = grid.getShape();
+    llvm::SmallSet<int16_t, 4> seen;
+    SmallVector<int64_t> sizes;
+    for (int16_t axis : axes) {
+      if (axis < 0 || axis >= static_cast<int64_t>(shape.size()))
+        return user->emitOpError()
+               << "grid axis " << axis << " is out of range for " << gridRef
+               << " of rank " << shape.size();
+      if (!seen.insert(axis).second)
+        return user->emitOpError() << "grid axis " << axis << " is listed twice";
+      if (ShapedType::isDynamic(shape[axis]))
+        return user->emitOpError()
+               << "grid axis " << axis << " of " << gridRef
+               << " has a dynamic size; collectives need a static group size";
+      sizes.push_back(shape[axis]);
+    }
+    std::optional<int64_t> size = fsdp_rt::groupSizeOf(sizes.data(), sizes.size());
+    if (!size)
+      return user->emitOpError() << "group size over grid axes of " << gridRef
+                                 << " is not a positive 64-bit integer";
+    return *size;
+  }
+
+  FailureOr<ParamOp> param(FlatSymbolRefAttr name) const {
+    auto param = tables.lookupNearestSymbolFrom<ParamOp>(user, name);
+    if (!param)
+      return user->emitOpError() << name << " does not name an fsdp.param";
+    return param;
+  }
+
+  LogicalResult unit(FlatSymbolRefAttr name) const {
+    if (!tables.lookupNearestSymbolFrom<UnitOp>(user, name))
+      return user->emitOpError() << name << " does not name an fsdp.unit";
+    return success();
+  }
+
+  /// The type this rank stores for `param`: its padded shard when sharded,
+  /// its logical type otherwise.
+  FailureOr<RankedTensorType> localType(ParamOp param) const {
+    RankedTensorType logical = param.getLogicalType();
+    if (!param.isSharded())
+      return logical;
+    FailureOr<int64_t> size = groupSize(param.getGridAttr(), *param.getGridAxes());
+    if (failed(size))
+      return failure();
+    auto layout = fsdp_rt::Dim0ShardLayout::create(logical.getDimSize(0), *size);
+    if (!layout)
+      return user->emitOpError() << "cannot shard " << logical.getDimSize(0)
+                                 << " rows over " << *size << " ranks";
+    SmallVector<int64_t> shape(logical.getShape());
+    shape[0] = layout->shardRows();
+    return RankedTensorType::get(shape, logical.getElementType());
+  }
+
+private:
+  Operation *user;
+  SymbolTableCollection &tables;
+};
+
+/// Checks that `shardRows` is the shard size of `fullRows` over `groupSize`
+/// ranks; `what` names the tensor pair in the message.
+LogicalResult verifyShardRows(Operation *op, const Twine &what, int64_t fullRows,
+                              int64_t shardRows, int64_t groupSize) {
+  auto layout = fsdp_rt::Dim0ShardLayout::create(fullRows, groupSize);
+  if (!layout)
+    return op->emitOpError() << what << ": cannot shard " << fullRows
+                             << " rows over " << groupSize << " ranks";
+  if (layout->shardRows() != shardRows)
+    return op->emitOpError()
+           << what << ": a shard of " << fullRows << " rows over " << groupSize
+           << " ranks has " << layout->shardRows() << " rows (ceil(" << fullRows
+           << "/" << groupSize << ")), not " << shardRows;
+  return success();
+}
+
+/// Checks the parts of a full/shard tensor pair that do not depend on the
+/// group size: ranks >= 1 and equal, equal trailing dims.
+LogicalResult verifyFullShardPair(Operation *op, const Twine &what,
+                                  RankedTensorType full, RankedTensorType shard) {
+  if (full.getRank() < 1 || shard.getRank() < 1)
+    return op->emitOpError() << what << ": dim-0 sharding needs rank >= 1";
+  if (full.getRank() != shard.getRank())
+    return op->emitOpError() << what << ": ranks differ (" << full << " vs "
+                             << shard << ")";
+  for (int64_t dim = 1; dim < full.getRank(); ++dim)
+    if (full.getDimSize(dim) != shard.getDimSize(dim))
+      return op->emitOpError() << what << ": dim " << dim << " differs ("
+                               << full << " vs " << shard << ")";
+  return success();
+}
+
+/// The common rules of a bucketed collective: a non-empty bucket whose future
+/// carries one result per input, waited for exactly once in the same block.
+LogicalResult verifyBucketAndPairing(Operation *op, ValueRange inputs,
+                                     FutureType future) {
+  if (inputs.empty())
+    return op->emitOpError("needs at least one tensor in its bucket");
+  if (future.getResults().size() != inputs.size())
+    return op->emitOpError() << "future carries " << future.getResults().size()
+                             << " results for " << inputs.size() << " inputs";
+  Value result = op->getResult(0);
+  if (result.use_empty())
+    return op->emitOpError("is never waited for: its future needs an fsdp.wait");
+  if (!result.hasOneUse())
+    return op->emitOpError("future is used more than once; it takes exactly one fsdp.wait");
+  Operation *user = *result.getUsers().begin();
+  if (!isa<WaitOp>(user))
+    return op->emitOpError("future must be consumed by fsdp.wait, not ")
+           << user->getName();
+  if (user->getBlock() != op->getBlock())
+    return op->emitOpError("must be waited for in the block that starts it");
+  return success();
+}
+
+/// Dtype and reduction rules shared by reduce-scatter and all-reduce.
+LogicalResult verifyReduction(Operation *op, TypeRange inputs, ArrayRef<Type> results,
+                              shard::ReductionKind kind, Type reduceDtype,
+                              std::optional<APFloat> preDivide,
+                              std::optional<APFloat> postDivide, bool scatter) {
+  for (auto [index, type] : llvm::enumerate(inputs))
+    if (!isa<FloatType>(cast<RankedTensorType>(type).getElementType()))
+      return op->emitOpError() << "input " << index << " has element type "
+                               << cast<RankedTensorType>(type).getElementType()
+                               << "; reductions need floating point";
+  for (auto [index, type] : llvm::enumerate(results))
+    if (!isa<FloatType>(cast<RankedTensorType>(type).getElementType()))
+      return op->emitOpError() << "result " << index << " has element type "
+                               << cast<RankedTensorType>(type).getElementType()
+                               << "; reductions need floating point";
+  if (!isa<FloatType>(reduceDtype))
+    return op->emitOpError() << "reduce_dtype must be a floating-point type, got "
+                             << reduceDtype;
+
+  using shard::ReductionKind;
+  bool allowed = kind == ReductionKind::Sum || kind == ReductionKind::Average;
+  if (!scatter)
+    allowed |= kind == ReductionKind::Max || kind == ReductionKind::Min ||
+               kind == ReductionKind::Product;
+  if (!allowed)
+    return op->emitOpError() << "reduction " << shard::stringifyReductionKind(kind)
+                             << " is not supported here; use "
+                             << (scatter ? "sum or average"
+                                         : "sum, average, max, min or product");
+  if (kind == ReductionKind::Average && reduceDtype.isF16())
+    return op->emitOpError("average in f16 can overflow; use reduction sum with "
+                           "pre_divide and post_divide");
+  for (auto [name, factor] : {std::pair{"pre_divide", preDivide},
+                              std::pair{"post_divide", postDivide}}) {
+    if (!factor)
+      continue;
+    if (kind != ReductionKind::Sum)
+      return op->emitOpError() << name << " applies only to reduction sum";
+    if (!factor->isFiniteNonZero() || factor->isNegative())
+      return op->emitOpError() << name << " must be positive and finite";
+  }
+  return success();
+}
+
+bool isCollectiveStart(Operation *op) {
+  return isa_and_nonnull<AllGatherStartOp, ReduceScatterStartOp, AllReduceStartOp>(op);
+}
+
+/// Rejects a second op of type OpT before `op` in its block.
+template <typename OpT>
+LogicalResult verifyFirstInBlock(Operation *op, StringRef what) {
+  for (Operation &other : *op->getBlock()) {
+    if (&other == op)
+      return success();
+    if (isa<OpT>(other))
+      return op->emitOpError() << "appears twice in one function; a step has one "
+                               << what;
+  }
+  return success();
+}
+
+LogicalResult verifyInFunctionBody(Operation *op) {
+  if (!isa_and_nonnull<FunctionOpInterface>(op->getParentOp()))
+    return op->emitOpError("must sit directly in a function body");
+  return success();
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// UnitOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult UnitOp::verify() {
+  if (!getRoot())
+    return success();
+  for (UnitOp other : (*this)->getBlock()->getOps<UnitOp>()) {
+    if (other == *this)
+      break;
+    if (other.getRoot())
+      return emitOpError() << "declares a second root unit; @"
+                           << other.getSymName() << " is already the root";
+  }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// ParamOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult ParamOp::verify() {
+  unsigned given = (getGridAttr() != nullptr) + getGridAxes().has_value() +
+                   getPadding().has_value();
+  if (given != 0 && given != 3)
+    return emitOpError("'sharded on', 'axes' and 'padding' must be given together");
+  if (!isSharded())
+    return success();
+  if (getLogicalType().getRank() < 1)
+    return emitOpError("a sharded parameter needs rank >= 1 (it is split along dim 0)");
+  if (getPaddingAttr().getInt() < 0)
+    return emitOpError("padding must be non-negative, got ") << getPaddingAttr().getInt();
+  return success();
+}
+
+LogicalResult ParamOp::verifySymbolUses(SymbolTableCollection &tables) {
+  SymbolResolver resolve(*this, tables);
+  if (failed(resolve.unit(getUnitAttr())))
+    return failure();
+  if (!isSharded())
+    return success();
+  FailureOr<int64_t> size = resolve.groupSize(getGridAttr(), *getGridAxes());
+  if (failed(size))
+    return failure();
+  int64_t rows = getLogicalType().getDimSize(0);
+  auto layout = fsdp_rt::Dim0ShardLayout::create(rows, *size);
+  if (!layout)
+    return emitOpError() << "cannot shard " << rows << " rows over " << *size
+                         << " ranks";
+  if (layout->paddingRows() != getPaddingAttr().getInt())
+    return emitOpError() << "padding is " << getPaddingAttr().getInt() << ", but " << rows
+                         << " rows over " << *size << " ranks pad "
+                         << layout->paddingRows() << " (" << *size << " x "
+                         << layout->shardRows() << " - " << rows << ")";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// GetParamOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult GetParamOp::verifySymbolUses(SymbolTableCollection &tables) {
+  SymbolResolver resolve(*this, tables);
+  FailureOr<ParamOp> param = resolve.param(getNameAttr());
+  if (failed(param))
+    return failure();
+  FailureOr<RankedTensorType> expected = resolve.localType(*param);
+  if (failed(expected))
+    return failure();
+  if (getResult().getType() != *expected)
+    return emitOpError() << "result type " << getResult().getType()
+                         << " is not the local type of " << getNameAttr() << ", "
+                         << *expected
+                         << (param->isSharded() ? " (its padded shard)" : "");
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// AtenOp
+//===----------------------------------------------------------------------===//
+
+/// Walks one `args` entry, counting operand references.
+static LogicalResult verifyAtenArg(AtenOp op, Attribute arg,
+                                   SmallVectorImpl<unsigned> &referenceCounts) {
+  if (auto list = dyn_cast<ArrayAttr>(arg)) {
+    for (Attribute element : list)
+      if (failed(verifyAtenArg(op, element, referenceCounts)))
+        return failure();
+    return success();
+  }
+  if (auto integer = dyn_cast<IntegerAttr>(arg); integer && integer.getType().isIndex()) {
+    int64_t index = integer.getInt();
+    if (index < 0 || index >= static_cast<int64_t>(referenceCounts.size()))
+      return op.emitOpError() << "args refers to operand " << index << ", but the op has "
+                              << referenceCounts.size() << " operands";
+    ++referenceCounts[index];
+    return success();
+  }
+  if (isa<IntegerAttr, FloatAttr, StringAttr, UnitAttr, TypeAttr>(arg))
+    return success();
+  return op.emitOpError() << "args entry " << arg
+                          << " is not an operand index, list or literal "
+                             "(integer, float, string, type, unit)";
+}
+
+LogicalResult AtenOp::verify() {
+  std::optional<AtenOpName> name = AtenOpName::parse(getCallee());
+  if (!name)
+    return emitOpError() << "'" << getCallee()
+                         << "' is not an operator name of the form ns::name[.overload]";
+  if (name->isInPlace())
+    return emitOpError() << "'" << getCallee()
+                         << "' is an in-place operator; capture must be functional";
+  ArrayAttr args = getArgsAttr();
+  if (!args)
+    return success();
+  SmallVector<unsigned> referenceCounts(getInputs().size(), 0);
+  for (Attribute arg : args)
+    if (failed(verifyAtenArg(*this, arg, referenceCounts)))
+      return failure();
+  for (auto [index, count] : llvm::enumerate(referenceCounts))
+    if (count != 1)
+      return emitOpError() << "args refers to operand " << index << " " << count
+                           << " times; each operand is referenced exactly once";
+  return success();
+}
+
+void AtenOp::getEffects(
+    SmallVectorImpl<SideEffects::EffectInstance<MemoryEffects::Effect>> &effects) {
+  if (!getRandom())
+    return;
+  effects.emplace_back(MemoryEffects::Read::get(), RandomGeneratorResource::get());
+  effects.emplace_back(MemoryEffects::Write::get(), RandomGeneratorResource::get());
+}
+
+//===----------------------------------------------------------------------===//
+// CastOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult CastOp::verify() {
+  auto input = getInput().getType();
+  auto result = getResult().getType();
+  if (input.getShape() != result.getShape())
+    return emitOpError() << "changes the shape from " << input << " to " << result
+                         << "; a cast keeps the shape";
+  for (Type element : {input.getElementType(), result.getElementType()})
+    if (!isa<IntegerType, FloatType>(element))
+      return emitOpError() << "casts integer and floating-point tensors, not "
+                           << element;
+  return success();
+}
+
+OpFoldResult CastOp::fold(FoldAdaptor) {
+  if (getInput().getType() == getResult().getType())
+    return getInput();
+  return {};
+}
+
+//===----------------------------------------------------------------------===//
+// LossOp and GradientsOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult LossOp::verify() {
+  if (failed(verifyInFunctionBody(*this)))
+    return failure();
+  return verifyFirstInBlock<LossOp>(*this, "loss");
+}
+
+LogicalResult GradientsOp::verify() {
+  if (getParams().size() != getGrads().size())
+    return emitOpError() << "lists " << getParams().size() << " parameters but "
+                         << getGrads().size() << " gradients";
+  llvm::SmallPtrSet<Attribute, 16> seen;
+  for (Attribute param : getParams()) {
+    auto ref = dyn_cast<FlatSymbolRefAttr>(param);
+    if (!ref)
+      return emitOpError() << param << " is not a parameter name (@fqn)";
+    if (!seen.insert(ref).second)
+      return emitOpError() << ref << " is listed twice; a parameter has one gradient";
+  }
+  if (failed(verifyInFunctionBody(*this)) ||
+      failed(verifyFirstInBlock<GradientsOp>(*this, "gradients op")))
+    return failure();
+  for (Operation &other : *(*this)->getBlock()) {
+    if (&other == getOperation())
+      return emitOpError("must follow the function's fsdp.loss (gradients belong to "
+                         "the backward pass)");
+    if (isa<LossOp>(other))
+      return success();
+  }
+  return success();
+}
+
+LogicalResult GradientsOp::verifySymbolUses(SymbolTableCollection &tables) {
+  SymbolResolver resolve(*this, tables);
+  for (auto [attr, grad] : llvm::zip(getParams(), getGrads())) {
+    auto name = cast<FlatSymbolRefAttr>(attr);
+    FailureOr<ParamOp> param = resolve.param(name);
+    if (failed(param))
+      return failure();
+    if (!param->isTrainable())
+      return emitOpError() << name << " is frozen and has no gradient";
+    FailureOr<RankedTensorType> expected = resolve.localType(*param);
+    if (failed(expected))
+      return failure();
+    if (grad.getType() != *expected)
+      return emitOpError() << "gradient of " << name << " has type " << grad.getType()
+                           << ", expected " << *expected
+                           << (param->isSharded() ? " (its padded shard)"
+                                                  : " (its logical type)");
+  }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// AllGatherStartOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult AllGatherStartOp::verify() {
+  FutureType future = getFuture().getType();
+  if (failed(verifyBucketAndPairing(*this, getInputs(), future)))
+    return failure();
+  ArrayRef<Type> results = future.getResults();
+  Type commDtype = cast<RankedTensorType>(results.front()).getElementType();
+  for (auto [index, pair] : llvm::enumerate(llvm::zip(getInputs(), results))) {
+    auto input = cast<RankedTensorType>(std::get<0>(pair).getType());
+    auto full = cast<RankedTensorType>(std::get<1>(pair));
+    if (failed(verifyFullShardPair(*this, "input " + Twine(index), full, input)))
+      return failure();
+    if (full.getElementType() != commDtype)
+      return emitOpError() << "result " << index << " has element type "
+                           << full.getElementType() << ", but the bucket gathers in "
+                           << commDtype << "; a bucket has one communication dtype";
+    Type from = input.getElementType();
+    if (from != commDtype && !(isa<FloatType>(from) && isa<FloatType>(commDtype)))
+      return emitOpError() << "input " << index << " (" << from
+                           << ") cannot be cast to " << commDtype
+                           << " in copy-in; only float-to-float casts are fused";
+  }
+  if (IntegerAttr depth = getPrefetchAttr()) {
+    if (depth.getInt() < 1)
+      return emitOpError("prefetch depth must be >= 1, got ") << depth.getInt();
+    if (!getUnitAttr())
+      return emitOpError("prefetch needs the unit it prefetches for");
+  }
+  return success();
+}
+
+LogicalResult AllGatherStartOp::verifySymbolUses(SymbolTableCollection &tables) {
+  SymbolResolver resolve(*this, tables);
+  if (getUnitAttr() && failed(resolve.unit(getUnitAttr())))
+    return failure();
+  FailureOr<int64_t> size = resolve.groupSize(getGridAttr(), getGridAxes());
+  if (failed(size))
+    return failure();
+  for (auto [index, pair] :
+       llvm::enumerate(llvm::zip(getInputs(), getFuture().getType().getResults()))) {
+    auto input = cast<RankedTensorType>(std::get<0>(pair).getType());
+    auto full = cast<RankedTensorType>(std::get<1>(pair));
+    if (failed(verifyShardRows(*this, "input " + Twine(index), full.getDimSize(0),
+                               input.getDimSize(0), *size)))
+      return failure();
+  }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// ReduceScatterStartOp and AllReduceStartOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult ReduceScatterStartOp::verify() {
+  FutureType future = getFuture().getType();
+  if (failed(verifyBucketAndPairing(*this, getInputs(), future)))
+    return failure();
+  for (auto [index, pair] :
+       llvm::enumerate(llvm::zip(getInputs(), future.getResults()))) {
+    auto full = cast<RankedTensorType>(std::get<0>(pair).getType());
+    auto shard = cast<RankedTensorType>(std::get<1>(pair));
+    if (failed(verifyFullShardPair(*this, "input " + Twine(index), full, shard)))
+      return failure();
+  }
+  return verifyReduction(*this, getInputs().getTypes(), future.getResults(),
+                         getReduction(), getReduceDtype(), getPreDivide(),
+                         getPostDivide(), /*scatter=*/true);
+}
+
+LogicalResult ReduceScatterStartOp::verifySymbolUses(SymbolTableCollection &tables) {
+  SymbolResolver resolve(*this, tables);
+  if (getUnitAttr() && failed(resolve.unit(getUnitAttr())))
+    return failure();
+  FailureOr<int64_t> size = resolve.groupSize(getGridAttr(), getGridAxes());
+  if (failed(size))
+    return failure();
+  for (auto [index, pair] :
+       llvm::enumerate(llvm::zip(getInputs(), getFuture().getType().getResults()))) {
+    auto full = cast<RankedTensorType>(std::get<0>(pair).getType());
+    auto shard = cast<RankedTensorType>(std::get<1>(pair));
+    if (failed(verifyShardRows(*this, "result " + Twine(index), full.getDimSize(0),
+                               shard.getDimSize(0), *size)))
+      return failure();
+  }
+  return success();
+}
+
+LogicalResult AllReduceStartOp::verify() {
+  FutureType future = getFuture().getType();
+  if (failed(verifyBucketAndPairing(*this, getInputs(), future)))
+    return failure();
+  for (auto [index, pair] :
+       llvm::enumerate(llvm::zip(getInputs(), future.getResults()))) {
+    auto input = cast<RankedTensorType>(std::get<0>(pair).getType());
+    auto result = cast<RankedTensorType>(std::get<1>(pair));
+    if (input.getShape() != result.getShape())
+      return emitOpError() << "result " << index << " has shape " << result
+                           << ", but an all-reduce keeps the input's shape " << input;
+  }
+  return verifyReduction(*this, getInputs().getTypes(), future.getResults(),
+                         getReduction(), getReduceDtype(), getPreDivide(),
+                         getPostDivide(), /*scatter=*/false);
+}
+
+LogicalResult AllReduceStartOp::verifySymbolUses(SymbolTableCollection &tables) {
+  SymbolResolver resolve(*this, tables);
+  if (getUnitAttr() && failed(resolve.unit(getUnitAttr())))
+    return failure();
+  return resolve.groupSize(getGridAttr(), getGridAxes());
+}
+
+//===----------------------------------------------------------------------===//
+// WaitOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult WaitOp::inferReturnTypes(MLIRContext *, std::optional<Location>,
+                                       ValueRange operands, DictionaryAttr,
+                                       OpaqueProperties, RegionRange,
+                                       SmallVectorImpl<Type> &inferred) {
+  if (operands.size() != 1)
+    return failure();
+  auto future = dyn_cast<FutureType>(operands.front().getType());
+  if (!future)
+    return failure();
+  llvm::append_range(inferred, future.getResults());
+  return success();
+}
+
+LogicalResult WaitOp::verify() {
+  if (!isCollectiveStart(getFuture().getDefiningOp()))
+    return emitOpError("future must come straight from an fsdp.*_start op");
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// ReshardOp
+//===----------------------------------------------------------------------===//
+
+/// The wait of a collective start, if it has one.
+static Operation *waitOf(Operation *start) {
+  Value future = start->getResult(0);
+  return future.hasOneUse() ? *future.getUsers().begin() : nullptr;
+}
+
+LogicalResult ReshardOp::verify() {
+  Block *block = (*this)->getBlock();
+  llvm::SmallPtrSet<Value, 8> listed;
+  for (auto [index, buffer] : llvm::enumerate(getBuffers())) {
+    if (!listed.insert(buffer).second)
+      return emitOpError() << "lists buffer " << index << " twice";
+    auto wait = buffer.getDefiningOp<WaitOp>();
+    if (!wait || !isa_and_nonnull<AllGatherStartOp>(wait.getFuture().getDefiningOp()))
+      return emitOpError() << "operand " << index
+                           << " is not a gathered buffer (a result of fsdp.wait "
+                              "on fsdp.all_gather_start)";
+    for (Operation *user : buffer.getUsers()) {
+      if (user == getOperation())
+        continue;
+      Operation *ancestor = block->findAncestorOpInBlock(*user);
+      if (!ancestor) {
+        InFlightDiagnostic diag = emitOpError()
+                                  << "frees buffer " << index
+                                  << ", which is used outside the block that frees it";
+        diag.attachNote(user->getLoc()) << "used here";
+        return diag;
+      }
+      if (!ancestor->isBeforeInBlock(getOperation())) {
+        InFlightDiagnostic diag =
+            isa<ReshardOp>(user)
+                ? emitOpError() << "buffer " << index << " is freed again later"
+                : emitOpError() << "frees buffer " << index << " before its last use";
+        diag.attachNote(user->getLoc()) << "used after the free here";
+        return diag;
+      }
+      if (!isCollectiveStart(user))
+        continue;
+      Operation *inFlightUntil = waitOf(user);
+      Operation *waitAncestor =
+          inFlightUntil ? block->findAncestorOpInBlock(*inFlightUntil) : nullptr;
+      if (waitAncestor && !waitAncestor->isBeforeInBlock(getOperation())) {
+        InFlightDiagnostic diag = emitOpError()
+                                  << "frees buffer " << index
+                                  << " while a collective reading it is in flight";
+        diag.attachNote(inFlightUntil->getLoc()) << "the collective is waited for here";
+        return diag;
+      }
+    }
+  }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// AllSliceOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult AllSliceOp::verify() {
+  auto full = getInput().getType();
+  auto shard = getResult().getType();
+  if (failed(verifyFullShardPair(*this, "result", full, shard)))
+    return failure();
+  if (full.getElementType() != shard.getElementType())
+    return emitOpError() << "changes the element type from " << full.getElementType()
+                         << " to " << shard.getElementType() << "; a slice keeps it";
+  return success();
+}
+
+LogicalResult AllSliceOp::verifySymbolUses(SymbolTableCollection &tables) {
+  FailureOr<int64_t> size =
+      SymbolResolver(*this, tables).groupSize(getGridAttr(), getGridAxes());
+  if (failed(size))
+    return failure();
+  return verifyShardRows(*this, "result", getInput().getType().getDimSize(0),
+                         getResult().getType().getDimSize(0), *size);
+}

@@ -1,0 +1,26 @@
+//===- fsdp-opt.cpp - the fsdpc optimizer driver --------------------------===//
+//
+// Parses fsdp-dialect IR, verifies it, runs passes, prints the result. Our
+// dialect plus the upstream ones a captured step uses (func, shard).
+//
+//===----------------------------------------------------------------------===//
+
+#include "fsdp/Dialect/FsdpDialect.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Shard/IR/ShardDialect.h"
+#include "mlir/IR/DialectRegistry.h"
+#include "mlir/Tools/mlir-opt/MlirOptMain.h"
+#include "mlir/Transforms/Passes.h"
+
+int main(int argc, char **argv) {
+  mlir::registerCanonicalizerPass();
+  mlir::registerCSEPass();
+  mlir::registerSymbolDCEPass();
+
+  mlir::DialectRegistry registry;
+  registry.insert<mlir::fsdp::FsdpDialect, mlir::func::FuncDialect,
+                  mlir::shard::ShardDialect>();
+  return mlir::asMainReturnCode(mlir::MlirOptMain(
+      argc, argv, "fsdp-opt: the fsdpc sharding compiler driver\n", registry));
+}
