@@ -251,6 +251,24 @@ class Fsdp_CollectiveStartOp<string mnemonic, list<Trait> traits = []>
   let hasVerifier = 1;
 }
 
+/// Reduce-scatter and all-reduce: a reduction kind, the dtype the data is
+/// reduced in, and FSDP2's optional pre/post division for fp16.
+class Fsdp_ReducingStartOp<string mnemonic> : Fsdp_CollectiveStartOp<mnemonic> {
+  let arguments = (ins Variadic<Fsdp_StaticTensor>:$inputs,
+                       FlatSymbolRefAttr:$grid, Shard_GridAxesAttr:$grid_axes,
+                       Shard_ReductionKindAttr:$reduction,
+                       TypeAttr:$reduce_dtype,
+                       OptionalAttr<F64Attr>:$pre_divide,
+                       OptionalAttr<F64Attr>:$post_divide,
+                       OptionalAttr<FlatSymbolRefAttr>:$unit);
+  let assemblyFormat = [{
+    $inputs `on` $grid `axes` `=` $grid_axes `reduction` `=` $reduction
+    `reduce_dtype` `=` $reduce_dtype (`pre_divide` `=` $pre_divide^)?
+    (`post_divide` `=` $post_divide^)? (`unit` $unit^)?
+    attr-dict `:` type($inputs) `->` qualified(type($future))
+  }];
+}
+
 def Fsdp_AllGatherStartOp : Fsdp_CollectiveStartOp<"all_gather_start"> {
   let summary = "Start gathering a bucket of dim-0 shards into full tensors.";
   let description = [{
@@ -289,7 +307,7 @@ def Fsdp_AllGatherStartOp : Fsdp_CollectiveStartOp<"all_gather_start"> {
   }];
 }
 
-def Fsdp_ReduceScatterStartOp : Fsdp_CollectiveStartOp<"reduce_scatter_start"> {
+def Fsdp_ReduceScatterStartOp : Fsdp_ReducingStartOp<"reduce_scatter_start"> {
   let summary = "Start reducing a bucket of full gradients into dim-0 shards.";
   let description = [{
     Starts one reduce-scatter over the ranks of `axes` of `grid` (N ranks).
@@ -316,22 +334,9 @@ def Fsdp_ReduceScatterStartOp : Fsdp_CollectiveStartOp<"reduce_scatter_start"> {
     `fsdp.unit`; the future has exactly one use, an `fsdp.wait` in the same
     block.
   }];
-  let arguments = (ins Variadic<Fsdp_StaticTensor>:$inputs,
-                       FlatSymbolRefAttr:$grid, Shard_GridAxesAttr:$grid_axes,
-                       Shard_ReductionKindAttr:$reduction,
-                       TypeAttr:$reduce_dtype,
-                       OptionalAttr<F64Attr>:$pre_divide,
-                       OptionalAttr<F64Attr>:$post_divide,
-                       OptionalAttr<FlatSymbolRefAttr>:$unit);
-  let assemblyFormat = [{
-    $inputs `on` $grid `axes` `=` $grid_axes `reduction` `=` $reduction
-    `reduce_dtype` `=` $reduce_dtype (`pre_divide` `=` $pre_divide^)?
-    (`post_divide` `=` $post_divide^)? (`unit` $unit^)?
-    attr-dict `:` type($inputs) `->` qualified(type($future))
-  }];
 }
 
-def Fsdp_AllReduceStartOp : Fsdp_CollectiveStartOp<"all_reduce_start"> {
+def Fsdp_AllReduceStartOp : Fsdp_ReducingStartOp<"all_reduce_start"> {
   let summary = "Start reducing a bucket of tensors on every rank.";
   let description = [{
     Starts one all-reduce over the ranks of `axes` of `grid`; every rank gets
@@ -351,19 +356,6 @@ def Fsdp_AllReduceStartOp : Fsdp_CollectiveStartOp<"all_reduce_start"> {
     dtype; divide factors positive and only with `sum`; grid axes distinct,
     in range and static; `unit` names an `fsdp.unit`; the future has exactly
     one use, an `fsdp.wait` in the same block.
-  }];
-  let arguments = (ins Variadic<Fsdp_StaticTensor>:$inputs,
-                       FlatSymbolRefAttr:$grid, Shard_GridAxesAttr:$grid_axes,
-                       Shard_ReductionKindAttr:$reduction,
-                       TypeAttr:$reduce_dtype,
-                       OptionalAttr<F64Attr>:$pre_divide,
-                       OptionalAttr<F64Attr>:$post_divide,
-                       OptionalAttr<FlatSymbolRefAttr>:$unit);
-  let assemblyFormat = [{
-    $inputs `on` $grid `axes` `=` $grid_axes `reduction` `=` $reduction
-    `reduce_dtype` `=` $reduce_dtype (`pre_divide` `=` $pre_divide^)?
-    (`post_divide` `=` $post_divide^)? (`unit` $unit^)?
-    attr-dict `:` type($inputs) `->` qualified(type($future))
   }];
 }
 

@@ -86,6 +86,9 @@ public:
     RankedTensorType logical = param.getLogicalType();
     if (!param.isSharded())
       return logical;
+    // The parameter's own verifier reports a half-given sharding; just refuse.
+    if (!param.getGridAxes() || !param.getPaddingAttr() || logical.getRank() < 1)
+      return failure();
     FailureOr<int64_t> size = groupSize(param.getGridAttr(), *param.getGridAxes());
     if (failed(size))
       return failure();
@@ -442,18 +445,58 @@ LogicalResult GradientsOp::verifySymbolUses(SymbolTableCollection &tables) {
 }
 
 //===----------------------------------------------------------------------===//
-// AllGatherStartOp
+// Collective starts
 //===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Calls `check(index, input, result)` for each bucket entry until one fails.
+LogicalResult forEachBucketEntry(
+    ValueRange inputs, FutureType future,
+    function_ref<LogicalResult(unsigned, RankedTensorType, RankedTensorType)> check) {
+  for (auto [index, pair] : llvm::enumerate(llvm::zip(inputs, future.getResults())))
+    if (failed(check(index, cast<RankedTensorType>(std::get<0>(pair).getType()),
+                     cast<RankedTensorType>(std::get<1>(pair)))))
+      return failure();
+  return success();
+}
+
+/// Resolves a collective's unit, if it names one, and its group size.
+template <typename CollectiveOp>
+FailureOr<int64_t> resolveCollective(CollectiveOp op, SymbolTableCollection &tables) {
+  SymbolResolver resolve(op, tables);
+  if (op.getUnitAttr() && failed(resolve.unit(op.getUnitAttr())))
+    return failure();
+  return resolve.groupSize(op.getGridAttr(), op.getGridAxes());
+}
+
+/// Checks each bucket entry's dim-0 rows once the group size is known.
+/// `inputsAreShards`: all-gather (inputs are shards) vs reduce-scatter.
+template <typename CollectiveOp>
+LogicalResult verifyBucketRows(CollectiveOp op, SymbolTableCollection &tables,
+                               bool inputsAreShards) {
+  FailureOr<int64_t> size = resolveCollective(op, tables);
+  if (failed(size))
+    return failure();
+  return forEachBucketEntry(
+      op.getInputs(), op.getFuture().getType(),
+      [&](unsigned index, RankedTensorType input, RankedTensorType result) {
+        RankedTensorType full = inputsAreShards ? result : input;
+        RankedTensorType shard = inputsAreShards ? input : result;
+        return verifyShardRows(op, (inputsAreShards ? "input " : "result ") + Twine(index),
+                               full.getDimSize(0), shard.getDimSize(0), *size);
+      });
+}
+
+} // namespace
 
 LogicalResult AllGatherStartOp::verify() {
   FutureType future = getFuture().getType();
   if (failed(verifyBucketAndPairing(*this, getInputs(), future)))
     return failure();
-  ArrayRef<Type> results = future.getResults();
-  Type commDtype = cast<RankedTensorType>(results.front()).getElementType();
-  for (auto [index, pair] : llvm::enumerate(llvm::zip(getInputs(), results))) {
-    auto input = cast<RankedTensorType>(std::get<0>(pair).getType());
-    auto full = cast<RankedTensorType>(std::get<1>(pair));
+  Type commDtype = cast<RankedTensorType>(future.getResults().front()).getElementType();
+  auto checkEntry = [&](unsigned index, RankedTensorType input,
+                        RankedTensorType full) -> LogicalResult {
     if (failed(verifyFullShardPair(*this, "input " + Twine(index), full, input)))
       return failure();
     if (full.getElementType() != commDtype)
@@ -465,7 +508,10 @@ LogicalResult AllGatherStartOp::verify() {
       return emitOpError() << "input " << index << " (" << from
                            << ") cannot be cast to " << commDtype
                            << " in copy-in; only float-to-float casts are fused";
-  }
+    return success();
+  };
+  if (failed(forEachBucketEntry(getInputs(), future, checkEntry)))
+    return failure();
   if (IntegerAttr depth = getPrefetchAttr()) {
     if (depth.getInt() < 1)
       return emitOpError("prefetch depth must be >= 1, got ") << depth.getInt();
@@ -476,83 +522,48 @@ LogicalResult AllGatherStartOp::verify() {
 }
 
 LogicalResult AllGatherStartOp::verifySymbolUses(SymbolTableCollection &tables) {
-  SymbolResolver resolve(*this, tables);
-  if (getUnitAttr() && failed(resolve.unit(getUnitAttr())))
-    return failure();
-  FailureOr<int64_t> size = resolve.groupSize(getGridAttr(), getGridAxes());
-  if (failed(size))
-    return failure();
-  for (auto [index, pair] :
-       llvm::enumerate(llvm::zip(getInputs(), getFuture().getType().getResults()))) {
-    auto input = cast<RankedTensorType>(std::get<0>(pair).getType());
-    auto full = cast<RankedTensorType>(std::get<1>(pair));
-    if (failed(verifyShardRows(*this, "input " + Twine(index), full.getDimSize(0),
-                               input.getDimSize(0), *size)))
-      return failure();
-  }
-  return success();
+  return verifyBucketRows(*this, tables, /*inputsAreShards=*/true);
 }
-
-//===----------------------------------------------------------------------===//
-// ReduceScatterStartOp and AllReduceStartOp
-//===----------------------------------------------------------------------===//
 
 LogicalResult ReduceScatterStartOp::verify() {
   FutureType future = getFuture().getType();
-  if (failed(verifyBucketAndPairing(*this, getInputs(), future)))
+  if (failed(verifyBucketAndPairing(*this, getInputs(), future)) ||
+      failed(forEachBucketEntry(
+          getInputs(), future,
+          [&](unsigned index, RankedTensorType full, RankedTensorType shard) {
+            return verifyFullShardPair(*this, "input " + Twine(index), full, shard);
+          })))
     return failure();
-  for (auto [index, pair] :
-       llvm::enumerate(llvm::zip(getInputs(), future.getResults()))) {
-    auto full = cast<RankedTensorType>(std::get<0>(pair).getType());
-    auto shard = cast<RankedTensorType>(std::get<1>(pair));
-    if (failed(verifyFullShardPair(*this, "input " + Twine(index), full, shard)))
-      return failure();
-  }
   return verifyReduction(*this, getInputs().getTypes(), future.getResults(),
                          getReduction(), getReduceDtype(), getPreDivide(),
                          getPostDivide(), /*scatter=*/true);
 }
 
 LogicalResult ReduceScatterStartOp::verifySymbolUses(SymbolTableCollection &tables) {
-  SymbolResolver resolve(*this, tables);
-  if (getUnitAttr() && failed(resolve.unit(getUnitAttr())))
-    return failure();
-  FailureOr<int64_t> size = resolve.groupSize(getGridAttr(), getGridAxes());
-  if (failed(size))
-    return failure();
-  for (auto [index, pair] :
-       llvm::enumerate(llvm::zip(getInputs(), getFuture().getType().getResults()))) {
-    auto full = cast<RankedTensorType>(std::get<0>(pair).getType());
-    auto shard = cast<RankedTensorType>(std::get<1>(pair));
-    if (failed(verifyShardRows(*this, "result " + Twine(index), full.getDimSize(0),
-                               shard.getDimSize(0), *size)))
-      return failure();
-  }
-  return success();
+  return verifyBucketRows(*this, tables, /*inputsAreShards=*/false);
 }
 
 LogicalResult AllReduceStartOp::verify() {
   FutureType future = getFuture().getType();
-  if (failed(verifyBucketAndPairing(*this, getInputs(), future)))
+  if (failed(verifyBucketAndPairing(*this, getInputs(), future)) ||
+      failed(forEachBucketEntry(
+          getInputs(), future,
+          [&](unsigned index, RankedTensorType input,
+              RankedTensorType result) -> LogicalResult {
+            if (input.getShape() == result.getShape())
+              return success();
+            return emitOpError() << "result " << index << " has shape " << result
+                                 << ", but an all-reduce keeps the input's shape "
+                                 << input;
+          })))
     return failure();
-  for (auto [index, pair] :
-       llvm::enumerate(llvm::zip(getInputs(), future.getResults()))) {
-    auto input = cast<RankedTensorType>(std::get<0>(pair).getType());
-    auto result = cast<RankedTensorType>(std::get<1>(pair));
-    if (input.getShape() != result.getShape())
-      return emitOpError() << "result " << index << " has shape " << result
-                           << ", but an all-reduce keeps the input's shape " << input;
-  }
   return verifyReduction(*this, getInputs().getTypes(), future.getResults(),
                          getReduction(), getReduceDtype(), getPreDivide(),
                          getPostDivide(), /*scatter=*/false);
 }
 
 LogicalResult AllReduceStartOp::verifySymbolUses(SymbolTableCollection &tables) {
-  SymbolResolver resolve(*this, tables);
-  if (getUnitAttr() && failed(resolve.unit(getUnitAttr())))
-    return failure();
-  return resolve.groupSize(getGridAttr(), getGridAxes());
+  return failed(resolveCollective(*this, tables)) ? failure() : success();
 }
 
 //===----------------------------------------------------------------------===//
