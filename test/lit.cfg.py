@@ -13,6 +13,8 @@ config.excludes = ["Inputs", "unit", "CMakeLists.txt", "lit.cfg.py", "lit.site.c
 
 llvm_config.with_system_environment(["HOME", "TMP", "TEMP"])
 llvm_config.use_default_substitutions()
+# `not`, `count` and FileCheck at the start of a RUN line are found through PATH.
+llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 config.substitutions.append(("%examples", os.path.join(config.fsdp_src_root, "examples")))
 
 tool_dirs = [os.path.join(config.fsdp_obj_root, "bin"), config.llvm_tools_dir]

@@ -62,7 +62,7 @@ def Fsdp_GatheredBufferResource : Resource<"::mlir::fsdp::GatheredBufferResource
 
 def Fsdp_FutureType : TypeDef<Fsdp_Dialect, "Future"> {
   let mnemonic = "future";
-  let summary = "The pending results of an asynchronous collective.";
+  let summary = "!fsdp.future (pending results of a collective)";
   let description = [{
     Returned by a `*_start` collective and consumed by exactly one
     `fsdp.wait`, which yields tensors of the listed types. Example:

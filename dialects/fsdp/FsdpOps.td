@@ -14,6 +14,11 @@ include "mlir/IR/SymbolInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 
+/// Step-body ops live inside a function, never directly in the module.
+def Fsdp_InFunction : NativeOpTrait<"InFunction"> {
+  let cppNamespace = "::mlir::fsdp";
+}
+
 def Fsdp_StaticTensor : Type<And<[AnyRankedTensor.predicate, HasStaticShapePred]>,
                              "statically shaped tensor", "::mlir::RankedTensorType">;
 
@@ -106,7 +111,7 @@ def Fsdp_ParamOp : Fsdp_Op<"param", [
 //===----------------------------------------------------------------------===//
 
 def Fsdp_GetParamOp : Fsdp_Op<"get_param", [
-    Pure, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+    Pure, Fsdp_InFunction, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "Read this rank's copy of a parameter.";
   let description = [{
     Yields the parameter named by `name` as this rank stores it: the logical
@@ -119,14 +124,15 @@ def Fsdp_GetParamOp : Fsdp_Op<"get_param", [
     %w = fsdp.get_param @"fc1.weight" : tensor<64x32xf32>
     ```
 
-    Rules: `name` is an `fsdp.param`, and the result type is its local type.
+    Rules: inside a function; `name` is an `fsdp.param`, and the result type
+    is its local type.
   }];
   let arguments = (ins FlatSymbolRefAttr:$name);
   let results = (outs Fsdp_StaticTensor:$result);
   let assemblyFormat = "$name attr-dict `:` type($result)";
 }
 
-def Fsdp_AtenOp : Fsdp_Op<"aten", [
+def Fsdp_AtenOp : Fsdp_Op<"aten", [Fsdp_InFunction,
     DeclareOpInterfaceMethods<MemoryEffectsOpInterface>]> {
   let summary = "One ATen operator call, keyed by its schema name.";
   let description = [{
@@ -153,7 +159,7 @@ def Fsdp_AtenOp : Fsdp_Op<"aten", [
            : (tensor<64xf32>, tensor<8x32xf32>, tensor<32x64xf32>) -> tensor<8x64xf32>
     ```
 
-    Rules: the name has the form `ns::name[.overload]` with identifier
+    Rules: inside a function; the name has the form `ns::name[.overload]` with identifier
     characters; it is not an in-place operator (`name_`), since capture is
     functional; every operand is referenced exactly once by `args`, every
     index is in range, and every literal is of a supported kind.
@@ -168,7 +174,7 @@ def Fsdp_AtenOp : Fsdp_Op<"aten", [
   let hasVerifier = 1;
 }
 
-def Fsdp_CastOp : Fsdp_Op<"cast", [Pure]> {
+def Fsdp_CastOp : Fsdp_Op<"cast", [Pure, Fsdp_InFunction]> {
   let summary = "Element-type conversion of a tensor.";
   let description = [{
     Converts every element to the result's element type, as `Tensor.to(dtype)`
@@ -181,8 +187,8 @@ def Fsdp_CastOp : Fsdp_Op<"cast", [Pure]> {
     %h = fsdp.cast %x : tensor<8x32xf32> to tensor<8x32xbf16>
     ```
 
-    Rules: operand and result have the same shape; both element types are
-    integer or floating point.
+    Rules: inside a function; operand and result have the same shape; both
+    element types are integer or floating point.
   }];
   let arguments = (ins AnyRankedTensor:$input);
   let results = (outs AnyRankedTensor:$result);
@@ -204,7 +210,7 @@ def Fsdp_LossOp : Fsdp_Op<"loss", [
     ```
 
     Rules: the loss is a rank-0 floating-point tensor; the op sits directly in
-    a function body, at most once per function.
+    a function body (not in a nested region), at most once per function.
   }];
   let arguments = (ins 0DTensorOf<[AnyFloat]>:$loss);
   let assemblyFormat = "$loss attr-dict `:` type($loss)";
@@ -228,7 +234,8 @@ def Fsdp_GradientsOp : Fsdp_Op<"gradients", [
         : tensor<64x32xf32>, tensor<64xf32>
     ```
 
-    Rules: one gradient per listed parameter; no parameter listed twice; every
+    Rules: at least one gradient; one gradient per listed parameter; no
+    parameter listed twice; every
     name is a trainable `fsdp.param`; each gradient has its parameter's local
     type; the op follows the function's `fsdp.loss`, in the same block, and
     appears at most once per function.
@@ -245,7 +252,7 @@ def Fsdp_GradientsOp : Fsdp_Op<"gradients", [
 
 class Fsdp_CollectiveStartOp<string mnemonic, list<Trait> traits = []>
     : Fsdp_Op<mnemonic, !listconcat(traits, [
-        DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+        Fsdp_InFunction, DeclareOpInterfaceMethods<SymbolUserOpInterface>,
         MemoryEffects<[MemRead<Fsdp_CommResource>, MemWrite<Fsdp_CommResource>]>])> {
   let results = (outs Fsdp_FutureType:$future);
   let hasVerifier = 1;
@@ -290,8 +297,8 @@ def Fsdp_AllGatherStartOp : Fsdp_CollectiveStartOp<"all_gather_start"> {
     %w_full, %b_full = fsdp.wait %f : !fsdp.future<tensor<10x32xbf16>, tensor<10xbf16>>
     ```
 
-    Rules: a non-empty bucket with one result per input; inputs of rank >= 1,
-    result ranks and trailing dims equal to the input's, input dim0 =
+    Rules: inside a function; a non-empty bucket with one result per input;
+    inputs of rank >= 1, result ranks and trailing dims equal to the input's, input dim0 =
     ceil(result dim0 / N); one result element type, reached from each input
     by a float-to-float cast or no cast; grid axes distinct, in range and
     static; `unit` names an `fsdp.unit`; `prefetch` >= 1 and only with
@@ -326,8 +333,8 @@ def Fsdp_ReduceScatterStartOp : Fsdp_ReducingStartOp<"reduce_scatter_start"> {
            : tensor<10x32xbf16> -> !fsdp.future<tensor<3x32xf32>>
     ```
 
-    Rules: a non-empty bucket with one result per input; inputs of rank >= 1;
-    result dim0 = ceil(input dim0 / N), other dims equal; inputs, results and
+    Rules: inside a function; a non-empty bucket with one result per input;
+    inputs of rank >= 1; result dim0 = ceil(input dim0 / N), other dims equal; inputs, results and
     `reduce_dtype` floating point; reduction `sum` or `average`; `average`
     not with an f16 reduce dtype; divide factors positive and only with
     `sum`; grid axes distinct, in range and static; `unit` names an
@@ -350,7 +357,8 @@ def Fsdp_AllReduceStartOp : Fsdp_ReducingStartOp<"all_reduce_start"> {
            : tensor<3x32xf32> -> !fsdp.future<tensor<3x32xf32>>
     ```
 
-    Rules: a non-empty bucket with one result per input, of equal shapes;
+    Rules: inside a function; a non-empty bucket with one result per input,
+    of equal shapes;
     inputs, results and `reduce_dtype` floating point; reduction `sum`,
     `average`, `max`, `min` or `product`; `average` not with an f16 reduce
     dtype; divide factors positive and only with `sum`; grid axes distinct,
@@ -359,7 +367,7 @@ def Fsdp_AllReduceStartOp : Fsdp_ReducingStartOp<"all_reduce_start"> {
   }];
 }
 
-def Fsdp_WaitOp : Fsdp_Op<"wait", [
+def Fsdp_WaitOp : Fsdp_Op<"wait", [Fsdp_InFunction,
     DeclareOpInterfaceMethods<InferTypeOpInterface>,
     MemoryEffects<[MemRead<Fsdp_CommResource>, MemWrite<Fsdp_CommResource>]>]> {
   let summary = "Wait for an asynchronous collective and take its results.";
@@ -373,7 +381,7 @@ def Fsdp_WaitOp : Fsdp_Op<"wait", [
     %w_full = fsdp.wait %f : !fsdp.future<tensor<10x32xbf16>>
     ```
 
-    Rules: the future comes straight from a `*_start` op.
+    Rules: inside a function; the future comes straight from a `*_start` op.
   }];
   let arguments = (ins Fsdp_FutureType:$future);
   let results = (outs Variadic<Fsdp_StaticTensor>:$results);
@@ -381,7 +389,7 @@ def Fsdp_WaitOp : Fsdp_Op<"wait", [
   let hasVerifier = 1;
 }
 
-def Fsdp_ReshardOp : Fsdp_Op<"reshard", [
+def Fsdp_ReshardOp : Fsdp_Op<"reshard", [Fsdp_InFunction,
     MemoryEffects<[MemFree<Fsdp_GatheredBufferResource>]>]> {
   let summary = "Free gathered parameter buffers.";
   let description = [{
@@ -394,7 +402,8 @@ def Fsdp_ReshardOp : Fsdp_Op<"reshard", [
     fsdp.reshard %w_full, %b_full : tensor<10x32xbf16>, tensor<10xbf16>
     ```
 
-    Rules: every operand is a result of an `fsdp.wait` on an
+    Rules: inside a function; at least one buffer; every operand is a
+    result of an `fsdp.wait` on an
     `fsdp.all_gather_start`; no operand is freed twice; every other use of a
     buffer precedes the free in the same block (a use inside a nested region
     counts at its enclosing op); a collective reading the buffer has been
@@ -406,7 +415,7 @@ def Fsdp_ReshardOp : Fsdp_Op<"reshard", [
 }
 
 def Fsdp_AllSliceOp : Fsdp_Op<"all_slice", [
-    Pure, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+    Pure, Fsdp_InFunction, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "Keep this rank's dim-0 shard of a full tensor (no communication).";
   let description = [{
     Cuts this rank's padded dim-0 shard out of a full tensor that every rank
@@ -419,7 +428,8 @@ def Fsdp_AllSliceOp : Fsdp_Op<"all_slice", [
     %s = fsdp.all_slice %w_full on @grid2d axes = [1] : tensor<10x32xbf16> -> tensor<5x32xbf16>
     ```
 
-    Rules: input rank >= 1; result dim0 = ceil(input dim0 / N) and the other
+    Rules: inside a function; input rank >= 1; result dim0 = ceil(input
+    dim0 / N) and the other
     dims and the element type equal the input's; grid axes distinct, in range
     and static.
   }];

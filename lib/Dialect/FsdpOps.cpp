@@ -29,6 +29,11 @@ using namespace mlir::fsdp;
 
 namespace {
 
+/// "1 input", "2 inputs".
+std::string counted(size_t count, StringRef noun) {
+  return (Twine(count) + " " + noun + (count == 1 ? "" : "s")).str();
+}
+
 /// Resolves grids, units and parameters for one op and reports what does not
 /// resolve on that op.
 class SymbolResolver {
@@ -145,8 +150,9 @@ LogicalResult verifyBucketAndPairing(Operation *op, ValueRange inputs,
   if (inputs.empty())
     return op->emitOpError("needs at least one tensor in its bucket");
   if (future.getResults().size() != inputs.size())
-    return op->emitOpError() << "future carries " << future.getResults().size()
-                             << " results for " << inputs.size() << " inputs";
+    return op->emitOpError() << "future carries "
+                             << counted(future.getResults().size(), "result") << " for "
+                             << counted(inputs.size(), "input");
   Value result = op->getResult(0);
   if (result.use_empty())
     return op->emitOpError("is never waited for: its future needs an fsdp.wait");
@@ -209,15 +215,20 @@ bool isCollectiveStart(Operation *op) {
   return isa_and_nonnull<AllGatherStartOp, ReduceScatterStartOp, AllReduceStartOp>(op);
 }
 
-/// Rejects a second op of type OpT before `op` in its block.
+/// Rejects a second op of type OpT directly in the function body around `op`
+/// (any of its blocks); the first one in block order passes.
 template <typename OpT>
-LogicalResult verifyFirstInBlock(Operation *op, StringRef what) {
-  for (Operation &other : *op->getBlock()) {
-    if (&other == op)
-      return success();
-    if (isa<OpT>(other))
-      return op->emitOpError() << "appears twice in one function; a step has one "
-                               << what;
+LogicalResult verifyFirstInFunction(Operation *op, StringRef what) {
+  for (Block &block : *op->getParentRegion()) {
+    for (OpT other : block.getOps<OpT>()) {
+      if (other.getOperation() == op)
+        return success();
+      InFlightDiagnostic diag = op->emitOpError()
+                                << "appears twice in one function; a step has one "
+                                << what;
+      diag.attachNote(other.getLoc()) << "the first one";
+      return diag;
+    }
   }
   return success();
 }
@@ -324,7 +335,7 @@ static LogicalResult verifyAtenArg(AtenOp op, Attribute arg,
     int64_t index = integer.getInt();
     if (index < 0 || index >= static_cast<int64_t>(referenceCounts.size()))
       return op.emitOpError() << "args refers to operand " << index << ", but the op has "
-                              << referenceCounts.size() << " operands";
+                              << counted(referenceCounts.size(), "operand");
     ++referenceCounts[index];
     return success();
   }
@@ -352,8 +363,9 @@ LogicalResult AtenOp::verify() {
       return failure();
   for (auto [index, count] : llvm::enumerate(referenceCounts))
     if (count != 1)
-      return emitOpError() << "args refers to operand " << index << " " << count
-                           << " times; each operand is referenced exactly once";
+      return emitOpError() << "operand " << index << " is referenced "
+                           << (count == 0 ? "nowhere" : counted(count, "time"))
+                           << " in args; each operand is referenced exactly once";
   return success();
 }
 
@@ -395,13 +407,15 @@ OpFoldResult CastOp::fold(FoldAdaptor) {
 LogicalResult LossOp::verify() {
   if (failed(verifyInFunctionBody(*this)))
     return failure();
-  return verifyFirstInBlock<LossOp>(*this, "loss");
+  return verifyFirstInFunction<LossOp>(*this, "loss");
 }
 
 LogicalResult GradientsOp::verify() {
   if (getParams().size() != getGrads().size())
-    return emitOpError() << "lists " << getParams().size() << " parameters but "
-                         << getGrads().size() << " gradients";
+    return emitOpError() << "lists " << counted(getParams().size(), "parameter")
+                         << " but " << counted(getGrads().size(), "gradient");
+  if (getGrads().empty())
+    return emitOpError("lists no gradients; a step without any omits the op");
   llvm::SmallPtrSet<Attribute, 16> seen;
   for (Attribute param : getParams()) {
     auto ref = dyn_cast<FlatSymbolRefAttr>(param);
@@ -411,7 +425,7 @@ LogicalResult GradientsOp::verify() {
       return emitOpError() << ref << " is listed twice; a parameter has one gradient";
   }
   if (failed(verifyInFunctionBody(*this)) ||
-      failed(verifyFirstInBlock<GradientsOp>(*this, "gradients op")))
+      failed(verifyFirstInFunction<GradientsOp>(*this, "gradients op")))
     return failure();
   for (Operation &other : *(*this)->getBlock()) {
     if (&other == getOperation())
@@ -600,6 +614,8 @@ static Operation *waitOf(Operation *start) {
 }
 
 LogicalResult ReshardOp::verify() {
+  if (getBuffers().empty())
+    return emitOpError("frees nothing; it needs at least one gathered buffer");
   Block *block = (*this)->getBlock();
   llvm::SmallPtrSet<Value, 8> listed;
   for (auto [index, buffer] : llvm::enumerate(getBuffers())) {

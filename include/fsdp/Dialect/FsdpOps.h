@@ -10,8 +10,24 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OpDefinition.h"
 #include "mlir/IR/SymbolTable.h"
+#include "mlir/Interfaces/FunctionInterfaces.h"
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
+
+namespace mlir::fsdp {
+
+/// Ops of a training step's body: they must sit somewhere inside a function.
+template <typename ConcreteType>
+class InFunction : public OpTrait::TraitBase<ConcreteType, InFunction> {
+public:
+  static LogicalResult verifyTrait(Operation *op) {
+    if (!op->getParentOfType<FunctionOpInterface>())
+      return op->emitOpError("must be inside a function (a training step)");
+    return success();
+  }
+};
+
+} // namespace mlir::fsdp
 
 #define GET_OP_CLASSES
 #include "fsdp/FsdpOps.h.inc"

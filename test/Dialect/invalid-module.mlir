@@ -1,0 +1,238 @@
+// RUN: fsdp-opt %s -split-input-file -verify-diagnostics
+
+// Negative tests for fsdp.unit, fsdp.param and !fsdp.future.
+
+//===----------------------------------------------------------------------===//
+// fsdp.unit
+//===----------------------------------------------------------------------===//
+
+fsdp.unit @root root
+fsdp.unit @other
+// expected-error @+1 {{'fsdp.unit' op declares a second root unit; @root is already the root}}
+fsdp.unit @second root class "Block"
+
+// -----
+
+func.func @f() {
+  // expected-error @+1 {{'fsdp.unit' op expects parent op 'builtin.module'}}
+  fsdp.unit @root root
+  return
+}
+
+// -----
+
+// Symbol names are unique across units and parameters.
+// expected-note @+1 {{see existing symbol definition here}}
+fsdp.unit @root root
+// expected-error @+1 {{redefinition of symbol named 'root'}}
+fsdp.unit @root
+
+//===----------------------------------------------------------------------===//
+// fsdp.param: its own rules
+//===----------------------------------------------------------------------===//
+
+// -----
+
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op attribute 'type' failed to satisfy constraint: type attribute of statically shaped tensor}}
+fsdp.param @p : tensor<?x32xf32> unit @root
+
+// -----
+
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op attribute 'type' failed to satisfy constraint: type attribute of statically shaped tensor}}
+fsdp.param @p : tensor<*xf32> unit @root
+
+// -----
+
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op attribute 'type' failed to satisfy constraint: type attribute of statically shaped tensor}}
+fsdp.param @p : f32 unit @root
+
+// -----
+
+func.func @f() {
+  // expected-error @+1 {{'fsdp.param' op expects parent op 'builtin.module'}}
+  fsdp.param @p : tensor<4xf32> unit @root
+  return
+}
+
+// -----
+
+shard.grid @dp(shape = 4)
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op 'sharded on', 'axes' and 'padding' must be given together}}
+"fsdp.param"() <{sym_name = "p", type = tensor<10xf32>, unit = @root, grid = @dp}> : () -> ()
+
+// -----
+
+shard.grid @dp(shape = 4)
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op 'sharded on', 'axes' and 'padding' must be given together}}
+"fsdp.param"() <{sym_name = "p", type = tensor<10xf32>, unit = @root, grid = @dp, grid_axes = array<i16: 0>}> : () -> ()
+
+// -----
+
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op 'sharded on', 'axes' and 'padding' must be given together}}
+"fsdp.param"() <{sym_name = "p", type = tensor<10xf32>, unit = @root, padding = 2 : i64}> : () -> ()
+
+// -----
+
+shard.grid @dp(shape = 4)
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op a sharded parameter needs rank >= 1 (it is split along dim 0)}}
+fsdp.param @p : tensor<f32> unit @root sharded on @dp axes = [0] padding = 3
+
+// -----
+
+shard.grid @dp(shape = 4)
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op padding must be non-negative, got -2}}
+fsdp.param @p : tensor<10xf32> unit @root sharded on @dp axes = [0] padding = -2
+
+//===----------------------------------------------------------------------===//
+// fsdp.param: symbols (unit, grid, axes, padding)
+//===----------------------------------------------------------------------===//
+
+// -----
+
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op @nope does not name an fsdp.unit}}
+fsdp.param @p : tensor<4xf32> unit @nope
+
+// -----
+
+fsdp.unit @root root
+fsdp.param @q : tensor<4xf32> unit @root
+// A parameter is not a unit.
+// expected-error @+1 {{'fsdp.param' op @q does not name an fsdp.unit}}
+fsdp.param @p : tensor<4xf32> unit @q
+
+// -----
+
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op @dp does not name a shard.grid}}
+fsdp.param @p : tensor<10xf32> unit @root sharded on @dp axes = [0] padding = 2
+
+// -----
+
+fsdp.unit @root root
+// A unit is not a grid.
+// expected-error @+1 {{'fsdp.param' op @root does not name a shard.grid}}
+fsdp.param @p : tensor<10xf32> unit @root sharded on @root axes = [0] padding = 2
+
+// -----
+
+shard.grid @dp(shape = 4)
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op needs at least one grid axis}}
+fsdp.param @p : tensor<10xf32> unit @root sharded on @dp axes = [] padding = 0
+
+// -----
+
+shard.grid @dp(shape = 4)
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op grid axis 1 is out of range for @dp of rank 1}}
+fsdp.param @p : tensor<10xf32> unit @root sharded on @dp axes = [1] padding = 2
+
+// -----
+
+shard.grid @dp(shape = 4)
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op grid axis -1 is out of range for @dp of rank 1}}
+fsdp.param @p : tensor<10xf32> unit @root sharded on @dp axes = [-1] padding = 2
+
+// -----
+
+shard.grid @hsdp(shape = 2x4)
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op grid axis 1 is listed twice}}
+fsdp.param @p : tensor<10xf32> unit @root sharded on @hsdp axes = [1, 1] padding = 2
+
+// -----
+
+shard.grid @dyn(shape = 2x?)
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op grid axis 1 of @dyn has a dynamic size; collectives need a static group size}}
+fsdp.param @p : tensor<10xf32> unit @root sharded on @dyn axes = [0, 1] padding = 2
+
+// -----
+
+shard.grid @empty(shape = 0x4)
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op group size over grid axes of @empty is not a positive 64-bit integer}}
+fsdp.param @p : tensor<10xf32> unit @root sharded on @empty axes = [0] padding = 0
+
+// -----
+
+shard.grid @huge(shape = 4294967296x4294967296)
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op group size over grid axes of @huge is not a positive 64-bit integer}}
+fsdp.param @p : tensor<10xf32> unit @root sharded on @huge axes = [0, 1] padding = 0
+
+// -----
+
+shard.grid @dp(shape = 4)
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op cannot shard 9223372036854775807 rows over 4 ranks}}
+fsdp.param @p : tensor<9223372036854775807xi8> unit @root sharded on @dp axes = [0] padding = 0
+
+// -----
+
+shard.grid @dp(shape = 4)
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op padding is 0, but 10 rows over 4 ranks pad 2 (4 x 3 - 10)}}
+fsdp.param @p : tensor<10xf32> unit @root sharded on @dp axes = [0] padding = 0
+
+// -----
+
+// Hybrid sharding: only the listed axis (size 4) counts.
+shard.grid @hsdp(shape = 2x4)
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op padding is 6, but 10 rows over 4 ranks pad 2 (4 x 3 - 10)}}
+fsdp.param @p : tensor<10x3xf32> unit @root sharded on @hsdp axes = [1] padding = 6
+
+// -----
+
+// Both axes of a 2-D grid: 8 ranks.
+shard.grid @hsdp(shape = 2x4)
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op padding is 2, but 10 rows over 8 ranks pad 6 (8 x 2 - 10)}}
+fsdp.param @p : tensor<10xf32> unit @root sharded on @hsdp axes = [0, 1] padding = 2
+
+//===----------------------------------------------------------------------===//
+// !fsdp.future
+//===----------------------------------------------------------------------===//
+
+// -----
+
+// expected-error @+1 {{!fsdp.future result 0 must be a statically shaped tensor, got 'tensor<?xf32>'}}
+func.func private @f(!fsdp.future<tensor<?xf32>>)
+
+// -----
+
+// expected-error @+1 {{!fsdp.future result 1 must be a statically shaped tensor, got 'tensor<*xf32>'}}
+func.func private @f(!fsdp.future<tensor<4xf32>, tensor<*xf32>>)
+
+// -----
+
+// expected-error @+1 {{!fsdp.future result 0 must be a statically shaped tensor, got 'f32'}}
+func.func private @f(!fsdp.future<f32>)
+
+// -----
+
+// expected-error @+1 {{!fsdp.future result 0 must be a statically shaped tensor, got 'memref<4xf32>'}}
+func.func private @f(!fsdp.future<memref<4xf32>>)
+
+// -----
+
+// An empty future does not parse.
+// expected-error @+2 {{expected non-function type}}
+// expected-error @+1 {{failed to parse Fsdp_FutureType parameter 'results'}}
+func.func private @f(!fsdp.future<>)
+
+// -----
+
+// expected-error @+1 {{expected '<'}}
+func.func private @f(!fsdp.future)
