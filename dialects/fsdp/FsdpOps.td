@@ -61,7 +61,9 @@ def Fsdp_ParamOp : Fsdp_Op<"param", [
     Declares a model parameter by its PyTorch fully qualified name (FQN), with
     its logical (unsharded, unpadded) type and the wrap unit that owns it.
     `frozen` marks parameters with `requires_grad=False`: they are gathered
-    but never receive gradients.
+    but never receive gradients. `tied` lists the other FQNs under which the
+    model registers the same tensor (e.g. an output projection sharing the
+    input embedding): one parameter, gathered once, with one gradient.
 
     Once sharded, the parameter is split along dim 0 over the ranks of the
     grid axes listed after `sharded on`. Every rank stores ceil(dim0 / N) rows
@@ -79,6 +81,8 @@ def Fsdp_ParamOp : Fsdp_Op<"param", [
     ```
 
     Rules: the type is statically shaped; the unit names an `fsdp.unit`;
+    `tied` names are non-empty, distinct, differ from the parameter's own
+    name and name no other parameter;
     `sharded on`, `axes` and `padding` come together; a sharded parameter has
     rank >= 1; the grid names a `shard.grid`, the axes are distinct, in range
     and of static size; `padding` equals N * ceil(dim0 / N) - dim0.
@@ -88,11 +92,12 @@ def Fsdp_ParamOp : Fsdp_Op<"param", [
     TypeAttrOf<Fsdp_StaticTensor>:$type,
     FlatSymbolRefAttr:$unit,
     UnitAttr:$frozen,
+    OptionalAttr<StrArrayAttr>:$aliases,
     OptionalAttr<FlatSymbolRefAttr>:$grid,
     OptionalAttr<Shard_GridAxesAttr>:$grid_axes,
     OptionalAttr<I64Attr>:$padding);
   let assemblyFormat = [{
-    $sym_name `:` $type `unit` $unit (`frozen` $frozen^)?
+    $sym_name `:` $type `unit` $unit (`frozen` $frozen^)? (`tied` $aliases^)?
     (`sharded` `on` $grid^ `axes` `=` $grid_axes `padding` `=` $padding)?
     attr-dict
   }];
@@ -104,6 +109,23 @@ def Fsdp_ParamOp : Fsdp_Op<"param", [
     bool isTrainable() { return !getFrozen(); }
   }];
   let hasVerifier = 1;
+}
+
+def Fsdp_BufferOp : Fsdp_Op<"buffer", [Symbol, HasParent<"::mlir::ModuleOp">]> {
+  let summary = "A named model buffer: state that is not trained.";
+  let description = [{
+    Declares a tensor the model registers with `register_buffer` (rotary
+    tables, masks, running statistics), by FQN and type. Buffers are never
+    sharded and never get gradients: every rank holds the whole buffer.
+
+    ```mlir
+    fsdp.buffer @"rope.inv_freq" : tensor<32xf32>
+    ```
+
+    Rules: the type is statically shaped.
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, TypeAttrOf<Fsdp_StaticTensor>:$type);
+  let assemblyFormat = "$sym_name `:` $type attr-dict";
 }
 
 //===----------------------------------------------------------------------===//
@@ -132,6 +154,24 @@ def Fsdp_GetParamOp : Fsdp_Op<"get_param", [
   let assemblyFormat = "$name attr-dict `:` type($result)";
 }
 
+def Fsdp_GetBufferOp : Fsdp_Op<"get_buffer", [
+    Pure, Fsdp_InFunction, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "Read a model buffer.";
+  let description = [{
+    Yields the buffer named by `name`.
+
+    ```mlir
+    %f = fsdp.get_buffer @"rope.inv_freq" : tensor<32xf32>
+    ```
+
+    Rules: inside a function; `name` is an `fsdp.buffer` and the result has
+    its type.
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$name);
+  let results = (outs Fsdp_StaticTensor:$result);
+  let assemblyFormat = "$name attr-dict `:` type($result)";
+}
+
 def Fsdp_AtenOp : Fsdp_Op<"aten", [Fsdp_InFunction,
     DeclareOpInterfaceMethods<MemoryEffectsOpInterface>]> {
   let summary = "One ATen operator call, keyed by its schema name.";
@@ -154,6 +194,11 @@ def Fsdp_AtenOp : Fsdp_Op<"aten", [Fsdp_InFunction,
     touch the generator state, so they are never merged or dropped. All other
     calls are free of side effects.
 
+    `module` names the PyTorch submodule (its FQN; "" for the model itself)
+    whose forward made the call; a backward call names the module whose
+    forward it differentiates. Wrap units and activation checkpointing are
+    chosen by it.
+
     ```mlir
     %y = fsdp.aten "aten::addmm" (%b, %x, %w) args [0 : index, 1 : index, 2 : index, 1 : i64, 1 : i64]
            : (tensor<64xf32>, tensor<8x32xf32>, tensor<32x64xf32>) -> tensor<8x64xf32>
@@ -165,10 +210,12 @@ def Fsdp_AtenOp : Fsdp_Op<"aten", [Fsdp_InFunction,
     index is in range, and every literal is of a supported kind.
   }];
   let arguments = (ins StrAttr:$callee, Variadic<AnyType>:$inputs,
-                       OptionalAttr<ArrayAttr>:$args, UnitAttr:$random);
+                       OptionalAttr<ArrayAttr>:$args, UnitAttr:$random,
+                       OptionalAttr<StrAttr>:$module);
   let results = (outs Variadic<AnyType>:$outputs);
   let assemblyFormat = [{
-    $callee `(` $inputs `)` (`args` $args^)? (`random` $random^)? attr-dict
+    $callee `(` $inputs `)` (`args` $args^)? (`random` $random^)?
+    (`module` $module^)? attr-dict
     `:` functional-type($inputs, $outputs)
   }];
   let hasVerifier = 1;

@@ -263,6 +263,18 @@ LogicalResult UnitOp::verify() {
 //===----------------------------------------------------------------------===//
 
 LogicalResult ParamOp::verify() {
+  if (ArrayAttr aliases = getAliasesAttr()) {
+    llvm::SmallPtrSet<Attribute, 4> seen;
+    for (Attribute alias : aliases) {
+      StringRef name = cast<StringAttr>(alias).getValue();
+      if (name.empty())
+        return emitOpError("tied names must not be empty");
+      if (name == getSymName())
+        return emitOpError() << "lists its own name '" << name << "' as tied";
+      if (!seen.insert(alias).second)
+        return emitOpError() << "lists tied name '" << name << "' twice";
+    }
+  }
   unsigned given = (getGridAttr() != nullptr) + getGridAxes().has_value() +
                    getPadding().has_value();
   if (given != 0 && given != 3)
@@ -280,6 +292,14 @@ LogicalResult ParamOp::verifySymbolUses(SymbolTableCollection &tables) {
   SymbolResolver resolve(*this, tables);
   if (failed(resolve.unit(getUnitAttr())))
     return failure();
+  if (ArrayAttr aliases = getAliasesAttr()) {
+    for (Attribute alias : aliases) {
+      auto ref = FlatSymbolRefAttr::get(cast<StringAttr>(alias));
+      if (tables.lookupNearestSymbolFrom<ParamOp>(*this, ref))
+        return emitOpError() << "is tied to " << ref
+                             << ", which is declared as a parameter of its own";
+    }
+  }
   if (!isSharded())
     return success();
   FailureOr<int64_t> size = resolve.groupSize(getGridAttr(), *getGridAxes());
@@ -315,6 +335,20 @@ LogicalResult GetParamOp::verifySymbolUses(SymbolTableCollection &tables) {
                          << " is not the local type of " << getNameAttr() << ", "
                          << *expected
                          << (param->isSharded() ? " (its padded shard)" : "");
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// GetBufferOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult GetBufferOp::verifySymbolUses(SymbolTableCollection &tables) {
+  auto buffer = tables.lookupNearestSymbolFrom<BufferOp>(*this, getNameAttr());
+  if (!buffer)
+    return emitOpError() << getNameAttr() << " does not name an fsdp.buffer";
+  if (getResult().getType() != buffer.getType())
+    return emitOpError() << "result type " << getResult().getType() << " is not the type of "
+                         << getNameAttr() << ", " << buffer.getType();
   return success();
 }
 

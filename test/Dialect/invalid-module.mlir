@@ -236,3 +236,41 @@ func.func private @f(!fsdp.future<>)
 
 // expected-error @+1 {{expected '<'}}
 func.func private @f(!fsdp.future)
+
+// -----
+
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op tied names must not be empty}}
+fsdp.param @w : tensor<4xf32> unit @root tied [""]
+
+// -----
+
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op lists its own name 'w' as tied}}
+fsdp.param @w : tensor<4xf32> unit @root tied ["w"]
+
+// -----
+
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op lists tied name 'v' twice}}
+fsdp.param @w : tensor<4xf32> unit @root tied ["v", "v"]
+
+// -----
+
+fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op is tied to @v, which is declared as a parameter of its own}}
+fsdp.param @w : tensor<4xf32> unit @root tied ["v"]
+fsdp.param @v : tensor<4xf32> unit @root
+
+// -----
+
+// expected-error @+1 {{'fsdp.buffer' op attribute 'type' failed to satisfy constraint: type attribute of statically shaped tensor}}
+fsdp.buffer @b : tensor<?xf32>
+
+// -----
+
+func.func @f() {
+  // expected-error @+1 {{'fsdp.buffer' op expects parent op 'builtin.module'}}
+  fsdp.buffer @b : tensor<2xf32>
+  return
+}

@@ -467,3 +467,28 @@ func.func @f(%l: tensor<f32>) {
   fsdp.loss %l : tensor<f32>
   return
 }
+
+// -----
+
+fsdp.unit @root root
+fsdp.param @p : tensor<2xf32> unit @root
+func.func @f() {
+  // expected-error @+1 {{'fsdp.get_buffer' op @p does not name an fsdp.buffer}}
+  %0 = fsdp.get_buffer @p : tensor<2xf32>
+  return
+}
+
+// -----
+
+fsdp.buffer @b : tensor<2xf32>
+func.func @f() {
+  // expected-error @+1 {{'fsdp.get_buffer' op result type 'tensor<3xf32>' is not the type of @b, 'tensor<2xf32>'}}
+  %0 = fsdp.get_buffer @b : tensor<3xf32>
+  return
+}
+
+// -----
+
+fsdp.buffer @b : tensor<2xf32>
+// expected-error @+1 {{'fsdp.get_buffer' op must be inside a function (a training step)}}
+%0 = fsdp.get_buffer @b : tensor<2xf32>

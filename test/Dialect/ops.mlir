@@ -405,3 +405,28 @@ func.func @step(%x: tensor<8x32xf32>) -> tensor<f32> {
   fsdp.gradients [@w] %gs : tensor<3x32xf32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// Tied parameters, buffers, and the module that issued each ATen call.
+// CHECK-LABEL: module {
+// CHECK-NEXT:    shard.grid @dp(shape = 4)
+// CHECK-NEXT:    fsdp.unit @root root
+// CHECK-NEXT:    fsdp.param @tok_emb.weight : tensor<11x4xf32> unit @root tied ["lm_head.weight"]{{$}}
+// CHECK-NEXT:    fsdp.param @pos : tensor<2x4xf32> unit @root frozen tied ["a.pos", "b.pos"] sharded on @dp axes = [0] padding = 2{{$}}
+// CHECK-NEXT:    fsdp.buffer @rope.inv_freq : tensor<2xf32>{{$}}
+// CHECK-LABEL:   func.func @uses
+// CHECK-NEXT:    %[[F:.*]] = fsdp.get_buffer @rope.inv_freq : tensor<2xf32>
+// CHECK-NEXT:    %{{.*}} = fsdp.aten "aten::neg"(%[[F]]) module "layers.0.attn" : (tensor<2xf32>) -> tensor<2xf32>
+// CHECK-NEXT:    %{{.*}} = fsdp.aten "aten::rand"() args {{\[}}[2], f32] random module "" : () -> tensor<2xf32>
+shard.grid @dp(shape = 4)
+fsdp.unit @root root
+fsdp.param @"tok_emb.weight" : tensor<11x4xf32> unit @root tied ["lm_head.weight"]
+fsdp.param @pos : tensor<2x4xf32> unit @root frozen tied ["a.pos", "b.pos"] sharded on @dp axes = [0] padding = 2
+fsdp.buffer @"rope.inv_freq" : tensor<2xf32>
+func.func @uses() -> (tensor<2xf32>, tensor<2xf32>) {
+  %f = fsdp.get_buffer @"rope.inv_freq" : tensor<2xf32>
+  %n = fsdp.aten "aten::neg" (%f) module "layers.0.attn" : (tensor<2xf32>) -> tensor<2xf32>
+  %r = fsdp.aten "aten::rand" () args [[2], f32] random module "" : () -> tensor<2xf32>
+  return %n, %r : tensor<2xf32>, tensor<2xf32>
+}
