@@ -1,0 +1,59 @@
+"""Command line: `python -m fsdpc export --model gpt --out gpt.mlir`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fsdpc.capture import CaptureError
+from fsdpc.compiler import FsdpOptError, run_fsdp_opt
+from fsdpc.export import build, export_training_step, load_factory
+
+
+def _export(args: argparse.Namespace) -> int:
+    factory = load_factory(args.model)
+    options = {key: value for key, value in (("batch", args.batch), ("seq", args.seq)) if value is not None}
+    model, batch, loss_fn = build(factory, meta=args.meta, **options)
+    wrap = [name for name in args.wrap.split(",") if name] if args.wrap else None
+    header = f"Captured by `python -m fsdpc export --model {args.model}`: {type(model).__name__}, " \
+             f"batch {', '.join(str(tuple(t.shape)) for t in batch)}."
+    result = export_training_step(model, batch, loss_fn, wrap=wrap, header=header)
+    if args.verify:
+        run_fsdp_opt(result.mlir, ["-o", "/dev/null"])
+    Path(args.out).write_text(result.mlir)
+    print(f"fsdpc export: {args.model} ({type(model).__name__}) -> {args.out}"
+          f"{' (verified by fsdp-opt)' if args.verify else ''}")
+    print("  " + result.summary().replace("\n", "\n  "))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fsdpc", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    export = commands.add_parser(
+        "export", help="capture a model's training step as fsdp-dialect IR",
+        description="Capture forward, loss and backward of a model as fsdp-dialect IR. "
+                    "A factory returns (model, batch, loss_fn) with loss_fn(model, *batch) -> loss.")
+    export.add_argument("--model", required=True,
+                        help="built-in name (mlp, gpt, llama, llama3-70b, hf-gpt2, hf-llama) "
+                             "or path/to/file.py:factory")
+    export.add_argument("--out", required=True, help="where to write the .mlir file")
+    export.add_argument("--batch", type=int, help="batch size passed to the factory")
+    export.add_argument("--seq", type=int, help="sequence length passed to the factory")
+    export.add_argument("--wrap", help="comma-separated module class names that become wrap units "
+                                       "(default: each block of the model's layer stack)")
+    export.add_argument("--meta", action=argparse.BooleanOptionalAction, default=True,
+                        help="build the model on the meta device (default; capture needs only shapes)")
+    export.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                        help="check the result with fsdp-opt (default)")
+    args = parser.parse_args(argv)
+    try:
+        return _export(args)
+    except (CaptureError, ValueError, FsdpOptError, FileNotFoundError) as error:
+        print(f"fsdpc export: error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,407 @@
+"""Capture a model's whole training step (forward, loss, backward) as one
+core-ATen graph.
+
+How, in three traces, all PyTorch's own:
+
+1. ``torch.export`` traces forward + loss (non-strict), recording for every
+   op the module that ran it (``nn_module_stack``) and the user's source line;
+   ``run_decompositions`` lowers it to core ATen.
+2. ``make_fx`` re-runs that graph node by node (an ``fx.Interpreter`` under
+   ``preserve_node_meta``, so each new node inherits its source node's
+   metadata) and then ``torch.autograd.grad`` of the loss with respect to the
+   trainable parameters. AOTAutograd's stack-trace hooks stamp every backward
+   node with the autograd sequence number of the forward op it
+   differentiates; that number leads back to the forward op's module and line.
+3. If autograd accumulated gradients in place, a functionalizing re-trace
+   removes the mutation (again node by node, keeping metadata).
+
+Everything runs on fake tensors, so the parameters can live on the meta
+device and a 70B-parameter model captures in a few GiB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import re
+import sys
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from torch import fx, nn
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.traceback import preserve_node_meta
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_FSDPC_DIR = os.path.dirname(__file__)
+# The example models live in the package but are user code for locations.
+_FSDPC_MODELS_DIR = os.path.join(_FSDPC_DIR, "models")
+_MODEL_ATTR = "model"
+_NOISY_LOGGERS = ("torch.fx.experimental.symbolic_shapes", "torch._dynamo", "torch.export",
+                  "torch._export")
+
+
+class CaptureError(RuntimeError):
+    """What cannot be captured, naming the operation and the user's source line."""
+
+
+@dataclass(frozen=True)
+class SourceLocation:
+    file: str
+    line: int
+    code: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass
+class ParamInfo:
+    fqn: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    trainable: bool
+    aliases: list[str] = field(default_factory=list)  # tied: other FQNs, same tensor
+
+
+@dataclass
+class BufferInfo:
+    fqn: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass
+class CapturedStep:
+    """The joint graph and what its placeholders and outputs mean."""
+
+    graph: fx.Graph
+    # Placeholders in order, each ("param", fqn) | ("buffer", fqn) | ("input", index).
+    inputs: list[tuple[str, object]]
+    params: list[ParamInfo]
+    buffers: list[BufferInfo]
+    batch: list[tuple[tuple[int, ...], torch.dtype]]
+    loss: fx.Node
+    # Gradient output node per trainable parameter FQN (None: unused parameter).
+    gradients: dict[str, fx.Node | None]
+    # Per call_function node: issuing module FQN ("" = the model) and source line.
+    modules: dict[fx.Node, str]
+    locations: dict[fx.Node, SourceLocation]
+
+
+class _TrainingStep(nn.Module):
+    """Wraps model + loss so that export sees one module computing the loss."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable):
+        super().__init__()
+        setattr(self, _MODEL_ATTR, model)
+        self._loss_fn = loss_fn
+
+    def forward(self, *batch):
+        return self._loss_fn(getattr(self, _MODEL_ATTR), *batch)
+
+
+def user_frame(frames, *, torch_fallback: bool = False) -> SourceLocation | None:
+    """The innermost frame outside torch and fsdpc: the user's own code. With
+    `torch_fallback`, a model made only of torch.nn modules gets the innermost
+    torch frame instead (e.g. nn/modules/linear.py), which beats no location."""
+    fallback = None
+    for frame in reversed(list(frames)):
+        path = os.path.abspath(frame.filename)
+        internal = path.startswith(_FSDPC_DIR) and not path.startswith(_FSDPC_MODELS_DIR)
+        if internal or frame.filename.startswith("<"):
+            continue
+        here = SourceLocation(frame.filename, frame.lineno, (frame.line or "").strip())
+        if path.startswith(_TORCH_DIR):
+            fallback = fallback or here
+            continue
+        return here
+    return fallback if torch_fallback else None
+
+
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in [^\n]*\n?(?:[ \t]+([^\n]*))?')
+
+
+def _location_from_stack_trace(stack_trace: str | None,
+                               loss_location: SourceLocation | None = None) -> SourceLocation | None:
+    """The user's line for a traced op. Torch records module forwards but not
+    the frames of the loss function, so ops of the loss point at its `def`;
+    ops inside torch.nn modules with no user code point at the torch line."""
+    if not stack_trace:
+        return None
+    frames = [
+        traceback.FrameSummary(m.group(1), int(m.group(2)), "", line=m.group(3) or "")
+        for m in _FRAME_RE.finditer(stack_trace)
+    ]
+    found = user_frame(frames)
+    if found:
+        return found
+    if any(os.sep + os.path.join("nn", "modules") + os.sep in f.filename for f in frames):
+        return user_frame(frames, torch_fallback=True)
+    return loss_location or user_frame(frames, torch_fallback=True)
+
+
+def _definition_of(function: Callable) -> SourceLocation | None:
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return None
+    return SourceLocation(code.co_filename, code.co_firstlineno)
+
+
+def _strip_model_prefix(path: str) -> str:
+    if path == _MODEL_ATTR:
+        return ""
+    return path[len(_MODEL_ATTR) + 1:] if path.startswith(_MODEL_ATTR + ".") else path
+
+
+def _module_of(meta: dict) -> str | None:
+    stack = meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path = list(stack.values())[-1][0]
+    return _strip_model_prefix(path)
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs():
+    """Torch logs graph dumps when tracing fails; our error says it better."""
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def _export(step: _TrainingStep, batch: tuple) -> ExportedProgram:
+    # Torch prints the partial graph when tracing fails: keep what the model
+    # printed only if tracing succeeds.
+    printed, complained = io.StringIO(), io.StringIO()
+    try:
+        with _quiet_torch_logs(), contextlib.redirect_stdout(printed), \
+                contextlib.redirect_stderr(complained):
+            program = torch.export.export(step, batch, strict=False)
+        sys.stdout.write(printed.getvalue())
+        sys.stderr.write(complained.getvalue())
+    except CaptureError:
+        raise
+    except Exception as error:  # torch raises many types; all mean "cannot capture"
+        where = user_frame(traceback.extract_tb(error.__traceback__))
+        text = str(error).strip()
+        first_line = text.splitlines()[0] if text else type(error).__name__
+        if "data-dependent" in text:
+            reason = ("it reads a tensor's value in Python (aten::item, via bool() or .item()), "
+                      "so the control flow depends on data, which a static training step cannot")
+        else:
+            reason = first_line
+        if where:
+            raise CaptureError(f"{where}: cannot capture `{where.code}`: {reason}") from error
+        raise CaptureError(f"cannot capture the training step: {reason}") from error
+    with _quiet_torch_logs():
+        return program.run_decompositions()
+
+
+def _alias_groups(model: nn.Module) -> dict[int, list[str]]:
+    """Every FQN of every parameter, grouped by tensor identity."""
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return groups
+
+
+def _check_outputs(program: ExportedProgram) -> None:
+    for spec in program.graph_signature.output_specs:
+        if spec.kind == OutputKind.BUFFER_MUTATION:
+            raise CaptureError(
+                f"the training step updates buffer '{_strip_model_prefix(spec.target)}' in place "
+                "(running statistics, caches); fsdpc captures steps without buffer updates"
+            )
+        if spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
+            raise CaptureError(f"unsupported output of the training step: {spec.kind.name}")
+    user_outputs = [s for s in program.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    if len(user_outputs) != 1:
+        raise CaptureError(f"loss_fn must return one tensor, the loss; it returned {len(user_outputs)} values")
+
+
+def capture_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable) -> CapturedStep:
+    """Traces ``loss_fn(model, *batch)`` and its backward into one ATen graph."""
+    batch = tuple(batch)
+    for index, item in enumerate(batch):
+        if not isinstance(item, torch.Tensor):
+            raise CaptureError(f"batch item {index} is a {type(item).__name__}; a batch is a tuple of tensors")
+    step = _TrainingStep(model, loss_fn)
+    program = _export(step, batch)
+    _check_outputs(program)
+
+    aliases = _alias_groups(model)
+    state = {**dict(program.named_parameters()), **dict(program.named_buffers())}
+    inputs: list[tuple[str, object]] = []
+    params: list[ParamInfo] = []
+    buffers: list[BufferInfo] = []
+    flat_args: list[torch.Tensor] = []
+    # Export lists a tied parameter once per name; the joint graph takes it once,
+    # so autograd sums the gradient over all its uses.
+    export_to_joint: list[int] = []
+    joint_index_of_param: dict[int, int] = {}
+    user_index = 0
+    for spec in program.graph_signature.input_specs:
+        if spec.kind == InputKind.PARAMETER:
+            identity = id(getattr_path(step, spec.target))
+            if identity in joint_index_of_param:
+                export_to_joint.append(joint_index_of_param[identity])
+                continue
+            tensor = state[spec.target]
+            fqn = _strip_model_prefix(spec.target)
+            names = aliases.get(identity, [fqn])
+            params.append(ParamInfo(fqn, tuple(tensor.shape), tensor.dtype, tensor.requires_grad,
+                                    [n for n in names if n != fqn]))
+            joint_index_of_param[identity] = len(inputs)
+            export_to_joint.append(len(inputs))
+            inputs.append(("param", fqn))
+            flat_args.append(tensor.detach().requires_grad_(tensor.requires_grad))
+            continue
+        export_to_joint.append(len(inputs))
+        if spec.kind == InputKind.BUFFER:
+            tensor = state[spec.target]
+            fqn = _strip_model_prefix(spec.target)
+            buffers.append(BufferInfo(fqn, tuple(tensor.shape), tensor.dtype))
+            inputs.append(("buffer", fqn))
+            flat_args.append(tensor.detach())
+        elif spec.kind == InputKind.USER_INPUT:
+            inputs.append(("input", user_index))
+            flat_args.append(batch[user_index].detach())
+            user_index += 1
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            node = next(n for n in program.graph.nodes if n.op == "placeholder" and n.name == spec.arg.name)
+            where = _first_user_location(node)
+            raise CaptureError(
+                f"{where or 'the model'}: a tensor created from Python data inside forward "
+                f"('{spec.target}') cannot be captured; register it with register_buffer"
+            )
+        else:
+            raise CaptureError(f"unsupported input of the training step: {spec.kind.name} {spec.target}")
+
+    trainable = [i for i, (kind, _) in enumerate(inputs) if kind == "param" and flat_args[i].requires_grad]
+    joint = _trace_joint(program.graph_module, flat_args, trainable, export_to_joint)
+    placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
+    output = next(n for n in joint.graph.nodes if n.op == "output")
+    results = list(output.args[0])
+    loss = results[0]
+    gradients = {inputs[i][1]: node for i, node in zip(trainable, results[1:])}
+    assert len(placeholders) == len(inputs)
+
+    modules, locations = _attribute_nodes(joint.graph, _definition_of(loss_fn))
+    return CapturedStep(
+        graph=joint.graph,
+        inputs=inputs,
+        params=params,
+        buffers=buffers,
+        batch=[(tuple(t.shape), t.dtype) for t in batch],
+        loss=loss,
+        gradients=gradients,
+        modules=modules,
+        locations=locations,
+    )
+
+
+def getattr_path(root: nn.Module, path: str):
+    value = root
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _first_user_location(node: fx.Node) -> SourceLocation | None:
+    for user in node.users:
+        where = _location_from_stack_trace(user.meta.get("stack_trace"))
+        if where:
+            return where
+    return None
+
+
+def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], trainable: list[int],
+                 export_to_joint: list[int]) -> fx.GraphModule:
+    # AOTAutograd's helper that stamps backward nodes with the sequence number of
+    # the forward op they differentiate (the same one torch.compile relies on).
+    from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
+
+    def joint(*args):
+        with torch.enable_grad(), preserve_node_meta():
+            (loss,) = fx.Interpreter(forward).run(*(args[i] for i in export_to_joint))
+            if loss.dim() != 0 or not loss.is_floating_point():
+                raise CaptureError(
+                    f"loss_fn must return a scalar floating-point loss, got shape {tuple(loss.shape)} {loss.dtype}")
+            wrt = [args[i] for i in trainable]
+            if not wrt:
+                return (loss,)
+            if loss.grad_fn is None:
+                raise CaptureError("the loss does not depend on any trainable parameter")
+            setup_stacktrace_preservation_hooks([loss.grad_fn])
+            grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+        return (loss, *grads)
+
+    with preserve_node_meta(), _quiet_torch_logs():
+        traced = make_fx(joint, tracing_mode="fake", decomposition_table=_decompositions())(*flat_args)
+    if any(_is_mutating(node) for node in traced.graph.nodes):
+        traced = _functionalize(traced, flat_args)
+    traced.graph.eliminate_dead_code()
+    return traced
+
+
+def _decompositions():
+    from torch._decomp import core_aten_decompositions
+    return core_aten_decompositions()
+
+
+def _is_mutating(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return node.op == "call_function" and schema is not None and schema.is_mutable
+
+
+def _functionalize(graph: fx.GraphModule, flat_args: list[torch.Tensor]) -> fx.GraphModule:
+    def rerun(*args):
+        with preserve_node_meta():
+            return fx.Interpreter(graph).run(*args)
+
+    plain_args = [a.detach() for a in flat_args]
+    with preserve_node_meta():
+        return make_fx(torch.func.functionalize(rerun, remove="mutations"), tracing_mode="fake",
+                       decomposition_table=_decompositions())(*plain_args)
+
+
+def _attribute_nodes(graph: fx.Graph, loss_location: SourceLocation | None
+                     ) -> tuple[dict[fx.Node, str], dict[fx.Node, SourceLocation]]:
+    """Module and source line for every call: forward nodes carry their own,
+    backward nodes borrow them from the forward op with their sequence number."""
+    by_seq: dict[int, tuple[str | None, SourceLocation | None]] = {}
+    modules: dict[fx.Node, str] = {}
+    locations: dict[fx.Node, SourceLocation] = {}
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        module = _module_of(node.meta)
+        where = _location_from_stack_trace(node.meta.get("stack_trace"), loss_location)
+        seq = node.meta.get("seq_nr")
+        if module is not None:
+            if seq is not None:
+                by_seq.setdefault(seq, (module, where))
+        elif seq is not None and seq in by_seq:
+            module, borrowed = by_seq[seq]
+            where = where or borrowed
+        if module is not None:
+            modules[node] = module
+        if where is not None:
+            locations[node] = where
+    return modules, locations

@@ -1,0 +1,232 @@
+"""Write a captured training step as fsdp-dialect IR text.
+
+Debian's MLIR has no Python bindings, so this is a printer: one line per
+parameter, buffer and unit, then the step function with one `fsdp.aten` per
+ATen call in graph order, each with its issuing module and source location.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Iterable
+
+import torch
+from torch import fx
+
+from fsdpc.capture import CaptureError, CapturedStep, SourceLocation
+from fsdpc.units import UnitPlan
+
+_ELEMENT_TYPES = {
+    torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+    torch.uint8: "ui8", torch.bool: "i1",
+    torch.complex64: "complex<f32>", torch.complex128: "complex<f64>",
+    torch.float8_e4m3fn: "f8E4M3FN", torch.float8_e5m2: "f8E5M2",
+}
+DEVICE_LITERAL = "<device>"  # the executing rank's device, whatever capture ran on
+
+
+def element_type(dtype: torch.dtype, where: str) -> str:
+    try:
+        return _ELEMENT_TYPES[dtype]
+    except KeyError:
+        raise CaptureError(f"{where}: dtype {dtype} is not supported by fsdpc") from None
+
+
+def tensor_type(shape: Iterable[int], dtype: torch.dtype, where: str) -> str:
+    dims = [int(d) for d in shape]
+    return "tensor<" + "".join(f"{d}x" for d in dims) + element_type(dtype, where) + ">"
+
+
+def symbol(name: str) -> str:
+    return '@"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def float_literal(value: float) -> str:
+    if math.isfinite(value):
+        return f"{value:.17e}"
+    bits = {math.inf: "0x7FF0000000000000", -math.inf: "0xFFF0000000000000"}.get(value, "0x7FF8000000000000")
+    return f"{bits} : f64"
+
+
+def location(where: SourceLocation | None) -> str:
+    return f" loc({string(where.file)}:{where.line}:1)" if where else ""
+
+
+class _StepPrinter:
+    def __init__(self, step: CapturedStep):
+        self.step = step
+        self.lines: list[str] = []
+        self.names: dict[fx.Node, str] = {}
+        self.result_counts: dict[fx.Node, int] = {}
+        self.placeholder_kind: dict[fx.Node, tuple[str, object]] = {}
+        self.counter = 0
+
+    def fresh(self) -> str:
+        self.counter += 1
+        return f"%v{self.counter}"
+
+    def where(self, node: fx.Node) -> str:
+        """`file:line (op)` for error messages."""
+        loc = self.step.locations.get(node)
+        op = node.target._schema.name if isinstance(node.target, torch._ops.OpOverload) else str(node.target)
+        return f"{loc} ({op})" if loc else f"{op} (graph node '{node.name}')"
+
+    def value(self, node: fx.Node, user: fx.Node) -> str:
+        """SSA name of `node`, reading a parameter or buffer at its first use."""
+        if node in self.names:
+            return self.names[node]
+        kind, key = self.placeholder_kind[node]
+        val = node.meta["val"]
+        type_ = tensor_type(val.shape, val.dtype, self.where(user))
+        name = self.fresh()
+        op = "fsdp.get_param" if kind == "param" else "fsdp.get_buffer"
+        self.lines.append(f"    {name} = {op} {symbol(key)} : {type_}"
+                          f"{location(self.step.locations.get(user))}")
+        self.names[node] = name
+        return name
+
+    def type_of(self, node: fx.Node) -> str:
+        val = node.meta["val"]
+        return tensor_type(val.shape, val.dtype, self.where(node))
+
+    def encode(self, value, node: fx.Node, operands: list[str], operand_types: list[str]) -> str:
+        if isinstance(value, fx.Node):
+            operands.append(self.value(value, node))
+            operand_types.append(self.type_of(value))
+            return f"{len(operands) - 1} : index"
+        if isinstance(value, (list, tuple)):
+            return "[" + ", ".join(self.encode(v, node, operands, operand_types) for v in value) + "]"
+        if value is None:
+            return "unit"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, int):
+            return str(value)
+        if isinstance(value, float):
+            return float_literal(value)
+        if isinstance(value, torch.dtype):
+            return element_type(value, self.where(node))
+        if isinstance(value, torch.device):
+            return string(DEVICE_LITERAL)
+        if isinstance(value, (torch.layout, torch.memory_format)):
+            return string(str(value).replace("torch.", ""))
+        if isinstance(value, str):
+            return string(value)
+        raise CaptureError(f"{self.where(node)}: argument {value!r} of {node.target} has "
+                           f"unsupported type {type(value).__name__}")
+
+    def call(self, node: fx.Node) -> None:
+        target = node.target
+        if target is operator.getitem:
+            source, index = node.args
+            self.names[node] = f"{self.names[source]}#{index}"
+            return
+        if not isinstance(target, torch._ops.OpOverload):
+            raise CaptureError(f"{self.where(node)}: cannot capture call to {target}; "
+                               "fsdpc compiles ATen operators only")
+        schema = target._schema
+        callee = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+        operands: list[str] = []
+        operand_types: list[str] = []
+        args = []
+        for index, argument in enumerate(schema.arguments):
+            if index < len(node.args):
+                value = node.args[index]
+            elif argument.name in node.kwargs:
+                value = node.kwargs[argument.name]
+            elif argument.has_default_value():
+                value = argument.default_value
+            else:
+                value = None
+            args.append(self.encode(value, node, operands, operand_types))
+        plain = all(a == f"{i} : index" for i, a in enumerate(args))
+        results = self.result_types(node)
+        name = self.fresh()
+        lhs = "" if not results else (f"{name} = " if len(results) == 1 else f"{name}:{len(results)} = ")
+        attrs = "" if plain else " args [" + ", ".join(args) + "]"
+        if torch.Tag.nondeterministic_seeded in target.tags:
+            attrs += " random"
+        module = self.step.modules.get(node)
+        if module is not None:
+            attrs += f" module {string(module)}"
+        self.lines.append(
+            f"    {lhs}fsdp.aten {string(callee)} ({', '.join(operands)}){attrs} : "
+            f"({', '.join(operand_types)}) -> ({', '.join(results)})"
+            f"{location(self.step.locations.get(node))}")
+        self.names[node] = name
+
+    def result_types(self, node: fx.Node) -> list[str]:
+        val = node.meta.get("val")
+        values = val if isinstance(val, (list, tuple)) else [val]
+        types = []
+        for v in values:
+            if v is None:
+                types.append("none")
+            elif isinstance(v, torch.Tensor):
+                types.append(tensor_type(v.shape, v.dtype, self.where(node)))
+            else:
+                raise CaptureError(f"{self.where(node)}: {node.target} returns a {type(v).__name__}; "
+                                   "fsdpc needs tensor results (static shapes)")
+        return types
+
+    def body(self) -> tuple[list[str], list[str]]:
+        """The function's lines and its argument types."""
+        arg_types = []
+        placeholders = [n for n in self.step.graph.nodes if n.op == "placeholder"]
+        for node, (kind, key) in zip(placeholders, self.step.inputs):
+            self.placeholder_kind[node] = (kind, key)
+            if kind == "input":
+                shape, dtype = self.step.batch[key]
+                self.names[node] = f"%batch{key}"
+                arg_types.append(tensor_type(shape, dtype, f"batch item {key}"))
+        for node in self.step.graph.nodes:
+            if node.op == "call_function":
+                self.call(node)
+                if node is self.step.loss:
+                    self.lines.append(f"    fsdp.loss {self.names[node]} : {self.type_of(node)}")
+        grads = [(fqn, g) for fqn, g in self.step.gradients.items() if g is not None]
+        if grads:
+            names = ", ".join(symbol(fqn) for fqn, _ in grads)
+            values = ", ".join(self.value(g, g) if g.op == "placeholder" else self.names[g] for _, g in grads)
+            types = ", ".join(self.type_of(g) for _, g in grads)
+            self.lines.append(f"    fsdp.gradients [{names}] {values}\n        : {types}")
+        loss_type = self.type_of(self.step.loss)
+        self.lines.append(f"    return {self.names[self.step.loss]} : {loss_type}")
+        return self.lines, arg_types
+
+
+def emit_mlir(step: CapturedStep, plan: UnitPlan, *, function: str = "train_step",
+              header: str = "") -> str:
+    out = []
+    if header:
+        out += [f"// {line}" for line in header.splitlines()]
+    out.append("module {")
+    for unit in plan.units:
+        root = " root" if unit.is_root else ""
+        out.append(f"  fsdp.unit {symbol(unit.name)}{root} class {string(unit.module_class)}")
+    for param in step.params:
+        where = f"parameter '{param.fqn}'"
+        line = (f"  fsdp.param {symbol(param.fqn)} : {tensor_type(param.shape, param.dtype, where)} "
+                f"unit {symbol(plan.owner([param.fqn, *param.aliases]))}")
+        if not param.trainable:
+            line += " frozen"
+        if param.aliases:
+            line += " tied [" + ", ".join(string(a) for a in param.aliases) + "]"
+        out.append(line)
+    for buffer in step.buffers:
+        where = f"buffer '{buffer.fqn}'"
+        out.append(f"  fsdp.buffer {symbol(buffer.fqn)} : {tensor_type(buffer.shape, buffer.dtype, where)}")
+    lines, arg_types = _StepPrinter(step).body()
+    args = ", ".join(f"%batch{i}: {t}" for i, t in enumerate(arg_types))
+    loss_type = _StepPrinter(step).type_of(step.loss)
+    out.append(f"  func.func @{function}({args}) -> {loss_type} {{")
+    out += lines
+    out.append("  }")
+    out.append("}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,103 @@
+"""The export entry point: model + batch + loss -> fsdp-dialect IR."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+from fsdpc.capture import CapturedStep, capture_training_step
+from fsdpc.emit import emit_mlir
+from fsdpc.units import UnitPlan, WrapPolicy, plan_units
+
+
+@dataclass
+class ExportResult:
+    mlir: str
+    step: CapturedStep
+    plan: UnitPlan
+    seconds: float
+
+    def summary(self) -> str:
+        params = self.step.params
+        elements = sum(_numel(p.shape) for p in params)
+        trainable = sum(p.trainable for p in params)
+        tied = sum(len(p.aliases) for p in params)
+        calls = [n for n in self.step.graph.nodes if n.op == "call_function"
+                 and getattr(n.target, "__name__", "") != "getitem"]
+        loss_at = calls.index(self.step.loss) + 1 if self.step.loss in calls else len(calls)
+        classes: dict[str, int] = {}
+        for unit in self.plan.units[1:]:
+            classes[unit.module_class] = classes.get(unit.module_class, 0) + 1
+        by_class = ", ".join(f"{count} x {name}" for name, count in classes.items())
+        return "\n".join([
+            f"parameters: {len(params)} tensors, {elements:,} elements "
+            f"({trainable} trainable, {len(params) - trainable} frozen, {tied} tied names)",
+            f"buffers:    {len(self.step.buffers)}",
+            f"wrap units: {len(self.plan.units)} (root{', ' + by_class if by_class else ''})",
+            f"ops:        {len(calls)} ATen calls ({loss_at} forward + loss, {len(calls) - loss_at} backward)",
+            f"time:       {self.seconds:.1f} s",
+        ])
+
+
+def _numel(shape) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def export_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable,
+                         *, wrap: WrapPolicy = None, header: str = "") -> ExportResult:
+    """Captures `loss_fn(model, *batch)` with its backward and prints it as IR."""
+    start = time.perf_counter()
+    plan = plan_units(model, wrap)
+    step = capture_training_step(model, batch, loss_fn)
+    mlir = emit_mlir(step, plan, header=header)
+    return ExportResult(mlir, step, plan, time.perf_counter() - start)
+
+
+def load_factory(spec: str) -> Callable:
+    """A built-in model name, or `path/to/file.py:factory`."""
+    from fsdpc.models import BUILTIN_MODELS
+
+    if spec in BUILTIN_MODELS:
+        return BUILTIN_MODELS[spec]
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path.endswith(".py"):
+        raise ValueError(f"unknown model '{spec}': use one of {', '.join(sorted(BUILTIN_MODELS))} "
+                         "or path/to/file.py:factory")
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"model file {file} does not exist")
+    module_spec = importlib.util.spec_from_file_location(f"fsdpc_user_model_{file.stem}", file)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise ValueError(f"{file} has no callable '{name}'")
+    return factory
+
+
+def build(factory: Callable, *, meta: bool, **options):
+    """Runs a factory, on the meta device if asked, and checks its contract."""
+    if meta:
+        with torch.device("meta"):
+            made = factory(**options)
+    else:
+        made = factory(**options)
+    if not (isinstance(made, tuple) and len(made) == 3):
+        raise ValueError("a model factory must return (model, batch, loss_fn)")
+    model, batch, loss_fn = made
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"the factory's model is a {type(model).__name__}, not an nn.Module")
+    if isinstance(batch, torch.Tensor):
+        batch = (batch,)
+    if not callable(loss_fn):
+        raise ValueError("the factory's loss_fn is not callable")
+    return model, tuple(batch), loss_fn

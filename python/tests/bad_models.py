@@ -1,0 +1,55 @@
+"""Models fsdpc must refuse, each with a precise error (used by test_capture)."""
+
+import torch
+from torch import nn
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if y.sum() > 0:
+            return y * 2
+        return y
+
+
+class OddDtype(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y + y.to(torch.uint16).float()
+
+
+class WithBatchNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        return self.bn(x)
+
+
+def _sum_loss(model, x):
+    return model(x).sum()
+
+
+def branchy():
+    return Branchy(), (torch.randn(2, 4),), _sum_loss
+
+
+def odd_dtype():
+    return OddDtype(), (torch.randn(2, 4),), _sum_loss
+
+
+def batch_norm():
+    return WithBatchNorm(), (torch.randn(3, 4),), _sum_loss
+
+
+def vector_loss():
+    return nn.Linear(4, 4), (torch.randn(2, 4),), lambda model, x: model(x).sum(0)

@@ -1,0 +1,172 @@
+"""Capture: the joint graph computes what eager PyTorch computes, and the IR
+describes the model's parameters, buffers, units and gradients exactly."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import fx, nn
+
+from fsdpc import run_fsdp_opt
+from fsdpc.capture import CaptureError
+from fsdpc.export import build, export_training_step, load_factory
+from fsdpc.models import BUILTIN_MODELS
+
+SMALL_MODELS = [name for name in BUILTIN_MODELS if name != "llama3-70b"]
+BAD_MODELS = Path(__file__).with_name("bad_models.py")
+
+
+def make(name, meta=False):
+    torch.manual_seed(0)
+    return build(load_factory(name), meta=meta)
+
+
+def unique_params(model):
+    return dict(model.named_parameters())  # remove_duplicate=True: tied once
+
+
+def run_joint(result, model, batch):
+    """Executes the captured joint graph on real tensors."""
+    values = {"param": lambda fqn: model.get_parameter(fqn).detach(),
+              "buffer": lambda fqn: model.get_buffer(fqn)}
+    args = [batch[key] if kind == "input" else values[kind](key) for kind, key in result.step.inputs]
+    module = fx.GraphModule(nn.Module(), result.step.graph)
+    loss, *grads = module(*args)
+    return loss, dict(zip(result.step.gradients, grads))
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt", "llama"])
+def test_joint_graph_matches_eager_loss_and_gradients(name):
+    model, batch, loss_fn = make(name)
+    result = export_training_step(model, batch, loss_fn)
+    loss, grads = run_joint(result, model, batch)
+
+    eager_loss = loss_fn(model, *batch)
+    eager_loss.backward()
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+    assert set(grads) == set(unique_params(model))
+    for fqn, grad in grads.items():
+        torch.testing.assert_close(grad, model.get_parameter(fqn).grad, rtol=1e-5, atol=1e-6,
+                                   msg=lambda m: f"gradient of {fqn}: {m}")
+
+
+@pytest.mark.parametrize("name", SMALL_MODELS)
+def test_export_describes_the_model_and_verifies(name):
+    model, batch, loss_fn = make(name, meta=True)
+    result = export_training_step(model, batch, loss_fn)
+    run_fsdp_opt(result.mlir, ["-o", "/dev/null"])  # parses and verifies
+
+    declared = dict(re.findall(r'fsdp\.param @"([^"]+)" : (tensor<[^>]+>)', result.mlir))
+    expected = {fqn: p for fqn, p in unique_params(model).items()}
+    assert set(declared) == set(expected)
+    for fqn, param in expected.items():
+        dims = "".join(f"{d}x" for d in param.shape)
+        assert declared[fqn] == f"tensor<{dims}f32>", fqn
+    buffers = re.findall(r'fsdp\.buffer @"([^"]+)"', result.mlir)
+    assert buffers == [fqn for fqn, _ in model.named_buffers()]
+
+    graded = re.search(r"fsdp\.gradients \[([^\]]*)\]", result.mlir).group(1)
+    graded = re.findall(r'@"([^"]+)"', graded)
+    assert sorted(graded) == sorted(fqn for fqn, p in expected.items() if p.requires_grad)
+    assert len(graded) == len(set(graded))
+
+
+def test_meta_and_real_capture_emit_the_same_ir():
+    real = export_training_step(*make("gpt", meta=False))
+    meta = export_training_step(*make("gpt", meta=True))
+    assert real.mlir == meta.mlir
+
+
+def test_tied_embedding_is_one_parameter_with_both_names():
+    result = export_training_step(*make("gpt", meta=True))
+    assert 'fsdp.param @"tok_emb.weight" : tensor<1021x64xf32> unit @"root" tied ["lm_head.weight"]' \
+        in result.mlir
+    assert '@"lm_head.weight"' not in result.mlir
+
+
+def test_every_call_names_its_module_and_most_name_a_source_line():
+    result = export_training_step(*make("gpt", meta=True))
+    calls = [line for line in result.mlir.splitlines() if "fsdp.aten" in line]
+    assert all(" module " in line for line in calls)
+    located = [line for line in calls if 'loc("' in line and "gpt.py" in line]
+    assert len(located) > 0.9 * len(calls)
+    assert any('module "blocks.1.attn"' in line for line in calls)
+
+
+def test_backward_calls_are_attributed_to_the_forward_module():
+    result = export_training_step(*make("mlp", meta=True))
+    after_loss = result.mlir.split("fsdp.loss")[1]
+    mm_modules = re.findall(r'"aten::mm" \([^)]*\) module "([^"]*)"', after_loss)
+    assert sorted(set(mm_modules)) == ["fc1", "fc2"]
+
+
+def test_default_units_are_the_transformer_blocks():
+    result = export_training_step(*make("llama", meta=True))
+    units = re.findall(r'fsdp\.unit @"([^"]+)"( root)? class "(\w+)"', result.mlir)
+    assert units == [("root", " root", "Llama"), ("layers.0", "", "TransformerBlock"),
+                     ("layers.1", "", "TransformerBlock")]
+    assert 'fsdp.param @"layers.1.attention.wq.weight" : tensor<64x64xf32> unit @"layers.1"' in result.mlir
+    assert 'fsdp.param @"norm.weight" : tensor<64xf32> unit @"root"' in result.mlir
+
+
+def test_units_by_class_and_by_predicate_are_bottom_up():
+    model, batch, loss_fn = make("gpt", meta=True)
+    by_class = export_training_step(model, batch, loss_fn, wrap=["Block", "CausalSelfAttention"])
+    assert 'fsdp.param @"blocks.0.attn.qkv.weight" : tensor<192x64xf32> unit @"blocks.0.attn"' in by_class.mlir
+    assert 'fsdp.param @"blocks.0.ln1.weight" : tensor<64xf32> unit @"blocks.0"' in by_class.mlir
+    by_predicate = export_training_step(model, batch, loss_fn, wrap=lambda name, m: name == "blocks.1")
+    assert re.findall(r'fsdp\.unit @"([^"]+)"', by_predicate.mlir) == ["root", "blocks.1"]
+    with pytest.raises(ValueError, match="do not occur in GPT"):
+        export_training_step(model, batch, loss_fn, wrap=["NoSuchBlock"])
+
+
+def test_frozen_parameters_get_no_gradient():
+    model, batch, loss_fn = make("mlp")
+    model.fc1.weight.requires_grad_(False)
+    result = export_training_step(model, batch, loss_fn)
+    assert 'fsdp.param @"fc1.weight" : tensor<32x16xf32> unit @"fc1" frozen' in result.mlir
+    assert '@"fc1.weight"' not in result.mlir.split("fsdp.gradients")[1]
+    run_fsdp_opt(result.mlir, ["-o", "/dev/null"])
+    loss, grads = run_joint(result, model, batch)
+    assert "fc1.weight" not in grads
+
+
+def test_random_operators_are_marked():
+    if "hf-gpt2" not in BUILTIN_MODELS:
+        pytest.skip("transformers is not installed")
+    result = export_training_step(*make("hf-gpt2", meta=True))
+    assert re.search(r'"aten::native_dropout" \([^)]*\) args \[[^\]]*\] random', result.mlir)
+
+
+def line_of(code: str) -> int:
+    return next(i for i, line in enumerate(BAD_MODELS.read_text().splitlines(), 1) if code in line)
+
+
+def load_bad(name):
+    return build(load_factory(f"{BAD_MODELS}:{name}"), meta=False)
+
+
+def test_data_dependent_control_flow_names_the_line_and_op():
+    with pytest.raises(CaptureError) as info:
+        export_training_step(*load_bad("branchy"))
+    message = str(info.value)
+    assert f"{BAD_MODELS}:{line_of('if y.sum() > 0:')}" in message
+    assert "`if y.sum() > 0:`" in message and "aten::item" in message
+
+
+def test_unsupported_dtype_names_the_line_and_op():
+    where = f"{BAD_MODELS}:{line_of('torch.uint16')} (aten::_to_copy): dtype torch.uint16"
+    with pytest.raises(CaptureError, match=re.escape(where)):
+        export_training_step(*load_bad("odd_dtype"))
+
+
+def test_buffer_updates_are_refused_by_name():
+    with pytest.raises(CaptureError, match="updates buffer 'bn.running_mean'"):
+        export_training_step(*load_bad("batch_norm"))
+
+
+def test_loss_must_be_a_scalar():
+    with pytest.raises(CaptureError, match="scalar floating-point loss"):
+        export_training_step(*load_bad("vector_loss"))

@@ -1,0 +1,66 @@
+"""`python -m fsdpc export`, as a user runs it."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fsdpc import find_fsdp_opt
+
+PYTHON_DIR = Path(__file__).resolve().parents[1]
+BAD_MODELS = Path(__file__).with_name("bad_models.py")
+
+
+def fsdpc(*args, timeout=600):
+    env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR), "FSDP_OPT": str(find_fsdp_opt())}
+    return subprocess.run([sys.executable, "-m", "fsdpc", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, check=False)
+
+
+def test_export_builtin_prints_a_summary(tmp_path):
+    out = tmp_path / "mlp.mlir"
+    done = fsdpc("export", "--model", "mlp", "--out", str(out), "--batch", "4")
+    assert done.returncode == 0, done.stderr
+    assert "fsdpc export: mlp (MLP) -> " in done.stdout and "(verified by fsdp-opt)" in done.stdout
+    assert "parameters: 4 tensors, 874 elements (4 trainable, 0 frozen, 0 tied names)" in done.stdout
+    assert "wrap units: 3 (root, 2 x Linear)" in done.stdout
+    assert "func.func @train_step(%batch0: tensor<4x16xf32>, %batch1: tensor<4x10xf32>)" in out.read_text()
+
+
+def test_export_user_factory_with_wrap_option(tmp_path):
+    factory = tmp_path / "my_model.py"
+    factory.write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.inp, self.out = nn.Linear(6, 5), nn.Linear(5, 7)\n"
+        "    def forward(self, x):\n"
+        "        return self.out(torch.tanh(self.inp(x)))\n"
+        "def make(batch=3, **_):\n"
+        "    return Net(), (torch.randn(batch, 6),), lambda m, x: m(x).square().mean()\n")
+    out = tmp_path / "net.mlir"
+    done = fsdpc("export", "--model", f"{factory}:make", "--out", str(out), "--wrap", "Linear")
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    assert 'fsdp.unit @"inp" class "Linear"' in text and 'fsdp.unit @"out" class "Linear"' in text
+    tanh = next(line for line in text.splitlines() if '"aten::tanh"' in line)
+    assert tanh.endswith(f'loc("{factory}":8:1)')
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "nosuch"], "unknown model 'nosuch'"),
+    (["--model", "missing.py:make"], "model file missing.py does not exist"),
+    (["--model", f"{BAD_MODELS}:nothing"], "has no callable 'nothing'"),
+    (["--model", f"{BAD_MODELS}:branchy", "--no-meta"], "cannot capture `if y.sum() > 0:`"),
+    (["--model", "gpt", "--seq", "999"], "gpt: seq must be in [1, 64], got 999"),
+])
+def test_export_errors_are_one_clear_line(tmp_path, args, message):
+    done = fsdpc("export", *args, "--out", str(tmp_path / "x.mlir"))
+    assert done.returncode == 1
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "x.mlir").exists()
