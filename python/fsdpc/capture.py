@@ -1,7 +1,7 @@
 """Capture a model's whole training step (forward, loss, backward) as one
 core-ATen graph.
 
-How, in three traces, all PyTorch's own:
+How, in two traces, both PyTorch's own:
 
 1. ``torch.export`` traces forward + loss (non-strict), recording for every
    op the module that ran it (``nn_module_stack``) and the user's source line;
@@ -12,8 +12,9 @@ How, in three traces, all PyTorch's own:
    trainable parameters. AOTAutograd's stack-trace hooks stamp every backward
    node with the autograd sequence number of the forward op it
    differentiates; that number leads back to the forward op's module and line.
-3. If autograd accumulated gradients in place, a functionalizing re-trace
-   removes the mutation (again node by node, keeping metadata).
+
+The result is functional: export functionalizes forward and autograd
+accumulates gradients out of place (checked, with a clear error otherwise).
 
 Everything runs on fake tensors, so the parameters can live on the meta
 device and a 70B-parameter model captures in a few GiB.
@@ -303,6 +304,7 @@ def capture_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_
     assert len(placeholders) == len(inputs)
 
     modules, locations = _attribute_nodes(joint.graph, _definition_of(loss_fn))
+    reject_mutations(joint.graph, locations)
     return CapturedStep(
         graph=joint.graph,
         inputs=inputs,
@@ -354,8 +356,6 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], trainab
 
     with preserve_node_meta(), _quiet_torch_logs():
         traced = make_fx(joint, tracing_mode="fake", decomposition_table=_decompositions())(*flat_args)
-    if any(_is_mutating(node) for node in traced.graph.nodes):
-        traced = _functionalize(traced, flat_args)
     traced.graph.eliminate_dead_code()
     return traced
 
@@ -370,15 +370,16 @@ def _is_mutating(node: fx.Node) -> bool:
     return node.op == "call_function" and schema is not None and schema.is_mutable
 
 
-def _functionalize(graph: fx.GraphModule, flat_args: list[torch.Tensor]) -> fx.GraphModule:
-    def rerun(*args):
-        with preserve_node_meta():
-            return fx.Interpreter(graph).run(*args)
-
-    plain_args = [a.detach() for a in flat_args]
-    with preserve_node_meta():
-        return make_fx(torch.func.functionalize(rerun, remove="mutations"), tracing_mode="fake",
-                       decomposition_table=_decompositions())(*plain_args)
+def reject_mutations(graph: fx.Graph, locations: dict[fx.Node, SourceLocation]) -> None:
+    """Export functionalizes forward and autograd accumulates out of place, so
+    the joint graph is functional; if a torch version ever breaks that, say so
+    instead of emitting IR the verifier rejects."""
+    for node in graph.nodes:
+        if _is_mutating(node):
+            where = locations.get(node)
+            raise CaptureError(f"{where or 'the captured graph'}: in-place operator "
+                               f"{node.target._schema.name} survived capture; please report this "
+                               f"with your torch version ({torch.__version__})")
 
 
 def _attribute_nodes(graph: fx.Graph, loss_location: SourceLocation | None

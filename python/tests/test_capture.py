@@ -170,3 +170,14 @@ def test_buffer_updates_are_refused_by_name():
 def test_loss_must_be_a_scalar():
     with pytest.raises(CaptureError, match="scalar floating-point loss"):
         export_training_step(*load_bad("vector_loss"))
+
+
+def test_in_place_operators_in_the_joint_graph_are_named():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fsdpc.capture import SourceLocation, reject_mutations
+
+    graph = make_fx(lambda x: x.add_(1))(torch.ones(2)).graph
+    node = next(n for n in graph.nodes if n.op == "call_function")
+    with pytest.raises(CaptureError, match=r"model.py:3: in-place operator aten::add_ survived capture"):
+        reject_mutations(graph, {node: SourceLocation("model.py", 3)})
