@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fsdpc.models.language import next_token_loss, token_batch
+
 
 @dataclass
 class GPTConfig:
@@ -77,9 +79,6 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-def next_token_loss(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    logits = model(tokens)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def make_gpt(batch: int = 2, seq: int = 16, **_options):
@@ -87,6 +86,4 @@ def make_gpt(batch: int = 2, seq: int = 16, **_options):
     if not 1 <= seq <= config.max_seq:
         raise ValueError(f"gpt: seq must be in [1, {config.max_seq}], got {seq}")
     model = GPT(config)
-    tokens = torch.randint(0, config.vocab_size, (batch, seq))
-    targets = torch.randint(0, config.vocab_size, (batch, seq))
-    return model, (tokens, targets), next_token_loss
+    return model, token_batch(config.vocab_size, batch, seq), next_token_loss

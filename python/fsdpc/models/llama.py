@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fsdpc.models.language import next_token_loss, token_batch
+
 
 @dataclass
 class LlamaConfig:
@@ -114,18 +116,13 @@ class Llama(nn.Module):
         return self.output(self.norm(x))
 
 
-def next_token_loss(model, tokens, targets):
-    logits = model(tokens)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def _make(config: LlamaConfig, batch: int, seq: int):
     if not 1 <= seq <= config.max_seq:
         raise ValueError(f"llama: seq must be in [1, {config.max_seq}], got {seq}")
     model = Llama(config, rope_len=seq)
-    tokens = torch.randint(0, config.vocab_size, (batch, seq))
-    targets = torch.randint(0, config.vocab_size, (batch, seq))
-    return model, (tokens, targets), next_token_loss
+    return model, token_batch(config.vocab_size, batch, seq), next_token_loss
 
 
 def make_llama(batch: int = 2, seq: int = 16, **_options):
