@@ -276,21 +276,50 @@ def Fsdp_GradientsOp : Fsdp_Op<"gradients", [
     padded shard, as `fsdp.reduce_scatter_start` produces it. Tied parameters
     are one parameter and so have one gradient.
 
+    `unreduced` marks a gradient-accumulation microbatch without
+    synchronization (FSDP2's `set_requires_gradient_sync(False)`): the
+    gradients are this rank's own, full (logical type) and not communicated;
+    the runtime adds them to its accumulation buffer, which the next
+    synchronized step reads with `fsdp.get_accumulated_grad`.
+
     ```mlir
     fsdp.gradients [@"fc1.weight", @"fc1.bias"] %gw, %gb
         : tensor<64x32xf32>, tensor<64xf32>
     ```
 
     Rules: at least one gradient; one gradient per listed parameter; no
-    parameter listed twice; every
-    name is a trainable `fsdp.param`; each gradient has its parameter's local
-    type; the op follows the function's `fsdp.loss`, in the same block, and
-    appears at most once per function.
+    parameter listed twice; every name is a trainable `fsdp.param`; each
+    gradient has its parameter's local type (its logical type when
+    `unreduced`); the op follows the function's `fsdp.loss`, in the same
+    block, and appears at most once per function.
   }];
   let arguments = (ins SymbolRefArrayAttr:$params,
-                       Variadic<AnyRankedTensor>:$grads);
-  let assemblyFormat = "$params $grads attr-dict `:` type($grads)";
+                       Variadic<AnyRankedTensor>:$grads, UnitAttr:$unreduced);
+  let assemblyFormat = "$params $grads (`unreduced` $unreduced^)? attr-dict `:` type($grads)";
   let hasVerifier = 1;
+}
+
+def Fsdp_GetAccumulatedGradOp : Fsdp_Op<"get_accumulated_grad", [
+    Fsdp_InFunction, DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+    MemoryEffects<[MemRead<Fsdp_StepResultResource>]>]> {
+  let summary = "Read the gradient accumulated over unsynchronized microbatches.";
+  let description = [{
+    Yields the sum of the `unreduced` gradients of parameter `name` that the
+    runtime accumulated since the last synchronized step (zeros if none), in
+    the parameter's logical type. The synchronized step adds it to its own
+    gradient before the reduce-scatter, so gradient accumulation communicates
+    once per optimizer step.
+
+    ```mlir
+    %acc = fsdp.get_accumulated_grad @"fc1.weight" : tensor<64x32xf32>
+    ```
+
+    Rules: inside a function; `name` is a trainable `fsdp.param`; the result
+    has its logical type.
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$name);
+  let results = (outs Fsdp_StaticTensor:$result);
+  let assemblyFormat = "$name attr-dict `:` type($result)";
 }
 
 //===----------------------------------------------------------------------===//

@@ -339,6 +339,23 @@ LogicalResult GetParamOp::verifySymbolUses(SymbolTableCollection &tables) {
 }
 
 //===----------------------------------------------------------------------===//
+// GetAccumulatedGradOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult GetAccumulatedGradOp::verifySymbolUses(SymbolTableCollection &tables) {
+  FailureOr<ParamOp> param = SymbolResolver(*this, tables).param(getNameAttr());
+  if (failed(param))
+    return failure();
+  if (!param->isTrainable())
+    return emitOpError() << getNameAttr() << " is frozen and accumulates no gradient";
+  if (getResult().getType() != param->getLogicalType())
+    return emitOpError() << "result type " << getResult().getType()
+                         << " is not the logical type of " << getNameAttr() << ", "
+                         << param->getLogicalType();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // GetBufferOp
 //===----------------------------------------------------------------------===//
 
@@ -480,14 +497,15 @@ LogicalResult GradientsOp::verifySymbolUses(SymbolTableCollection &tables) {
       return failure();
     if (!param->isTrainable())
       return emitOpError() << name << " is frozen and has no gradient";
-    FailureOr<RankedTensorType> expected = resolve.localType(*param);
+    FailureOr<RankedTensorType> expected =
+        getUnreduced() ? param->getLogicalType() : resolve.localType(*param);
     if (failed(expected))
       return failure();
     if (grad.getType() != *expected)
       return emitOpError() << "gradient of " << name << " has type " << grad.getType()
                            << ", expected " << *expected
-                           << (param->isSharded() ? " (its padded shard)"
-                                                  : " (its logical type)");
+                           << (param->isSharded() && !getUnreduced() ? " (its padded shard)"
+                                                                     : " (its logical type)");
   }
   return success();
 }

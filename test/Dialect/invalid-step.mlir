@@ -492,3 +492,44 @@ func.func @f() {
 fsdp.buffer @b : tensor<2xf32>
 // expected-error @+1 {{'fsdp.get_buffer' op must be inside a function (a training step)}}
 %0 = fsdp.get_buffer @b : tensor<2xf32>
+
+// -----
+
+shard.grid @dp(shape = 4)
+fsdp.unit @root root
+fsdp.param @w : tensor<10x4xf32> unit @root sharded on @dp axes = [0] padding = 2
+func.func @f(%l: tensor<f32>, %g: tensor<3x4xf32>) {
+  fsdp.loss %l : tensor<f32>
+  // expected-error @+1 {{'fsdp.gradients' op gradient of @w has type 'tensor<3x4xf32>', expected 'tensor<10x4xf32>' (its logical type)}}
+  fsdp.gradients [@w] %g unreduced : tensor<3x4xf32>
+  return
+}
+
+// -----
+
+fsdp.unit @root root
+fsdp.param @w : tensor<4xf32> unit @root frozen
+func.func @f() {
+  // expected-error @+1 {{'fsdp.get_accumulated_grad' op @w is frozen and accumulates no gradient}}
+  %0 = fsdp.get_accumulated_grad @w : tensor<4xf32>
+  return
+}
+
+// -----
+
+shard.grid @dp(shape = 4)
+fsdp.unit @root root
+fsdp.param @w : tensor<10x4xf32> unit @root sharded on @dp axes = [0] padding = 2
+func.func @f() {
+  // expected-error @+1 {{'fsdp.get_accumulated_grad' op result type 'tensor<3x4xf32>' is not the logical type of @w, 'tensor<10x4xf32>'}}
+  %0 = fsdp.get_accumulated_grad @w : tensor<3x4xf32>
+  return
+}
+
+// -----
+
+func.func @f() {
+  // expected-error @+1 {{'fsdp.get_accumulated_grad' op @w does not name an fsdp.param}}
+  %0 = fsdp.get_accumulated_grad @w : tensor<4xf32>
+  return
+}

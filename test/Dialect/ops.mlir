@@ -430,3 +430,25 @@ func.func @uses() -> (tensor<2xf32>, tensor<2xf32>) {
   %r = fsdp.aten "aten::rand" () args [[2], f32] random module "" : () -> tensor<2xf32>
   return %n, %r : tensor<2xf32>, tensor<2xf32>
 }
+
+// -----
+
+// Gradient accumulation: an unreduced microbatch and the synchronized step.
+// CHECK-LABEL: func.func @no_sync
+// CHECK:         fsdp.gradients [@w] %{{.*}} unreduced : tensor<10x4xf32>
+// CHECK-LABEL: func.func @sync
+// CHECK:         %{{.*}} = fsdp.get_accumulated_grad @w : tensor<10x4xf32>
+shard.grid @dp(shape = 4)
+fsdp.unit @root root
+fsdp.param @w : tensor<10x4xf32> unit @root sharded on @dp axes = [0] padding = 2
+func.func @no_sync(%l: tensor<f32>, %g: tensor<10x4xf32>) {
+  fsdp.loss %l : tensor<f32>
+  fsdp.gradients [@w] %g unreduced : tensor<10x4xf32>
+  return
+}
+func.func @sync(%l: tensor<f32>, %s: tensor<3x4xf32>) -> tensor<10x4xf32> {
+  fsdp.loss %l : tensor<f32>
+  %acc = fsdp.get_accumulated_grad @w : tensor<10x4xf32>
+  fsdp.gradients [@w] %s : tensor<3x4xf32>
+  return %acc : tensor<10x4xf32>
+}
