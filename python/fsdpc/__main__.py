@@ -6,7 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from fsdpc.capture import CaptureError
+import torch
+
+from fsdpc.capture import CaptureError, MixedPrecision
 from fsdpc.compiler import FsdpOptError, run_fsdp_opt
 from fsdpc.export import build, export_training_step, load_factory
 
@@ -18,7 +20,8 @@ def _export(args: argparse.Namespace) -> int:
     wrap = [name for name in args.wrap.split(",") if name] if args.wrap else None
     header = f"Captured by `python -m fsdpc export --model {args.model}`: {type(model).__name__}, " \
              f"batch {', '.join(str(tuple(t.shape)) for t in batch)}."
-    result = export_training_step(model, batch, loss_fn, wrap=wrap, header=header)
+    result = export_training_step(model, batch, loss_fn, wrap=wrap, header=header,
+                                  mixed_precision=_mixed_precision(args))
     if args.verify:
         run_fsdp_opt(result.mlir, ["-o", "/dev/null"])
     Path(args.out).write_text(result.mlir)
@@ -26,6 +29,21 @@ def _export(args: argparse.Namespace) -> int:
           f"{' (verified by fsdp-opt)' if args.verify else ''}")
     print("  " + result.summary().replace("\n", "\n  "))
     return 0
+
+
+_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def _mixed_precision(args: argparse.Namespace) -> MixedPrecision | None:
+    if args.param_dtype is None:
+        if args.reduce_dtype or args.output_dtype:
+            raise ValueError("--reduce-dtype and --output-dtype need --param-dtype")
+        return None
+    return MixedPrecision(
+        param_dtype=_DTYPES[args.param_dtype],
+        reduce_dtype=_DTYPES[args.reduce_dtype] if args.reduce_dtype else None,
+        output_dtype=_DTYPES[args.output_dtype] if args.output_dtype else None,
+        cast_forward_inputs=args.cast_forward_inputs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--seq", type=int, help="sequence length passed to the factory")
     export.add_argument("--wrap", help="comma-separated module class names that become wrap units "
                                        "(default: each block of the model's layer stack)")
+    export.add_argument("--param-dtype", choices=sorted(_DTYPES),
+                        help="mixed precision: compute dtype of parameters (FSDP2 param_dtype)")
+    export.add_argument("--reduce-dtype", choices=sorted(_DTYPES),
+                        help="mixed precision: gradient reduction dtype (default: the compute dtype)")
+    export.add_argument("--output-dtype", choices=sorted(_DTYPES),
+                        help="mixed precision: dtype of each wrap unit's floating outputs")
+    export.add_argument("--cast-forward-inputs", action=argparse.BooleanOptionalAction, default=True,
+                        help="mixed precision: cast each unit's floating inputs to --param-dtype")
     export.add_argument("--meta", action=argparse.BooleanOptionalAction, default=True,
                         help="build the model on the meta device (default; capture needs only shapes)")
     export.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,

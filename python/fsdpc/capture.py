@@ -63,6 +63,21 @@ class SourceLocation:
         return f"{self.file}:{self.line}"
 
 
+@dataclass(frozen=True)
+class MixedPrecision:
+    """FSDP2's MixedPrecisionPolicy. `param_dtype`: parameters are cast to it
+    where they are used, so forward and backward compute in it (the fp32
+    shards stay the master copy); `reduce_dtype`: gradients are reduced in it
+    (None: the compute dtype); `output_dtype`: floating outputs of each wrap
+    unit are cast to it; `cast_forward_inputs`: floating inputs of each unit
+    are cast to `param_dtype`."""
+
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
+    output_dtype: torch.dtype | None = None
+    cast_forward_inputs: bool = True
+
+
 @dataclass
 class ParamInfo:
     fqn: str
@@ -95,6 +110,7 @@ class CapturedStep:
     # Per call_function node: issuing module FQN ("" = the model) and source line.
     modules: dict[fx.Node, str]
     locations: dict[fx.Node, SourceLocation]
+    mixed_precision: MixedPrecision | None = None
 
 
 class _TrainingStep(nn.Module):
@@ -157,6 +173,8 @@ def _definition_of(function: Callable) -> SourceLocation | None:
 
 
 def _strip_model_prefix(path: str) -> str:
+    """Export's path of a parameter, buffer or module -> the user's FQN."""
+    path = _unparametrized(path)
     if path == _MODEL_ATTR:
         return ""
     return path[len(_MODEL_ATTR) + 1:] if path.startswith(_MODEL_ATTR + ".") else path
@@ -218,7 +236,7 @@ def _alias_groups(model: nn.Module) -> dict[int, list[str]]:
     """Every FQN of every parameter, grouped by tensor identity."""
     groups: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), []).append(name)
+        groups.setdefault(id(param), []).append(_unparametrized(name))
     return groups
 
 
@@ -236,17 +254,83 @@ def _check_outputs(program: ExportedProgram) -> None:
         raise CaptureError(f"loss_fn must return one tensor, the loss; it returned {len(user_outputs)} values")
 
 
-def capture_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable) -> CapturedStep:
-    """Traces ``loss_fn(model, *batch)`` and its backward into one ATen graph."""
+def _cast_floats(value, dtype: torch.dtype):
+    return torch.utils._pytree.tree_map(
+        lambda v: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v, value)
+
+
+class _CastTo(nn.Module):
+    """A parametrization: the module sees its parameter in the compute dtype.
+    Each access casts, so the cast lands where the parameter is used."""
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, parameter: torch.Tensor) -> torch.Tensor:
+        return parameter.to(self.dtype)
+
+
+_PARAMETRIZED = re.compile(r"\.parametrizations\.([^.]+)(\.original|\.\d+)?")
+
+
+def _unparametrized(path: str) -> str:
+    """`fc1.parametrizations.weight.original` -> `fc1.weight`; the cast module
+    `fc1.parametrizations.weight.0` -> `fc1` (the module using the weight)."""
+    return _PARAMETRIZED.sub(lambda m: "." + m.group(1) if m.group(2) == ".original" else "", path)
+
+
+@contextlib.contextmanager
+def _mixed_precision_casts(model: nn.Module, modules: list[nn.Module], policy: MixedPrecision | None):
+    """FSDP2's MixedPrecisionPolicy while export traces: parameters in the
+    compute dtype (parametrizations), and casts of each wrap unit's floating
+    inputs and outputs (forward hooks). Undone afterwards."""
+    from torch.nn.utils import parametrize
+
+    handles, parametrized = [], []
+    if policy is not None and policy.param_dtype is not None:
+        for module in list(model.modules()):
+            for name, param in list(module._parameters.items()):
+                if param is not None and param.is_floating_point() and param.dtype != policy.param_dtype:
+                    parametrize.register_parametrization(module, name, _CastTo(policy.param_dtype),
+                                                         unsafe=True)
+                    parametrized.append((module, name))
+    if policy is not None:
+        for module in modules:
+            if policy.cast_forward_inputs and policy.param_dtype is not None:
+                handles.append(module.register_forward_pre_hook(
+                    lambda _, args, kwargs: (_cast_floats(args, policy.param_dtype),
+                                             _cast_floats(kwargs, policy.param_dtype)),
+                    with_kwargs=True))
+            if policy.output_dtype is not None:
+                handles.append(module.register_forward_hook(
+                    lambda _, args, output: _cast_floats(output, policy.output_dtype)))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, name in parametrized:
+            parametrize.remove_parametrizations(module, name, leave_parametrized=False)
+
+
+def capture_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *,
+                          mixed_precision: MixedPrecision | None = None,
+                          unit_modules: Sequence[str] = ()) -> CapturedStep:
+    """Traces ``loss_fn(model, *batch)`` and its backward into one ATen graph.
+    `unit_modules` (FQNs; "" is the model) are where `mixed_precision` casts
+    forward inputs and outputs."""
     batch = tuple(batch)
     for index, item in enumerate(batch):
         if not isinstance(item, torch.Tensor):
             raise CaptureError(f"batch item {index} is a {type(item).__name__}; a batch is a tuple of tensors")
     step = _TrainingStep(model, loss_fn)
-    program = _export(step, batch)
+    units = [model.get_submodule(name) for name in unit_modules]
+    with _mixed_precision_casts(model, units, mixed_precision):
+        program = _export(step, batch)
+        aliases = _alias_groups(model)
     _check_outputs(program)
 
-    aliases = _alias_groups(model)
     state = {**dict(program.named_parameters()), **dict(program.named_buffers())}
     inputs: list[tuple[str, object]] = []
     params: list[ParamInfo] = []
@@ -259,7 +343,7 @@ def capture_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_
     user_index = 0
     for spec in program.graph_signature.input_specs:
         if spec.kind == InputKind.PARAMETER:
-            identity = id(getattr_path(step, spec.target))
+            identity = id(getattr_path(step, _unparametrized(spec.target)))
             if identity in joint_index_of_param:
                 export_to_joint.append(joint_index_of_param[identity])
                 continue
@@ -315,6 +399,7 @@ def capture_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_
         gradients=gradients,
         modules=modules,
         locations=locations,
+        mixed_precision=mixed_precision,
     )
 
 

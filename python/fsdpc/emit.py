@@ -121,8 +121,30 @@ class _StepPrinter:
         raise CaptureError(f"{self.where(node)}: argument {value!r} of {node.target} has "
                            f"unsupported type {type(value).__name__}")
 
+    def dtype_cast(self, node: fx.Node) -> bool:
+        """`_to_copy` that only changes the dtype prints as fsdp.cast, the op
+        the sharding passes fuse into collectives."""
+        if node.target is not torch.ops.aten._to_copy.default or len(node.args) != 1:
+            return False
+        if set(node.kwargs) - {"dtype", "layout", "device", "non_blocking", "memory_format"}:
+            return False
+        if node.kwargs.get("non_blocking") or node.kwargs.get("layout") not in (None, torch.strided):
+            return False
+        if node.kwargs.get("memory_format") not in (None, torch.preserve_format):
+            return False
+        source, val = node.args[0], node.meta["val"]
+        if not isinstance(source, fx.Node) or tuple(source.meta["val"].shape) != tuple(val.shape):
+            return False
+        name = self.fresh()
+        self.lines.append(f"    {name} = fsdp.cast {self.value(source, node)} : {self.type_of(source)} to "
+                          f"{self.type_of(node)}{location(self.step.locations.get(node))}")
+        self.names[node] = name
+        return True
+
     def call(self, node: fx.Node) -> None:
         target = node.target
+        if self.dtype_cast(node):
+            return
         if target is operator.getitem:
             source, index = node.args
             self.names[node] = f"{self.names[source]}#{index}"
@@ -206,7 +228,17 @@ def emit_mlir(step: CapturedStep, plan: UnitPlan, *, function: str = "train_step
     out = []
     if header:
         out += [f"// {line}" for line in header.splitlines()]
-    out.append("module {")
+    policy = step.mixed_precision
+    if policy is not None and policy.param_dtype is not None:
+        fields = [f"param_dtype = {element_type(policy.param_dtype, 'param_dtype')}"]
+        if policy.reduce_dtype is not None:
+            fields.append(f"reduce_dtype = {element_type(policy.reduce_dtype, 'reduce_dtype')}")
+        if policy.output_dtype is not None:
+            fields.append(f"output_dtype = {element_type(policy.output_dtype, 'output_dtype')}")
+        fields.append(f"cast_forward_inputs = {'true' if policy.cast_forward_inputs else 'false'}")
+        out.append(f"module attributes {{fsdp.mixed_precision = {{{', '.join(fields)}}}}} {{")
+    else:
+        out.append("module {")
     for unit in plan.units:
         root = " root" if unit.is_root else ""
         out.append(f"  fsdp.unit {symbol(unit.name)}{root} class {string(unit.module_class)}")

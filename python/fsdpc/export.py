@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from fsdpc.capture import CapturedStep, capture_training_step
+from fsdpc.capture import CapturedStep, MixedPrecision, capture_training_step
 from fsdpc.emit import emit_mlir
 from fsdpc.units import UnitPlan, WrapPolicy, plan_units
 
@@ -53,11 +53,14 @@ def _numel(shape) -> int:
 
 
 def export_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable,
-                         *, wrap: WrapPolicy = None, header: str = "") -> ExportResult:
+                         *, wrap: WrapPolicy = None, mixed_precision: MixedPrecision | None = None,
+                         header: str = "") -> ExportResult:
     """Captures `loss_fn(model, *batch)` with its backward and prints it as IR."""
     start = time.perf_counter()
     plan = plan_units(model, wrap)
-    step = capture_training_step(model, batch, loss_fn)
+    unit_modules = ["" if unit.is_root else unit.name for unit in plan.units]
+    step = capture_training_step(model, batch, loss_fn, mixed_precision=mixed_precision,
+                                 unit_modules=unit_modules)
     mlir = emit_mlir(step, plan, header=header)
     return ExportResult(mlir, step, plan, time.perf_counter() - start)
 

@@ -181,3 +181,33 @@ def test_in_place_operators_in_the_joint_graph_are_named():
     node = next(n for n in graph.nodes if n.op == "call_function")
     with pytest.raises(CaptureError, match=r"model.py:3: in-place operator aten::add_ survived capture"):
         reject_mutations(graph, {node: SourceLocation("model.py", 3)})
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_mixed_precision_capture_matches_eager_under_the_same_policy(name):
+    from fsdpc.capture import MixedPrecision, _mixed_precision_casts
+
+    policy = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    model, batch, loss_fn = make(name)
+    result = export_training_step(model, batch, loss_fn, mixed_precision=policy)
+    assert "fsdp.mixed_precision = {param_dtype = bf16, reduce_dtype = f32, cast_forward_inputs = true}" \
+        in result.mlir
+    run_fsdp_opt(result.mlir, ["-o", "/dev/null"])
+    loss, grads = run_joint(result, model, batch)
+
+    units = [model.get_submodule("" if u.is_root else u.name) for u in result.plan.units]
+    with _mixed_precision_casts(model, units, policy):
+        eager_loss = loss_fn(model, *batch)
+        eager_loss.backward()
+    # bf16 compute: the captured graph decomposes fused kernels (layer_norm's
+    # backward) into bf16 primitives that round differently from eager's.
+    torch.testing.assert_close(loss, eager_loss, rtol=2e-2, atol=2e-3)
+    for fqn, grad in grads.items():
+        assert grad.dtype == torch.float32, fqn
+        torch.testing.assert_close(grad, model.get_parameter(fqn).grad, rtol=2e-2, atol=2e-3,
+                                   msg=lambda m: f"{fqn}: {m}")
+    # The fp32 master parameters are read once and cast where used.
+    reads = re.findall(r'(%v\d+) = fsdp.get_param @"[^"]+" : tensor<[0-9x]+f32>', result.mlir)
+    assert reads
+    for value in reads:
+        assert re.search(rf"= fsdp.cast {value} : tensor<[0-9x]+f32> to tensor<[0-9x]+bf16>", result.mlir)
