@@ -665,6 +665,18 @@ static Operation *waitOf(Operation *start) {
   return future.hasOneUse() ? *future.getUsers().begin() : nullptr;
 }
 
+/// `buffer` and the ATen views of it, transitively: they share its storage.
+static SmallVector<Value> sharingStorage(Value buffer) {
+  SmallVector<Value> closure{buffer};
+  for (size_t i = 0; i < closure.size(); ++i)
+    for (OpOperand &use : closure[i].getUses()) {
+      auto aten = dyn_cast<AtenOp>(use.getOwner());
+      if (aten && use.getOperandNumber() == 0 && isViewOperator(aten.getCallee()))
+        llvm::append_range(closure, aten.getResults());
+    }
+  return closure;
+}
+
 LogicalResult ReshardOp::verify() {
   if (getBuffers().empty())
     return emitOpError("frees nothing; it needs at least one gathered buffer");
@@ -678,36 +690,40 @@ LogicalResult ReshardOp::verify() {
       return emitOpError() << "operand " << index
                            << " is not a gathered buffer (a result of fsdp.wait "
                               "on fsdp.all_gather_start)";
-    for (Operation *user : buffer.getUsers()) {
-      if (user == getOperation())
-        continue;
-      Operation *ancestor = block->findAncestorOpInBlock(*user);
-      if (!ancestor) {
-        InFlightDiagnostic diag = emitOpError()
-                                  << "frees buffer " << index
-                                  << ", which is used outside the block that frees it";
-        diag.attachNote(user->getLoc()) << "used here";
-        return diag;
-      }
-      if (!ancestor->isBeforeInBlock(getOperation())) {
-        InFlightDiagnostic diag =
-            isa<ReshardOp>(user)
-                ? emitOpError() << "buffer " << index << " is freed again later"
-                : emitOpError() << "frees buffer " << index << " before its last use";
-        diag.attachNote(user->getLoc()) << "used after the free here";
-        return diag;
-      }
-      if (!isCollectiveStart(user))
-        continue;
-      Operation *inFlightUntil = waitOf(user);
-      Operation *waitAncestor =
-          inFlightUntil ? block->findAncestorOpInBlock(*inFlightUntil) : nullptr;
-      if (waitAncestor && !waitAncestor->isBeforeInBlock(getOperation())) {
-        InFlightDiagnostic diag = emitOpError()
-                                  << "frees buffer " << index
-                                  << " while a collective reading it is in flight";
-        diag.attachNote(inFlightUntil->getLoc()) << "the collective is waited for here";
-        return diag;
+    for (Value alias : sharingStorage(buffer)) {
+      bool isView = alias != buffer;
+      for (Operation *user : alias.getUsers()) {
+        if (user == getOperation())
+          continue;
+        Operation *ancestor = block->findAncestorOpInBlock(*user);
+        if (!ancestor) {
+          InFlightDiagnostic diag = emitOpError()
+                                    << "frees buffer " << index
+                                    << ", which is used outside the block that frees it";
+          diag.attachNote(user->getLoc()) << "used here";
+          return diag;
+        }
+        if (!ancestor->isBeforeInBlock(getOperation())) {
+          InFlightDiagnostic diag =
+              isa<ReshardOp>(user) && !isView
+                  ? emitOpError() << "buffer " << index << " is freed again later"
+                  : emitOpError() << "frees buffer " << index << " before its last use"
+                                  << (isView ? " (through a view that shares its storage)" : "");
+          diag.attachNote(user->getLoc()) << "used after the free here";
+          return diag;
+        }
+        if (!isCollectiveStart(user))
+          continue;
+        Operation *inFlightUntil = waitOf(user);
+        Operation *waitAncestor =
+            inFlightUntil ? block->findAncestorOpInBlock(*inFlightUntil) : nullptr;
+        if (waitAncestor && !waitAncestor->isBeforeInBlock(getOperation())) {
+          InFlightDiagnostic diag = emitOpError()
+                                    << "frees buffer " << index
+                                    << " while a collective reading it is in flight";
+          diag.attachNote(inFlightUntil->getLoc()) << "the collective is waited for here";
+          return diag;
+        }
       }
     }
   }

@@ -32,3 +32,15 @@ bool AtenOpName::isInPlace() const {
         .Default(false);
   return name.ends_with("_");
 }
+
+bool mlir::fsdp::isViewOperator(llvm::StringRef qualified) {
+  return llvm::StringSwitch<bool>(qualified)
+      .Cases({"aten::view", "aten::_unsafe_view", "aten::permute", "aten::transpose.int",
+              "aten::t", "aten::expand", "aten::alias", "aten::slice.Tensor",
+              "aten::select.int", "aten::unsqueeze", "aten::squeeze", "aten::squeeze.dim",
+              "aten::squeeze.dims", "aten::as_strided", "aten::split.Tensor",
+              "aten::split_with_sizes", "aten::unbind.int", "aten::diagonal", "aten::unfold",
+              "aten::detach", "aten::view_as_real", "aten::view_as_complex"},
+             true)
+      .Default(false);
+}

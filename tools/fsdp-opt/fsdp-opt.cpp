@@ -1,11 +1,12 @@
 //===- fsdp-opt.cpp - the fsdpc optimizer driver --------------------------===//
 //
 // Parses fsdp-dialect IR, verifies it, runs passes, prints the result. Our
-// dialect plus the upstream ones a captured step uses (func, shard).
+// dialect and passes plus the upstream dialects a step uses (func, shard).
 //
 //===----------------------------------------------------------------------===//
 
 #include "fsdp/Dialect/FsdpDialect.h"
+#include "fsdp/Transforms/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Shard/IR/ShardDialect.h"
@@ -17,6 +18,8 @@ int main(int argc, char **argv) {
   mlir::registerCanonicalizerPass();
   mlir::registerCSEPass();
   mlir::registerSymbolDCEPass();
+  mlir::fsdp::registerFsdpPasses();
+  mlir::fsdp::registerShardingPipeline();
 
   mlir::DialectRegistry registry;
   registry.insert<mlir::fsdp::FsdpDialect, mlir::func::FuncDialect,

@@ -27,6 +27,11 @@ struct AtenOpName {
   bool isInPlace() const;
 };
 
+/// Whether the operator `qualified` (e.g. "aten::permute") returns views that
+/// share storage with its first argument: such results keep that storage
+/// alive, so freeing it is only safe after their last use too.
+bool isViewOperator(llvm::StringRef qualified);
+
 } // namespace mlir::fsdp
 
 #endif // FSDP_SUPPORT_ATENOPNAME_H

@@ -1,0 +1,190 @@
+//===- Passes.td - fsdp-opt passes --------------------------*- tablegen -*-===//
+//
+// The sharding pipeline, in order: shard-parameters, activation-checkpoint,
+// reshard-after-forward, bucket-collectives, prefetch, fuse-casts,
+// verify-schedule; then the reports. `fsdp-sharding-pipeline` runs them all
+// with one set of FSDP2-style options.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_PASSES_TD
+#define FSDP_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def ShardParametersPass : Pass<"fsdp-shard-parameters", "::mlir::ModuleOp"> {
+  let summary = "Shard parameters along dim 0 and insert their collectives.";
+  let description = [{
+    Declares the device grid `@fsdp_grid`, shards every parameter along
+    dim 0 over the shard group (padded to ceil(dim0/N) rows), and makes the
+    step communicate: each `fsdp.get_param` now reads the local shard and is
+    followed by an all-gather of it; each gradient is reduce-scattered right
+    after its last producer (averaged; fp16 sums with FSDP2's pre/post
+    divide). Collectives name the wrap unit of their parameter, so later
+    passes can bucket per unit.
+
+    Strategies: `full-shard` and `shard-grad-op` shard over `ranks`
+    (they differ in reshard-after-forward); `hybrid-shard` builds a
+    `replicas x ranks` grid, shards within a row and all-reduces gradient
+    shards across rows; `no-shard` keeps parameters whole and all-reduces
+    gradients (DDP). `reshard-group g` splits the shard axis into
+    `(ranks/g) x g` so that an integer reshard-after-forward can keep a
+    shard over the inner `g` ranks. With `gradient-accumulation` the pass
+    also writes `<step>_no_sync`, a microbatch step whose gradients stay
+    local (`unreduced`), and the synchronized step adds the accumulated
+    gradient before reducing.
+  }];
+  let options = [
+    Option<"ranks", "ranks", "int64_t", "1", "Ranks in a shard group (N)">,
+    Option<"replicas", "replicas", "int64_t", "1",
+           "Replica groups for hybrid-shard (the grid is replicas x ranks)">,
+    Option<"strategy", "strategy", "std::string", "\"full-shard\"",
+           "full-shard | shard-grad-op | hybrid-shard | no-shard">,
+    Option<"reshardGroup", "reshard-group", "int64_t", "0",
+           "Inner group size for an integer reshard-after-forward (0: none)">,
+    Option<"gradientAccumulation", "gradient-accumulation", "bool", "false",
+           "Also emit a <step>_no_sync microbatch step without gradient communication">,
+  ];
+  let dependentDialects = ["::mlir::fsdp::FsdpDialect", "::mlir::shard::ShardDialect"];
+}
+
+def ActivationCheckpointPass : Pass<"fsdp-activation-checkpoint", "::mlir::ModuleOp"> {
+  let summary = "Recompute wrap units' forward in backward instead of saving it.";
+  let description = [{
+    For each listed wrap unit, the forward values of the unit that backward
+    uses are recomputed right before their first backward use from the
+    unit's inputs, so only those inputs stay alive between forward and
+    backward. Random operators are never recomputed (their results are
+    saved), so dropout masks stay identical.
+  }];
+  let options = [
+    ListOption<"units", "units", "std::string",
+               "Wrap units to recompute; `*` for every unit but the root">,
+  ];
+}
+
+def ReshardAfterForwardPass : Pass<"fsdp-reshard-after-forward", "::mlir::ModuleOp"> {
+  let summary = "Free gathered parameters after forward and re-gather them in backward.";
+  let description = [{
+    Decides when gathered parameters are freed. Every gathered buffer is
+    freed after its last use. With `mode=true` (FSDP2's default for non-root
+    units) a unit's buffers are also freed after their last forward use and
+    gathered again before their first backward use; `mode=false`
+    (SHARD_GRAD_OP) keeps them; an integer `mode=g` keeps a dim-0 shard over
+    the inner `g` ranks of the grid (see shard-parameters' reshard-group), so
+    that the backward all-gather stays within that group. The root unit
+    keeps its parameters unless `root` is set.
+  }];
+  let options = [
+    Option<"mode", "mode", "std::string", "\"true\"", "true | false | <inner group size>">,
+    Option<"root", "root", "bool", "false", "Reshard the root unit too">,
+  ];
+}
+
+def BucketCollectivesPass : Pass<"fsdp-bucket-collectives", "::mlir::ModuleOp"> {
+  let summary = "Merge adjacent collectives of one wrap unit into one bucket.";
+  let description = [{
+    Among the collectives of one kind, in program order, a run of adjacent
+    ones with the same wrap unit, group, reduction and communication dtype
+    becomes one bucketed collective: all-gathers start where the first one
+    started and are waited where the first one was; reductions start and
+    are waited where the last one was. Only adjacent collectives merge, so
+    the sequence every rank issues stays the same on all of them.
+  }];
+}
+
+def PrefetchPass : Pass<"fsdp-prefetch", "::mlir::ModuleOp"> {
+  let summary = "Start all-gathers earlier so that they overlap compute.";
+  let description = [{
+    Moves the all-gather of the k-th wrap unit of a phase (forward or
+    backward) to right after the wait of unit k-depth, as FSDP2's prefetch
+    does (depth 1 is its default; 0 turns prefetching off). The memory budget
+    bounds the bytes of gathered parameters alive at any point; a start that
+    would exceed it is prefetched less deep.
+  }];
+  let options = [
+    Option<"forwardDepth", "forward-depth", "int64_t", "1", "Units to prefetch ahead in forward">,
+    Option<"backwardDepth", "backward-depth", "int64_t", "1", "Units to prefetch ahead in backward">,
+    Option<"memoryBudgetMb", "memory-budget-mb", "int64_t", "0",
+           "Most MiB of gathered parameters alive at once (0: no limit)">,
+  ];
+}
+
+def FuseCastsPass : Pass<"fsdp-fuse-casts", "::mlir::ModuleOp"> {
+  let summary = "Fuse dtype casts into collectives' copy-in.";
+  let description = [{
+    A gathered parameter whose every use casts it to one dtype is gathered
+    in that dtype instead: the cast moves into the all-gather's copy-in and
+    the wire carries half the bytes for bf16. A gradient that is only cast
+    to feed a reduction enters the reduction uncast: the reduce-scatter's
+    copy-in converts it to `reduce_dtype`. The reduce dtype comes from the
+    option, else the module's `fsdp.mixed_precision` (`reduce_dtype`, else
+    `param_dtype`), else stays. An f16 reduction averages by pre/post
+    division.
+  }];
+  let options = [
+    Option<"reduceDtype", "reduce-dtype", "std::string", "\"\"", "f32 | bf16 | f16 (default: see above)">,
+  ];
+}
+
+def VerifySchedulePass : Pass<"fsdp-verify-schedule", "::mlir::ModuleOp"> {
+  let summary = "Check the collective schedule and hash it.";
+  let description = [{
+    Checks what the op verifiers cannot see: collectives sit in the straight-
+    line body of a step (never under control flow, where ranks could take
+    different paths), and every gathered buffer is freed. Then it records a
+    canonical hash of the step's collective sequence (kind, group, dtypes,
+    shapes, reduction) as `fsdp.collective_hash`, with the count as
+    `fsdp.collective_count`; the runtime compares hashes across ranks at
+    start-up, so a mismatch is an error, not a hang.
+  }];
+}
+
+def MemoryReportPass : Pass<"fsdp-memory-report", "::mlir::ModuleOp"> {
+  let summary = "Per-rank memory: static state, peak, and its timeline.";
+  let description = [{
+    Computes, per step function and rank: sharded parameters, gradients,
+    optimizer state for `optimizer`, buffers, and a walk of the schedule
+    that tracks gathered parameters (from all-gather start to reshard),
+    activations (definition to last use, views sharing storage) and
+    gradient buffers, giving the peak, where it happens and what is alive
+    then, and the activations saved for backward. Records `fsdp.memory` on
+    the function and writes a table or JSON.
+  }];
+  let options = [
+    Option<"optimizer", "optimizer", "std::string", "\"adamw\"", "adamw | adam | sgd-momentum | sgd | none">,
+    Option<"format", "format", "std::string", "\"table\"", "table | json">,
+    Option<"output", "output", "std::string", "\"-\"", "Report file; - for stdout">,
+  ];
+}
+
+def CommReportPass : Pass<"fsdp-comm-report", "::mlir::ModuleOp"> {
+  let summary = "Per-rank communication volume per step, by collective kind.";
+  let description = [{
+    Bytes each rank sends per step: (n-1)/n of the gathered or reduced
+    tensors for all-gather and reduce-scatter, 2(n-1)/n for all-reduce, in
+    the dtype on the wire, padding included. Records `fsdp.comm` on the
+    function and writes a table or JSON.
+  }];
+  let options = [
+    Option<"format", "format", "std::string", "\"table\"", "table | json">,
+    Option<"output", "output", "std::string", "\"-\"", "Report file; - for stdout">,
+  ];
+}
+
+def ScheduleTracePass : Pass<"fsdp-schedule-trace", "::mlir::ModuleOp"> {
+  let summary = "Write the schedule as a Chrome trace / Perfetto JSON.";
+  let description = [{
+    One track for compute and one per collective kind, with durations from
+    a simple cost model (bytes over bandwidth plus latency), so a person can
+    see what overlaps what. Open the file in chrome://tracing or Perfetto.
+  }];
+  let options = [
+    Option<"output", "output", "std::string", "\"fsdp-trace.json\"", "Trace file">,
+    Option<"computeGbps", "compute-gbps", "double", "200.0", "Modeled compute throughput (GB/s of results)">,
+    Option<"networkGbps", "network-gbps", "double", "50.0", "Modeled collective bus bandwidth (GB/s)">,
+    Option<"latencyUs", "latency-us", "double", "10.0", "Modeled latency of one collective (us)">,
+  ];
+}
+
+#endif // FSDP_PASSES_TD

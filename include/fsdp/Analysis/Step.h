@@ -1,0 +1,65 @@
+//===- Step.h - facts about a training step the passes share ----*- C++ -*-===//
+
+#ifndef FSDP_ANALYSIS_STEP_H
+#define FSDP_ANALYSIS_STEP_H
+
+#include "fsdp/Dialect/FsdpOps.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinOps.h"
+
+namespace mlir::fsdp {
+
+/// The name of the grid that shard-parameters declares.
+inline constexpr llvm::StringLiteral kGridName = "fsdp_grid";
+
+/// A training-step function: its body block, its loss marker (the
+/// forward/backward boundary) and its gradients op, if any.
+struct Step {
+  func::FuncOp func;
+  LossOp loss;
+  GradientsOp gradients;
+
+  Block &body() { return func.getBody().front(); }
+  /// Whether `op` (anywhere in the body) runs after the loss: backward.
+  bool isBackward(Operation *op);
+};
+
+/// The module's step functions: functions with an fsdp.loss.
+SmallVector<Step> collectSteps(ModuleOp module);
+
+/// Bytes of one element (i1 counts as a byte, as torch stores bools).
+int64_t elementBytes(Type elementType);
+int64_t tensorBytes(Type tensorType);
+
+/// The group size of `axes` of `grid`; the grid's shape must be static there.
+int64_t groupSize(shard::GridOp grid, ArrayRef<int16_t> axes);
+
+/// A collective start's future result types.
+ArrayRef<Type> futureTypes(Operation *start);
+/// The wait of a collective start (its future's one user).
+WaitOp waitOf(Operation *start);
+/// Whether `op` is an fsdp.*_start.
+bool isCollectiveStart(Operation *op);
+
+/// `op`'s ancestor in `block` (op itself if it is there).
+Operation *inBlock(Block &block, Operation *op);
+/// The last / first user of `value` in `block` order, by ancestor, among
+/// the users that satisfy `keep`; null if none.
+Operation *lastUser(Block &block, Value value, function_ref<bool(Operation *)> keep);
+Operation *firstUser(Block &block, Value value, function_ref<bool(Operation *)> keep);
+
+/// Whether `op` is an ATen view: its results share its first operand's storage.
+bool isViewOf(Operation *op);
+/// `value` and every view derived from it, transitively (`value` first).
+SmallVector<Value> viewClosure(Value value);
+
+/// Element type `name` ("f32", "bf16", "f16"), or null.
+Type parseFloatType(MLIRContext *context, StringRef name);
+
+/// Writes `text` to `path` ("-" is stdout); on failure reports on `module`.
+LogicalResult writeReport(Operation *module, StringRef path, StringRef text);
+
+} // namespace mlir::fsdp
+
+#endif // FSDP_ANALYSIS_STEP_H

@@ -1,0 +1,133 @@
+//===- Step.cpp - facts about a training step the passes share ------------===//
+
+#include "fsdp/Analysis/Step.h"
+#include "fsdp/Support/AtenOpName.h"
+
+#include "mlir/IR/BuiltinTypes.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "llvm/Support/raw_ostream.h"
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+bool Step::isBackward(Operation *op) {
+  Operation *here = inBlock(body(), op);
+  return here && loss && loss->isBeforeInBlock(here);
+}
+
+SmallVector<Step> mlir::fsdp::collectSteps(ModuleOp module) {
+  SmallVector<Step> steps;
+  for (auto func : module.getOps<func::FuncOp>()) {
+    if (func.isExternal())
+      continue;
+    Step step{func, nullptr, nullptr};
+    for (Operation &op : func.getBody().front()) {
+      if (auto loss = dyn_cast<LossOp>(op))
+        step.loss = loss;
+      else if (auto gradients = dyn_cast<GradientsOp>(op))
+        step.gradients = gradients;
+    }
+    if (step.loss)
+      steps.push_back(step);
+  }
+  return steps;
+}
+
+int64_t mlir::fsdp::elementBytes(Type elementType) {
+  if (auto complex = dyn_cast<ComplexType>(elementType))
+    return 2 * elementBytes(complex.getElementType());
+  return std::max<int64_t>(1, (elementType.getIntOrFloatBitWidth() + 7) / 8);
+}
+
+int64_t mlir::fsdp::tensorBytes(Type tensorType) {
+  auto tensor = dyn_cast<RankedTensorType>(tensorType);
+  if (!tensor || !tensor.hasStaticShape())
+    return 0;
+  return tensor.getNumElements() * elementBytes(tensor.getElementType());
+}
+
+int64_t mlir::fsdp::groupSize(shard::GridOp grid, ArrayRef<int16_t> axes) {
+  int64_t size = 1;
+  for (int16_t axis : axes)
+    size *= grid.getShape()[axis];
+  return size;
+}
+
+ArrayRef<Type> mlir::fsdp::futureTypes(Operation *start) {
+  return cast<FutureType>(start->getResult(0).getType()).getResults();
+}
+
+WaitOp mlir::fsdp::waitOf(Operation *start) {
+  Value future = start->getResult(0);
+  return future.hasOneUse() ? dyn_cast<WaitOp>(*future.getUsers().begin()) : WaitOp();
+}
+
+bool mlir::fsdp::isCollectiveStart(Operation *op) {
+  return isa_and_nonnull<AllGatherStartOp, ReduceScatterStartOp, AllReduceStartOp>(op);
+}
+
+Operation *mlir::fsdp::inBlock(Block &block, Operation *op) {
+  return block.findAncestorOpInBlock(*op);
+}
+
+Operation *mlir::fsdp::lastUser(Block &block, Value value,
+                                function_ref<bool(Operation *)> keep) {
+  Operation *last = nullptr;
+  for (Operation *user : value.getUsers()) {
+    Operation *here = inBlock(block, user);
+    if (here && keep(here) && (!last || last->isBeforeInBlock(here)))
+      last = here;
+  }
+  return last;
+}
+
+Operation *mlir::fsdp::firstUser(Block &block, Value value,
+                                 function_ref<bool(Operation *)> keep) {
+  Operation *first = nullptr;
+  for (Operation *user : value.getUsers()) {
+    Operation *here = inBlock(block, user);
+    if (here && keep(here) && (!first || here->isBeforeInBlock(first)))
+      first = here;
+  }
+  return first;
+}
+
+bool mlir::fsdp::isViewOf(Operation *op) {
+  auto aten = dyn_cast_or_null<AtenOp>(op);
+  return aten && !aten.getInputs().empty() && isViewOperator(aten.getCallee());
+}
+
+SmallVector<Value> mlir::fsdp::viewClosure(Value value) {
+  SmallVector<Value> closure{value};
+  for (size_t i = 0; i < closure.size(); ++i)
+    for (OpOperand &use : closure[i].getUses())
+      if (isViewOf(use.getOwner()) && use.getOperandNumber() == 0)
+        llvm::append_range(closure, use.getOwner()->getResults());
+  return closure;
+}
+
+Type mlir::fsdp::parseFloatType(MLIRContext *context, StringRef name) {
+  if (name == "f32")
+    return Float32Type::get(context);
+  if (name == "bf16")
+    return BFloat16Type::get(context);
+  if (name == "f16")
+    return Float16Type::get(context);
+  return nullptr;
+}
+
+LogicalResult mlir::fsdp::writeReport(Operation *module, StringRef path, StringRef text) {
+  if (path == "-") {
+    llvm::outs() << text;
+    llvm::outs().flush();
+    return success();
+  }
+  std::error_code error;
+  llvm::ToolOutputFile file(path, error, llvm::sys::fs::OF_Text);
+  if (error)
+    return module->emitError() << "cannot write report '" << path << "': " << error.message();
+  file.os() << text;
+  file.keep();
+  return success();
+}

@@ -1,0 +1,128 @@
+//===- ActivationCheckpoint.cpp - recompute units' forward in backward ----===//
+//
+// Before (units=blocks.0):
+//
+//   %h = fsdp.aten "aten::mm" (%x, %w) module "blocks.0"      // forward
+//   %a = fsdp.aten "aten::relu" (%h) module "blocks.0"
+//   fsdp.loss %l : tensor<f32>
+//   %g = fsdp.aten "aten::threshold_backward" (%d, %a) ...   // backward uses %a
+//
+// After: only %x (the unit's input) lives across the loss.
+//
+//   %h = fsdp.aten "aten::mm" (%x, %w) module "blocks.0"
+//   %a = fsdp.aten "aten::relu" (%h) module "blocks.0"
+//   fsdp.loss %l : tensor<f32>
+//   %h2 = fsdp.aten "aten::mm" (%x, %w) module "blocks.0"    // recomputed
+//   %a2 = fsdp.aten "aten::relu" (%h2) module "blocks.0"
+//   %g = fsdp.aten "aten::threshold_backward" (%d, %a2) ...
+//
+// Test: test/Transforms/activation-checkpoint.mlir.
+//
+//===----------------------------------------------------------------------===//
+
+#include "fsdp/Analysis/Step.h"
+#include "fsdp/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/SetVector.h"
+
+namespace mlir::fsdp {
+#define GEN_PASS_DEF_ACTIVATIONCHECKPOINTPASS
+#include "fsdp/Passes.h.inc"
+} // namespace mlir::fsdp
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+namespace {
+
+bool inUnit(StringRef module, StringRef unit) {
+  return module == unit || module.starts_with((unit + ".").str());
+}
+
+/// Recomputes one unit's saved forward values in one step.
+class Recomputer {
+public:
+  Recomputer(Step &step, StringRef unit) : step(step), unit(unit) {}
+
+  void run() {
+    // The unit's recomputable forward ops, in order.
+    llvm::SetVector<Operation *> forward;
+    for (Operation &op : step.body()) {
+      if (&op == step.loss.getOperation())
+        break;
+      auto aten = dyn_cast<AtenOp>(op);
+      if (aten && aten.getModule() && inUnit(*aten.getModule(), unit) && !aten.getRandom())
+        forward.insert(&op);
+    }
+    // Forward values the backward reads, and the first backward reader.
+    SmallVector<Value> saved;
+    Operation *firstBackwardUse = nullptr;
+    for (Operation *op : forward) {
+      for (Value result : op->getResults()) {
+        Operation *user = firstUser(step.body(), result,
+                                    [&](Operation *user) { return step.isBackward(user); });
+        if (!user)
+          continue;
+        saved.push_back(result);
+        if (!firstBackwardUse || user->isBeforeInBlock(firstBackwardUse))
+          firstBackwardUse = user;
+      }
+    }
+    if (saved.empty())
+      return;
+    // The forward ops those values need, cloned in order before that reader.
+    llvm::SetVector<Operation *> needed;
+    SmallVector<Operation *> worklist;
+    for (Value value : saved)
+      worklist.push_back(value.getDefiningOp());
+    while (!worklist.empty()) {
+      Operation *op = worklist.pop_back_val();
+      if (!forward.contains(op) || !needed.insert(op))
+        continue;
+      for (Value operand : op->getOperands())
+        if (Operation *def = operand.getDefiningOp())
+          worklist.push_back(def);
+    }
+    OpBuilder builder(firstBackwardUse);
+    IRMapping recomputed;
+    for (Operation *op : forward)
+      if (needed.contains(op))
+        builder.clone(*op, recomputed);
+    // The clones read the mapped values, so every backward use left is a reader.
+    for (Value value : saved)
+      value.replaceUsesWithIf(recomputed.lookup(value), [&](OpOperand &use) {
+        return step.isBackward(use.getOwner());
+      });
+  }
+
+private:
+  Step &step;
+  StringRef unit;
+};
+
+struct ActivationCheckpointPass
+    : public fsdp::impl::ActivationCheckpointPassBase<ActivationCheckpointPass> {
+  using ActivationCheckpointPassBase::ActivationCheckpointPassBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    SmallVector<std::string> chosen;
+    for (UnitOp unit : module.getOps<UnitOp>()) {
+      bool all = llvm::is_contained(units, "*");
+      if ((all && !unit.getRoot()) || llvm::is_contained(units, unit.getSymName()))
+        chosen.push_back(unit.getSymName().str());
+    }
+    for (const std::string &name : units)
+      if (name != "*" && !llvm::is_contained(chosen, name)) {
+        module.emitError() << "activation checkpointing names unknown unit '" << name << "'";
+        return signalPassFailure();
+      }
+    for (Step &step : collectSteps(module))
+      for (const std::string &unit : chosen)
+        Recomputer(step, unit).run();
+  }
+};
+
+} // namespace

@@ -1,0 +1,127 @@
+//===- CommReport.cpp - per-rank communication volume per step ------------===//
+//
+// Before: a scheduled step. After: the same IR with its volume attached, and
+// a report written:
+//
+//   func.func @train_step(...) attributes {fsdp.comm = {all_gather_bytes = 4608 : i64,
+//       all_gather_count = 4 : i64, reduce_scatter_bytes = 2304 : i64, ...}}
+//
+// Per rank and collective over n ranks of S bytes (the full, padded tensors
+// in the dtype on the wire): all-gather and reduce-scatter send (n-1)/n S,
+// all-reduce 2(n-1)/n S (ring algorithms, nccl-tests' bus-bandwidth model).
+//
+// Test: test/Transforms/comm-report.mlir.
+//
+//===----------------------------------------------------------------------===//
+
+#include "fsdp/Analysis/Step.h"
+#include "fsdp/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/JSON.h"
+
+namespace mlir::fsdp {
+#define GEN_PASS_DEF_COMMREPORTPASS
+#include "fsdp/Passes.h.inc"
+} // namespace mlir::fsdp
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+namespace {
+
+struct Volume {
+  int64_t count = 0;
+  int64_t bytesOnWire = 0; // per rank
+  int64_t payloadBytes = 0; // full tensors in the wire dtype, before the (n-1)/n factor
+};
+
+/// Full padded tensor bytes of a collective, in the dtype it communicates.
+int64_t payload(Operation *start, int64_t ranks) {
+  int64_t bytes = 0;
+  if (isa<AllGatherStartOp>(start)) {
+    for (Value input : start->getOperands()) {
+      auto shard = cast<RankedTensorType>(input.getType());
+      Type wire = cast<RankedTensorType>(futureTypes(start).front()).getElementType();
+      bytes += ranks * shard.getNumElements() * elementBytes(wire);
+    }
+    return bytes;
+  }
+  Type wire = start->getAttrOfType<TypeAttr>("reduce_dtype").getValue();
+  for (auto [input, result] : llvm::zip(start->getOperands(), futureTypes(start))) {
+    auto type = cast<RankedTensorType>(input.getType());
+    int64_t elements = type.getNumElements();
+    if (isa<ReduceScatterStartOp>(start)) // padded to ranks x shard rows
+      elements = ranks * cast<RankedTensorType>(result).getNumElements();
+    bytes += elements * elementBytes(wire);
+  }
+  return bytes;
+}
+
+struct CommReportPass : public fsdp::impl::CommReportPassBase<CommReportPass> {
+  using CommReportPassBase::CommReportPassBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    if (format != "table" && format != "json") {
+      module.emitError() << "report format must be table or json, got '" << format << "'";
+      return signalPassFailure();
+    }
+    SymbolTableCollection tables;
+    Builder builder(module.getContext());
+    llvm::json::Array reports;
+    std::string table;
+    llvm::raw_string_ostream out(table);
+    for (Step &step : collectSteps(module)) {
+      llvm::StringMap<Volume> volumes;
+      for (Operation &op : step.body()) {
+        if (!isCollectiveStart(&op))
+          continue;
+        auto gridRef = op.getAttrOfType<FlatSymbolRefAttr>("grid");
+        auto grid = tables.lookupNearestSymbolFrom<shard::GridOp>(&op, gridRef);
+        auto axes = op.getAttrOfType<DenseI16ArrayAttr>("grid_axes").asArrayRef();
+        int64_t ranks = groupSize(grid, axes);
+        int64_t full = payload(&op, ranks);
+        int64_t factor = isa<AllReduceStartOp>(op) ? 2 : 1;
+        StringRef kind = op.getName().stripDialect().drop_back(strlen("_start"));
+        Volume &volume = volumes[kind];
+        volume.count += 1;
+        volume.payloadBytes += full;
+        volume.bytesOnWire += factor * full * (ranks - 1) / ranks;
+      }
+      SmallVector<NamedAttribute> fields;
+      llvm::json::Object byKind;
+      int64_t total = 0;
+      out << "communication per rank and step: @" << step.func.getSymName() << "\n";
+      for (StringRef kind : {"all_gather", "reduce_scatter", "all_reduce"}) {
+        Volume volume = volumes.lookup(kind);
+        total += volume.bytesOnWire;
+        fields.push_back(builder.getNamedAttr((kind + "_count").str(),
+                                              builder.getI64IntegerAttr(volume.count)));
+        fields.push_back(builder.getNamedAttr((kind + "_bytes").str(),
+                                              builder.getI64IntegerAttr(volume.bytesOnWire)));
+        byKind[kind] = llvm::json::Object{{"count", volume.count},
+                                          {"bytes", volume.bytesOnWire},
+                                          {"payload_bytes", volume.payloadBytes}};
+        out << llvm::format("  %-15s %5lld collectives %16lld B sent (%lld B gathered or reduced)\n",
+                            kind.str().c_str(), (long long)volume.count,
+                            (long long)volume.bytesOnWire, (long long)volume.payloadBytes);
+      }
+      out << llvm::format("  %-15s %5s             %16lld B\n", "total", "", (long long)total);
+      fields.push_back(builder.getNamedAttr("total_bytes", builder.getI64IntegerAttr(total)));
+      step.func->setAttr("fsdp.comm", builder.getDictionaryAttr(fields));
+      reports.push_back(llvm::json::Object{{"function", step.func.getSymName()},
+                                           {"collectives", std::move(byKind)},
+                                           {"total_bytes", total}});
+    }
+    std::string text = format == "json"
+                           ? llvm::formatv("{0:2}\n", llvm::json::Value(std::move(reports))).str()
+                           : table;
+    if (failed(writeReport(module, output, text)))
+      return signalPassFailure();
+    markAllAnalysesPreserved();
+  }
+};
+
+} // namespace

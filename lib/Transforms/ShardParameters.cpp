@@ -1,0 +1,305 @@
+//===- ShardParameters.cpp - shard parameters, insert collectives ---------===//
+//
+// Before (a captured step):
+//
+//   fsdp.param @w : tensor<10x4xf32> unit @u
+//   %w = fsdp.get_param @w : tensor<10x4xf32>
+//   %y = fsdp.aten "aten::mm" (%x, %w) ...
+//   ...
+//   %g = fsdp.aten "aten::mm" (...)              // last producer of w's grad
+//   fsdp.gradients [@w] %g : tensor<10x4xf32>
+//
+// After (ranks=4):
+//
+//   shard.grid @fsdp_grid(shape = 4)
+//   fsdp.param @w : tensor<10x4xf32> unit @u sharded on @fsdp_grid axes = [0] padding = 2
+//   %s = fsdp.get_param @w : tensor<3x4xf32>
+//   %f = fsdp.all_gather_start %s on @fsdp_grid axes = [0] unit @u
+//          : tensor<3x4xf32> -> !fsdp.future<tensor<10x4xf32>>
+//   %w = fsdp.wait %f : !fsdp.future<tensor<10x4xf32>>
+//   %y = fsdp.aten "aten::mm" (%x, %w) ...
+//   %g = fsdp.aten "aten::mm" (...)
+//   %r = fsdp.reduce_scatter_start %g on @fsdp_grid axes = [0] reduction = average
+//          reduce_dtype = f32 unit @u : tensor<10x4xf32> -> !fsdp.future<tensor<3x4xf32>>
+//   %gs = fsdp.wait %r : !fsdp.future<tensor<3x4xf32>>
+//   fsdp.gradients [@w] %gs : tensor<3x4xf32>
+//
+// Test: test/Transforms/shard-parameters.mlir.
+//
+//===----------------------------------------------------------------------===//
+
+#include "fsdp/Analysis/Step.h"
+#include "fsdp/Transforms/Passes.h"
+#include "fsdp_rt/ShardLayout.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+
+namespace mlir::fsdp {
+#define GEN_PASS_DEF_SHARDPARAMETERSPASS
+#include "fsdp/Passes.h.inc"
+} // namespace mlir::fsdp
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+namespace {
+
+enum class Strategy { FullShard, ShardGradOp, HybridShard, NoShard };
+
+/// The grid and the axes parameters are sharded over / gradients averaged
+/// over, derived from the options.
+struct Layout {
+  Strategy strategy;
+  SmallVector<int64_t> gridShape;
+  SmallVector<int16_t> shardAxes;     // empty for no-shard
+  SmallVector<int16_t> replicateAxes; // hybrid: the replica axis; no-shard: all
+  int64_t shardRanks = 1;
+  int64_t replicaRanks = 1;
+};
+
+FailureOr<Layout> makeLayout(ModuleOp module, StringRef strategyName, int64_t ranks,
+                             int64_t replicas, int64_t reshardGroup) {
+  Layout layout;
+  if (strategyName == "full-shard")
+    layout.strategy = Strategy::FullShard;
+  else if (strategyName == "shard-grad-op")
+    layout.strategy = Strategy::ShardGradOp;
+  else if (strategyName == "hybrid-shard")
+    layout.strategy = Strategy::HybridShard;
+  else if (strategyName == "no-shard")
+    layout.strategy = Strategy::NoShard;
+  else
+    return module.emitError() << "unknown strategy '" << strategyName
+                              << "'; use full-shard, shard-grad-op, hybrid-shard or no-shard";
+  if (ranks < 1 || replicas < 1)
+    return module.emitError() << "ranks and replicas must be >= 1, got ranks=" << ranks
+                              << " replicas=" << replicas;
+  if (replicas > 1 && layout.strategy != Strategy::HybridShard)
+    return module.emitError("replicas > 1 needs strategy=hybrid-shard");
+  if (reshardGroup != 0 && (reshardGroup < 1 || ranks % reshardGroup != 0))
+    return module.emitError() << "reshard-group " << reshardGroup
+                              << " must divide ranks (" << ranks << ")";
+  if (reshardGroup != 0 && layout.strategy != Strategy::FullShard)
+    return module.emitError("reshard-group (integer reshard-after-forward) needs strategy=full-shard");
+
+  if (layout.strategy == Strategy::NoShard) {
+    layout.gridShape = {ranks};
+    layout.replicateAxes = {0};
+    layout.replicaRanks = ranks;
+    return layout;
+  }
+  int16_t next = 0;
+  if (layout.strategy == Strategy::HybridShard) {
+    layout.gridShape.push_back(replicas);
+    layout.replicateAxes = {next++};
+    layout.replicaRanks = replicas;
+  }
+  if (reshardGroup > 1 && reshardGroup < ranks) {
+    layout.gridShape.append({ranks / reshardGroup, reshardGroup});
+    layout.shardAxes = {next, static_cast<int16_t>(next + 1)};
+  } else {
+    layout.gridShape.push_back(ranks);
+    layout.shardAxes = {next};
+  }
+  layout.shardRanks = ranks;
+  return layout;
+}
+
+/// FSDP2's gradient averaging: AVG for fp32/bf16; for fp16, SUM with a
+/// power-of-two pre-divide near sqrt(N) and the rest after, against overflow.
+struct Averaging {
+  shard::ReductionKind kind = shard::ReductionKind::Average;
+  FloatAttr preDivide, postDivide;
+};
+
+Averaging averagingFor(Type gradElement, int64_t ranks, Builder &builder) {
+  Averaging averaging;
+  if (!gradElement.isF16() || ranks == 1)
+    return averaging;
+  int64_t pre = 1;
+  while (ranks % (pre * 2) == 0 && ranks / (pre * 2) >= pre * 2)
+    pre *= 2;
+  averaging.kind = shard::ReductionKind::Sum;
+  averaging.preDivide = builder.getF64FloatAttr(static_cast<double>(pre));
+  averaging.postDivide = builder.getF64FloatAttr(static_cast<double>(ranks) / pre);
+  return averaging;
+}
+
+class ParameterSharder {
+public:
+  ParameterSharder(ModuleOp module, Layout layout, bool gradientAccumulation)
+      : module(module), layout(std::move(layout)), builder(module.getContext()),
+        gradientAccumulation(gradientAccumulation) {}
+
+  LogicalResult run() {
+    if (SymbolTable::lookupSymbolIn(module, kGridName))
+      return module.emitError() << "the module already has @" << kGridName
+                                << "; it is sharded already";
+    SmallVector<Step> steps = collectSteps(module);
+    if (steps.empty())
+      return module.emitError("no training step (a function with fsdp.loss) to shard");
+    declareGrid();
+    for (ParamOp param : module.getOps<ParamOp>())
+      if (failed(shardParam(param)))
+        return failure();
+    for (Step &step : steps) {
+      if (gradientAccumulation)
+        addNoSyncStep(step);
+      gatherParameters(step.func);
+      if (step.gradients)
+        reduceGradients(step, /*accumulated=*/gradientAccumulation);
+    }
+    return success();
+  }
+
+private:
+  void declareGrid() {
+    builder.setInsertionPointToStart(module.getBody());
+    grid = shard::GridOp::create(builder, module.getLoc(), kGridName, layout.gridShape);
+    gridRef = FlatSymbolRefAttr::get(grid.getSymNameAttr());
+  }
+
+  LogicalResult shardParam(ParamOp param) {
+    if (param.isSharded())
+      return param.emitOpError("is sharded already");
+    shardTypes[param.getSymName()] = param.getLogicalType();
+    if (layout.shardAxes.empty())
+      return success();
+    RankedTensorType logical = param.getLogicalType();
+    if (logical.getRank() == 0)
+      return param.emitOpError("is a scalar; dim-0 sharding needs rank >= 1 (use no-shard)");
+    auto shardLayout = fsdp_rt::Dim0ShardLayout::create(logical.getDimSize(0), layout.shardRanks);
+    SmallVector<int64_t> shape(logical.getShape());
+    shape[0] = shardLayout->shardRows();
+    param.setGridAttr(gridRef);
+    param.setGridAxes(layout.shardAxes);
+    param.setPadding(shardLayout->paddingRows());
+    shardTypes[param.getSymName()] = RankedTensorType::get(shape, logical.getElementType());
+    params[param.getSymName()] = param;
+    return success();
+  }
+
+  /// Every read of a sharded parameter becomes a read of the shard and a
+  /// gather of it, placed where the read was (the first use).
+  void gatherParameters(func::FuncOp func) {
+    SmallVector<GetParamOp> reads;
+    func.walk([&](GetParamOp read) { reads.push_back(read); });
+    for (GetParamOp read : reads) {
+      ParamOp param = params.lookup(read.getName());
+      if (!param)
+        continue;
+      RankedTensorType full = read.getResult().getType();
+      read.getResult().setType(shardTypes[read.getName()]);
+      builder.setInsertionPointAfter(read);
+      auto start = AllGatherStartOp::create(
+          builder, read.getLoc(), FutureType::get(builder.getContext(), {full}),
+          ValueRange{read.getResult()}, gridRef,
+          builder.getDenseI16ArrayAttr(layout.shardAxes), param.getUnitAttr(), IntegerAttr());
+      auto wait = WaitOp::create(builder, read.getLoc(), start.getFuture());
+      read.getResult().replaceAllUsesExcept(wait.getResult(0), start);
+    }
+  }
+
+  /// Reduces each gradient right after its last producer: reduce-scatter to
+  /// the shard (then all-reduce across replicas for hybrid sharding), or
+  /// all-reduce for no-shard.
+  void reduceGradients(Step &step, bool accumulated) {
+    GradientsOp gradients = step.gradients;
+    SmallVector<Value> replicaInputs;
+    SmallVector<unsigned> replicaSlots;
+    for (auto [index, attr] : llvm::enumerate(gradients.getParams())) {
+      StringRef name = cast<FlatSymbolRefAttr>(attr).getValue();
+      Value grad = gradients.getGrads()[index];
+      Operation *producer = grad.getDefiningOp();
+      if (producer && producer->getBlock() == gradients->getBlock())
+        builder.setInsertionPointAfter(producer);
+      else
+        builder.setInsertionPoint(gradients);
+      Location loc = producer ? producer->getLoc() : gradients.getLoc();
+      auto paramOp = SymbolTable::lookupNearestSymbolFrom<ParamOp>(gradients, cast<FlatSymbolRefAttr>(attr));
+      if (accumulated) {
+        auto acc = GetAccumulatedGradOp::create(builder, loc, grad.getType(), cast<FlatSymbolRefAttr>(attr));
+        grad = AtenOp::create(builder, loc, TypeRange{grad.getType()},
+                              builder.getStringAttr("aten::add.Tensor"), ValueRange{grad, acc.getResult()},
+                              builder.getArrayAttr({builder.getIndexAttr(0), builder.getIndexAttr(1),
+                                                    builder.getI64IntegerAttr(1)}),
+                              UnitAttr(), StringAttr())
+                   .getResult(0);
+      }
+      auto gradType = cast<RankedTensorType>(grad.getType());
+      Value reduced;
+      if (!layout.shardAxes.empty()) {
+        Averaging averaging = averagingFor(gradType.getElementType(), layout.shardRanks, builder);
+        RankedTensorType shardType = shardTypes[name];
+        auto start = ReduceScatterStartOp::create(
+            builder, loc, FutureType::get(builder.getContext(), {shardType}), ValueRange{grad},
+            gridRef, builder.getDenseI16ArrayAttr(layout.shardAxes),
+            shard::ReductionKindAttr::get(builder.getContext(), averaging.kind),
+            TypeAttr::get(gradType.getElementType()), averaging.preDivide, averaging.postDivide,
+            paramOp.getUnitAttr());
+        reduced = WaitOp::create(builder, loc, start.getFuture()).getResult(0);
+      } else {
+        reduced = allReduce(grad, paramOp.getUnitAttr(), loc);
+      }
+      gradients.getGradsMutable()[index].set(reduced);
+      if (layout.strategy == Strategy::HybridShard) {
+        replicaInputs.push_back(reduced);
+        replicaSlots.push_back(index);
+      }
+    }
+    // Hybrid: average the shards across replicas at the end of backward, one
+    // all-reduce per gradient for bucketing to merge per unit.
+    builder.setInsertionPoint(gradients);
+    for (auto [value, slot] : llvm::zip(replicaInputs, replicaSlots)) {
+      auto attr = cast<FlatSymbolRefAttr>(gradients.getParams()[slot]);
+      auto paramOp = SymbolTable::lookupNearestSymbolFrom<ParamOp>(gradients, attr);
+      gradients.getGradsMutable()[slot].set(allReduce(value, paramOp.getUnitAttr(), value.getLoc()));
+    }
+  }
+
+  Value allReduce(Value value, FlatSymbolRefAttr unit, Location loc) {
+    auto type = cast<RankedTensorType>(value.getType());
+    Averaging averaging = averagingFor(type.getElementType(), layout.replicaRanks, builder);
+    auto start = AllReduceStartOp::create(
+        builder, loc, FutureType::get(builder.getContext(), {type}), ValueRange{value}, gridRef,
+        builder.getDenseI16ArrayAttr(layout.replicateAxes),
+        shard::ReductionKindAttr::get(builder.getContext(), averaging.kind),
+        TypeAttr::get(type.getElementType()), averaging.preDivide, averaging.postDivide, unit);
+    return WaitOp::create(builder, loc, start.getFuture()).getResult(0);
+  }
+
+  /// `<step>_no_sync`: the same step for a gradient-accumulation microbatch,
+  /// whose gradients stay full and local (`unreduced`).
+  void addNoSyncStep(Step &step) {
+    builder.setInsertionPointAfter(step.func);
+    auto clone = cast<func::FuncOp>(builder.clone(*step.func));
+    clone.setSymName((step.func.getSymName() + "_no_sync").str());
+    clone.walk([](GradientsOp gradients) { gradients.setUnreduced(true); });
+    gatherParameters(clone);
+  }
+
+  ModuleOp module;
+  Layout layout;
+  OpBuilder builder;
+  bool gradientAccumulation;
+  shard::GridOp grid;
+  FlatSymbolRefAttr gridRef;
+  llvm::StringMap<ParamOp> params; // sharded ones
+  llvm::StringMap<RankedTensorType> shardTypes;
+};
+
+struct ShardParametersPass
+    : public fsdp::impl::ShardParametersPassBase<ShardParametersPass> {
+  using ShardParametersPassBase::ShardParametersPassBase;
+
+  void runOnOperation() override {
+    FailureOr<Layout> layout =
+        makeLayout(getOperation(), strategy, ranks, replicas, reshardGroup);
+    if (failed(layout) ||
+        failed(ParameterSharder(getOperation(), *layout, gradientAccumulation).run()))
+      signalPassFailure();
+  }
+};
+
+} // namespace

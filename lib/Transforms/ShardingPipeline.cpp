@@ -1,0 +1,134 @@
+//===- ShardingPipeline.cpp - every sharding pass, one set of options -----===//
+//
+// `fsdp-sharding-pipeline` takes FSDP2's knobs and runs, in order:
+// shard-parameters, activation-checkpoint (if units are named),
+// reshard-after-forward, bucket-collectives, prefetch, fuse-casts,
+// verify-schedule, and the reports that were asked for.
+//
+//   fsdp-opt gpt.mlir --fsdp-sharding-pipeline="ranks=8 strategy=full-shard
+//       forward-prefetch=1 memory-report=mem.json report-format=json"
+//
+// Test: test/Transforms/sharding-pipeline.mlir.
+//
+//===----------------------------------------------------------------------===//
+
+#include "fsdp/Transforms/Passes.h"
+
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassOptions.h"
+#include "mlir/Pass/PassRegistry.h"
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+namespace {
+
+struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOptions> {
+  Option<int64_t> ranks{*this, "ranks", llvm::cl::desc("Ranks in a shard group (N)"),
+                        llvm::cl::init(1)};
+  Option<int64_t> replicas{*this, "replicas",
+                           llvm::cl::desc("Replica groups (hybrid-shard)"), llvm::cl::init(1)};
+  Option<std::string> strategy{
+      *this, "strategy",
+      llvm::cl::desc("full-shard | shard-grad-op | hybrid-shard | no-shard"),
+      llvm::cl::init("full-shard")};
+  Option<std::string> reshardAfterForward{
+      *this, "reshard-after-forward",
+      llvm::cl::desc("default (true, false for shard-grad-op) | true | false | <inner group size>"),
+      llvm::cl::init("default")};
+  Option<bool> reshardRoot{*this, "reshard-root", llvm::cl::desc("Reshard the root unit too"),
+                           llvm::cl::init(false)};
+  Option<int64_t> forwardPrefetch{*this, "forward-prefetch",
+                                  llvm::cl::desc("Units to prefetch ahead in forward"),
+                                  llvm::cl::init(1)};
+  Option<int64_t> backwardPrefetch{*this, "backward-prefetch",
+                                   llvm::cl::desc("Units to prefetch ahead in backward"),
+                                   llvm::cl::init(1)};
+  Option<int64_t> memoryBudgetMb{*this, "memory-budget-mb",
+                                 llvm::cl::desc("Most MiB of gathered parameters alive (0: no limit)"),
+                                 llvm::cl::init(0)};
+  Option<std::string> reduceDtype{*this, "reduce-dtype",
+                                  llvm::cl::desc("f32 | bf16 | f16 (default: the module's mixed precision)"),
+                                  llvm::cl::init("")};
+  ListOption<std::string> checkpoint{*this, "checkpoint",
+                                     llvm::cl::desc("Wrap units to recompute in backward (* for all)")};
+  Option<bool> gradientAccumulation{*this, "gradient-accumulation",
+                                    llvm::cl::desc("Also emit <step>_no_sync microbatch steps"),
+                                    llvm::cl::init(false)};
+  Option<std::string> optimizer{*this, "optimizer",
+                                llvm::cl::desc("Optimizer for the memory report"),
+                                llvm::cl::init("adamw")};
+  Option<std::string> memoryReport{*this, "memory-report",
+                                   llvm::cl::desc("Write the memory report here (- for stdout)"),
+                                   llvm::cl::init("")};
+  Option<std::string> commReport{*this, "comm-report",
+                                 llvm::cl::desc("Write the communication report here (- for stdout)"),
+                                 llvm::cl::init("")};
+  Option<std::string> reportFormat{*this, "report-format", llvm::cl::desc("table | json"),
+                                   llvm::cl::init("table")};
+  Option<std::string> trace{*this, "trace", llvm::cl::desc("Write a Chrome trace of the schedule here"),
+                            llvm::cl::init("")};
+};
+
+void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &options) {
+  std::string mode = options.reshardAfterForward;
+  if (mode == "default")
+    mode = options.strategy == "shard-grad-op" ? "false" : "true";
+  int64_t innerGroup = 0;
+  if (mode != "true" && mode != "false")
+    (void)StringRef(mode).getAsInteger(10, innerGroup); // the pass reports a bad value
+
+  ShardParametersPassOptions shard;
+  shard.ranks = options.ranks;
+  shard.replicas = options.replicas;
+  shard.strategy = options.strategy;
+  shard.reshardGroup = innerGroup;
+  shard.gradientAccumulation = options.gradientAccumulation;
+  pm.addPass(createShardParametersPass(shard));
+  if (!options.checkpoint.empty()) {
+    ActivationCheckpointPassOptions recompute;
+    recompute.units = llvm::to_vector(options.checkpoint);
+    pm.addPass(createActivationCheckpointPass(recompute));
+  }
+  ReshardAfterForwardPassOptions reshard;
+  reshard.mode = mode;
+  reshard.root = options.reshardRoot;
+  pm.addPass(createReshardAfterForwardPass(reshard));
+  pm.addPass(createBucketCollectivesPass());
+  PrefetchPassOptions prefetch;
+  prefetch.forwardDepth = options.forwardPrefetch;
+  prefetch.backwardDepth = options.backwardPrefetch;
+  prefetch.memoryBudgetMb = options.memoryBudgetMb;
+  pm.addPass(createPrefetchPass(prefetch));
+  FuseCastsPassOptions casts;
+  casts.reduceDtype = options.reduceDtype;
+  pm.addPass(createFuseCastsPass(casts));
+  pm.addPass(createVerifySchedulePass());
+  if (!options.memoryReport.empty()) {
+    MemoryReportPassOptions memory;
+    memory.optimizer = options.optimizer;
+    memory.format = options.reportFormat;
+    memory.output = options.memoryReport;
+    pm.addPass(createMemoryReportPass(memory));
+  }
+  if (!options.commReport.empty()) {
+    CommReportPassOptions comm;
+    comm.format = options.reportFormat;
+    comm.output = options.commReport;
+    pm.addPass(createCommReportPass(comm));
+  }
+  if (!options.trace.empty()) {
+    ScheduleTracePassOptions trace;
+    trace.output = options.trace;
+    pm.addPass(createScheduleTracePass(trace));
+  }
+}
+
+} // namespace
+
+void mlir::fsdp::registerShardingPipeline() {
+  PassPipelineRegistration<ShardingPipelineOptions>(
+      "fsdp-sharding-pipeline",
+      "Shard a captured step FSDP-style: every sharding pass with FSDP2's options",
+      buildShardingPipeline);
+}

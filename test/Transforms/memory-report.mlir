@@ -1,0 +1,49 @@
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4" --fsdp-memory-report -o /dev/null | FileCheck %s --check-prefix=TABLE
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4" --fsdp-memory-report="format=json" -o /dev/null | FileCheck %s --check-prefix=JSON
+// RUN: fsdp-opt %s --fsdp-sharding-pipeline="ranks=4" --fsdp-memory-report="output=%t.txt" | FileCheck %s
+// RUN: fsdp-opt %s --fsdp-sharding-pipeline="ranks=4" --fsdp-memory-report="optimizer=sgd output=%t.txt" | FileCheck %s --check-prefix=SGD
+// RUN: not fsdp-opt %s --fsdp-memory-report="optimizer=lion" 2>&1 | FileCheck %s --check-prefix=BAD
+
+// AdamW in fp32 on N ranks: 16 bytes per parameter / N for parameter shards,
+// gradient shards and the two moments. 32 parameters on 4 ranks: 128 bytes.
+// CHECK: fsdp.memory = {batch = 16 : i64, buffers = 0 : i64, grad_accumulation = 0 : i64, grads = 32 : i64, optimizer = 64 : i64, params = 32 : i64
+// SGD: grads = 32 : i64, optimizer = 0 : i64, params = 32 : i64
+// BAD: error: unknown optimizer 'lion'; use adamw, adam, sgd-momentum, sgd or none
+fsdp.unit @root root
+fsdp.param @w : tensor<8x4xf32> unit @root
+func.func @train_step(%x: tensor<1x4xf32>) -> tensor<f32> {
+  %w = fsdp.get_param @w : tensor<8x4xf32>
+  %y = fsdp.aten "aten::mm" (%x, %w) : (tensor<1x4xf32>, tensor<8x4xf32>) -> tensor<1x4xf32>
+  %l = fsdp.aten "aten::sum" (%y) : (tensor<1x4xf32>) -> tensor<f32>
+  fsdp.loss %l : tensor<f32>
+  %g = fsdp.aten "aten::mm" (%y, %x) : (tensor<1x4xf32>, tensor<1x4xf32>) -> tensor<8x4xf32>
+  fsdp.gradients [@w] %g : tensor<8x4xf32>
+  return %l : tensor<f32>
+}
+
+// The shared step on 4 ranks: padded shards (l0.w's 10 rows take 3 per rank),
+// a frozen head without gradient or optimizer state, and a peak where l0's
+// gathered weight and bias and l1's prefetched weight are alive together.
+// TABLE:      memory per rank: @train_step (optimizer adamw)
+// TABLE-NEXT:   parameter shards                    116 B
+// TABLE-NEXT:   gradient shards                     100 B
+// TABLE-NEXT:   optimizer state                     200 B
+// TABLE-NEXT:   buffers                               0 B
+// TABLE-NEXT:   batch                                32 B
+// TABLE-NEXT:   gradient accumulation                 0 B
+// TABLE-NEXT:   peak (persistent + live)            888 B
+// TABLE-NEXT:     gathered parameters               360 B
+// TABLE-NEXT:     activations                        80 B
+// TABLE-NEXT:     in-flight gradients                 0 B
+// TABLE-NEXT:     at fsdp.aten loc({{.*}}step.mlir":{{[0-9]+}}:8)
+// TABLE-NEXT:              160 B  fsdp.wait of unit @l0 tensor<10x4xf32>
+// TABLE-NEXT:              160 B  fsdp.wait of unit @l1 tensor<4x10xf32>
+// TABLE:        saved for backward                   84 B
+
+// JSON:      "function": "train_step",
+// JSON:      "gathered_params": 360,
+// JSON:      "persistent": {
+// JSON-NEXT:   "batch": 32,
+// JSON:        "total": 448
+// JSON:      "saved_activations": 84,
+// JSON-NEXT: "timeline": [

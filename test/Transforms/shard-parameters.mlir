@@ -1,0 +1,100 @@
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=4" | FileCheck %s
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=4 strategy=hybrid-shard replicas=2" | FileCheck %s --check-prefix=HSDP
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=8 strategy=no-shard" | FileCheck %s --check-prefix=DDP
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=8 reshard-group=2" | FileCheck %s --check-prefix=GROUP
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=4 gradient-accumulation=true" | FileCheck %s --check-prefix=ACCUM
+// RUN: fsdp-opt %s -split-input-file -verify-diagnostics --fsdp-shard-parameters="ranks=4"
+// RUN: not fsdp-opt %s -split-input-file --fsdp-shard-parameters="ranks=4" 2>/dev/null | FileCheck %s --check-prefix=HALF
+
+// Every parameter is dim-0 sharded with its padding: l1.w has 4 rows, one per
+// rank; head has 3, so the last rank holds none and the group pads 1.
+// CHECK:      shard.grid @fsdp_grid(shape = 4)
+// CHECK:      fsdp.param @l0.w : tensor<10x4xf32> unit @l0 sharded on @fsdp_grid axes = [0] padding = 2
+// CHECK:      fsdp.param @l1.w : tensor<4x10xf32> unit @l1 sharded on @fsdp_grid axes = [0] padding = 0
+// CHECK:      fsdp.param @head : tensor<3x4xf32> unit @root frozen sharded on @fsdp_grid axes = [0] padding = 1
+
+// Reads become shard reads, each gathered where it was read.
+// CHECK-LABEL: func.func @train_step
+// CHECK:      %[[S:.*]] = fsdp.get_param @l0.w : tensor<3x4xf32>
+// CHECK-NEXT: %[[F:.*]] = fsdp.all_gather_start %[[S]] on @fsdp_grid axes = [0] unit @l0 : tensor<3x4xf32> -> !fsdp.future<tensor<10x4xf32>>
+// CHECK-NEXT: %[[W:.*]] = fsdp.wait %[[F]] : !fsdp.future<tensor<10x4xf32>>
+// CHECK:      fsdp.aten "aten::addmm"(%{{.*}}, %arg0, %[[W]])
+
+// Gradients are reduce-scattered right after their last producer; the frozen
+// head has none.
+// CHECK:      %[[GW1:.*]] = fsdp.aten "aten::mm"(%{{.*}}) module "l1" : (tensor<2x4xf32>, tensor<2x10xf32>) -> tensor<4x10xf32>
+// CHECK-NEXT: %[[R:.*]] = fsdp.reduce_scatter_start %[[GW1]] on @fsdp_grid axes = [0] reduction = average reduce_dtype = f32 unit @l1 : tensor<4x10xf32> -> !fsdp.future<tensor<1x10xf32>>
+// CHECK-NEXT: %[[GS:.*]] = fsdp.wait %[[R]]
+// CHECK:      fsdp.gradients [@l0.w, @l0.b, @l1.w] %{{.*}}, %{{.*}}, %[[GS]] : tensor<3x4xf32>, tensor<3xf32>, tensor<1x10xf32>
+
+// Hybrid: shard within a row of the 2x4 grid, then average across rows.
+// HSDP:      shard.grid @fsdp_grid(shape = 2x4)
+// HSDP:      fsdp.param @l0.w : tensor<10x4xf32> unit @l0 sharded on @fsdp_grid axes = [1] padding = 2
+// HSDP:      fsdp.reduce_scatter_start %{{.*}} on @fsdp_grid axes = [1] reduction = average
+// HSDP:      %[[AR:.*]] = fsdp.all_reduce_start %{{.*}} on @fsdp_grid axes = [0] reduction = average reduce_dtype = f32 unit @l0 : tensor<3x4xf32>
+// HSDP:      fsdp.gradients
+
+// No-shard: whole parameters, gradients all-reduced (DDP).
+// DDP:       shard.grid @fsdp_grid(shape = 8)
+// DDP:       fsdp.param @l0.w : tensor<10x4xf32> unit @l0{{$}}
+// DDP-NOT:   fsdp.all_gather_start
+// DDP:       fsdp.all_reduce_start %{{.*}} on @fsdp_grid axes = [0] reduction = average reduce_dtype = f32 unit @l1 : tensor<4x10xf32>
+// DDP:       fsdp.gradients [@l0.w, @l0.b, @l1.w] %{{.*}} : tensor<10x4xf32>, tensor<10xf32>, tensor<4x10xf32>
+
+// A reshard group splits the shard axis: 8 ranks as 4 x 2.
+// GROUP:     shard.grid @fsdp_grid(shape = 4x2)
+// GROUP:     fsdp.param @l0.w : tensor<10x4xf32> unit @l0 sharded on @fsdp_grid axes = [0, 1] padding = 6
+
+// Gradient accumulation: a no-sync microbatch step, and the synchronized step
+// adds what accumulated before reducing.
+// ACCUM-LABEL: func.func @train_step(
+// ACCUM:       %[[ACC:.*]] = fsdp.get_accumulated_grad @l1.w : tensor<4x10xf32>
+// ACCUM-NEXT:  %[[SUM:.*]] = fsdp.aten "aten::add.Tensor"(%{{.*}}, %[[ACC]]) args [0 : index, 1 : index, 1]
+// ACCUM-NEXT:  fsdp.reduce_scatter_start %[[SUM]]
+// ACCUM-LABEL: func.func @train_step_no_sync(
+// ACCUM:       fsdp.all_gather_start
+// ACCUM-NOT:   fsdp.reduce_scatter_start
+// ACCUM:       fsdp.gradients [@l0.w, @l0.b, @l1.w] %{{.*}} unreduced : tensor<10x4xf32>, tensor<10xf32>, tensor<4x10xf32>
+
+// fp16 gradients are summed with pre/post division, as FSDP2 does.
+// HALF-LABEL: func.func @half
+// HALF: fsdp.reduce_scatter_start %arg1 on @fsdp_grid axes = [0] reduction = sum reduce_dtype = f16 pre_divide = 2.000000e+00 post_divide = 2.000000e+00 unit @root : tensor<8xf16> -> !fsdp.future<tensor<2xf16>>
+
+fsdp.unit @root root
+fsdp.param @w : tensor<8xf16> unit @root
+func.func @half(%l: tensor<f32>, %g: tensor<8xf16>) -> tensor<f32> {
+  %w = fsdp.get_param @w : tensor<8xf16>
+  fsdp.loss %l : tensor<f32>
+  fsdp.gradients [@w] %g : tensor<8xf16>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// expected-error @+1 {{already has @fsdp_grid; it is sharded already}}
+module {
+  shard.grid @fsdp_grid(shape = 4)
+  func.func @f(%l: tensor<f32>) {
+    fsdp.loss %l : tensor<f32>
+    return
+  }
+}
+
+// -----
+
+// expected-error @+1 {{no training step (a function with fsdp.loss) to shard}}
+module {
+  func.func @f() {
+    return
+  }
+}
+
+// -----
+
+fsdp.unit @root root
+// expected-error @+1 {{is a scalar; dim-0 sharding needs rank >= 1 (use no-shard)}}
+fsdp.param @s : tensor<f32> unit @root
+func.func @f(%l: tensor<f32>) {
+  fsdp.loss %l : tensor<f32>
+  return
+}
