@@ -28,10 +28,10 @@ demo: build
 test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
-# Regenerates the dialect manual from the ODS descriptions.
+# Regenerates the dialect and pass manuals from the ODS descriptions.
 docs: build
-	@cp $(BUILD_DIR)/docs/fsdp/FsdpDialect.md docs/dialect/FsdpDialect.md
-	@echo "docs/dialect/FsdpDialect.md regenerated"
+	@cp $(BUILD_DIR)/docs/fsdp/FsdpDialect.md $(BUILD_DIR)/docs/fsdp/FsdpPasses.md docs/dialect/
+	@echo "docs/dialect/FsdpDialect.md and FsdpPasses.md regenerated"
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -40,12 +40,21 @@ def Fsdp_Dialect : Dialect {
     collectives' copy-in and copy-out wherever possible; `fsdp.cast` is the
     stand-alone cast for the rest.
 
+    Discardable attributes: `fsdp.mixed_precision` on the module records the
+    FSDP2 mixed precision policy the step was captured with (`param_dtype`,
+    and optionally `reduce_dtype`, `output_dtype`: float types;
+    `cast_forward_inputs`: bool). The passes add `fsdp.collective_hash`
+    (string) and `fsdp.collective_count` (integer) and the reports
+    `fsdp.memory` and `fsdp.comm` (dictionaries of integers) to step
+    functions. Other `fsdp.` attributes are errors.
+
     Padding never leaves the dialect's collectives: all-gather results and
     reduce-scatter inputs have the parameter's logical shape, and only shards
     (`ceil(dim0 / N)` rows on every rank) carry padding rows.
   }];
   let dependentDialects = ["::mlir::shard::ShardDialect"];
   let useDefaultTypePrinterParser = 1;
+  let hasOperationAttrVerify = 1;
 }
 
 class Fsdp_Op<string mnemonic, list<Trait> traits = []>

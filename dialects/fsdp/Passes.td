@@ -1,7 +1,7 @@
 //===- Passes.td - fsdp-opt passes --------------------------*- tablegen -*-===//
 //
-// The sharding pipeline, in order: shard-parameters, activation-checkpoint,
-// reshard-after-forward, bucket-collectives, prefetch, fuse-casts,
+// The sharding pipeline, in order: shard-parameters, fuse-casts,
+// activation-checkpoint, reshard-after-forward, bucket-collectives, prefetch,
 // verify-schedule; then the reports. `fsdp-sharding-pipeline` runs them all
 // with one set of FSDP2-style options.
 //

@@ -4,6 +4,7 @@
 #include "fsdp/Dialect/FsdpOps.h"
 
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/DialectImplementation.h"
 #include "llvm/ADT/TypeSwitch.h"
 
@@ -37,4 +38,51 @@ LogicalResult FutureType::verify(function_ref<InFlightDiagnostic()> emitError,
                          << " must be a statically shaped tensor, got " << type;
   }
   return success();
+}
+
+/// Checks the discardable `fsdp.*` attributes the dialect defines (see the
+/// dialect description); anything else under the prefix is a typo.
+LogicalResult FsdpDialect::verifyOperationAttribute(Operation *op, NamedAttribute attribute) {
+  StringRef name = attribute.getName().getValue();
+  Attribute value = attribute.getValue();
+  if (name == "fsdp.mixed_precision") {
+    auto policy = dyn_cast<DictionaryAttr>(value);
+    if (!isa<ModuleOp>(op) || !policy)
+      return op->emitError("fsdp.mixed_precision must be a dictionary on the module");
+    if (!policy.get("param_dtype"))
+      return op->emitError("fsdp.mixed_precision needs param_dtype");
+    for (NamedAttribute field : policy) {
+      StringRef key = field.getName().getValue();
+      if (key == "cast_forward_inputs") {
+        if (!isa<BoolAttr>(field.getValue()))
+          return op->emitError("fsdp.mixed_precision.cast_forward_inputs must be true or false");
+        continue;
+      }
+      if (key != "param_dtype" && key != "reduce_dtype" && key != "output_dtype")
+        return op->emitError() << "fsdp.mixed_precision has unknown field '" << key << "'";
+      auto type = dyn_cast<TypeAttr>(field.getValue());
+      if (!type || !isa<FloatType>(type.getValue()))
+        return op->emitError() << "fsdp.mixed_precision." << key << " must be a float type";
+    }
+    return success();
+  }
+  if (name == "fsdp.collective_hash") {
+    if (!isa<StringAttr>(value))
+      return op->emitError("fsdp.collective_hash must be a string");
+    return success();
+  }
+  if (name == "fsdp.collective_count") {
+    if (!isa<IntegerAttr>(value))
+      return op->emitError("fsdp.collective_count must be an integer");
+    return success();
+  }
+  if (name == "fsdp.memory" || name == "fsdp.comm") {
+    auto report = dyn_cast<DictionaryAttr>(value);
+    if (!report || !llvm::all_of(report, [](NamedAttribute field) {
+          return isa<IntegerAttr>(field.getValue());
+        }))
+      return op->emitError() << name << " must be a dictionary of integers";
+    return success();
+  }
+  return op->emitError() << "unknown fsdp attribute '" << name << "'";
 }

@@ -1,9 +1,9 @@
 //===- ShardingPipeline.cpp - every sharding pass, one set of options -----===//
 //
 // `fsdp-sharding-pipeline` takes FSDP2's knobs and runs, in order:
-// shard-parameters, activation-checkpoint (if units are named),
-// reshard-after-forward, bucket-collectives, prefetch, fuse-casts,
-// verify-schedule, and the reports that were asked for.
+// shard-parameters, fuse-casts, activation-checkpoint (if units are named),
+// reshard-after-forward, bucket-collectives, prefetch, verify-schedule, and
+// the reports that were asked for.
 //
 //   fsdp-opt gpt.mlir --fsdp-sharding-pipeline="ranks=8 strategy=full-shard
 //       forward-prefetch=1 memory-report=mem.json report-format=json"
@@ -85,6 +85,11 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
   shard.reshardGroup = innerGroup;
   shard.gradientAccumulation = options.gradientAccumulation;
   pm.addPass(createShardParametersPass(shard));
+  // Casts fuse first, so that the later passes see each gathered buffer
+  // with all of its readers (a cast's result read in backward is the buffer).
+  FuseCastsPassOptions casts;
+  casts.reduceDtype = options.reduceDtype;
+  pm.addPass(createFuseCastsPass(casts));
   if (!options.checkpoint.empty()) {
     ActivationCheckpointPassOptions recompute;
     recompute.units = llvm::to_vector(options.checkpoint);
@@ -100,9 +105,6 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
   prefetch.backwardDepth = options.backwardPrefetch;
   prefetch.memoryBudgetMb = options.memoryBudgetMb;
   pm.addPass(createPrefetchPass(prefetch));
-  FuseCastsPassOptions casts;
-  casts.reduceDtype = options.reduceDtype;
-  pm.addPass(createFuseCastsPass(casts));
   pm.addPass(createVerifySchedulePass());
   if (!options.memoryReport.empty()) {
     MemoryReportPassOptions memory;

@@ -441,8 +441,16 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], trainab
 
     with preserve_node_meta(), _quiet_torch_logs():
         traced = make_fx(joint, tracing_mode="fake", decomposition_table=_decompositions())(*flat_args)
+    # Export guards `.to()` calls with metadata assertions; capture has already
+    # fixed every shape and dtype, so they check nothing the IR does not say.
+    for node in list(traced.graph.nodes):
+        if node.op == "call_function" and node.target in _STATIC_ASSERTIONS and not node.users:
+            traced.graph.erase_node(node)
     traced.graph.eliminate_dead_code()
     return traced
+
+
+_STATIC_ASSERTIONS = {torch.ops.aten._assert_tensor_metadata.default}
 
 
 def _decompositions():

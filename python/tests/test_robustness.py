@@ -108,8 +108,11 @@ def first_crash(mutants, extra_args):
     return mutants[0]
 
 
-@pytest.mark.parametrize("pipeline", [[], ["-canonicalize", "-cse", "-symbol-dce"]],
-                         ids=["parse-verify-print", "canonicalize-cse"])
+@pytest.mark.parametrize("pipeline", [[], ["-canonicalize", "-cse", "-symbol-dce"],
+                                      ["--fsdp-sharding-pipeline=ranks=3 checkpoint=*",
+                                       "--fsdp-memory-report=output=/dev/null",
+                                       "--fsdp-comm-report=output=/dev/null"]],
+                         ids=["parse-verify-print", "canonicalize-cse", "sharding-pipeline"])
 def test_mutated_inputs_never_crash(pipeline):
     rng = random.Random(20261121)
     sources = corpus()

@@ -274,3 +274,52 @@ func.func @f() {
   fsdp.buffer @b : tensor<2xf32>
   return
 }
+
+// -----
+
+// expected-error @+1 {{fsdp.mixed_precision needs param_dtype}}
+module attributes {fsdp.mixed_precision = {reduce_dtype = f32}} {
+}
+
+// -----
+
+// expected-error @+1 {{fsdp.mixed_precision.param_dtype must be a float type}}
+module attributes {fsdp.mixed_precision = {param_dtype = i32}} {
+}
+
+// -----
+
+// expected-error @+1 {{fsdp.mixed_precision has unknown field 'compute_dtype'}}
+module attributes {fsdp.mixed_precision = {param_dtype = bf16, compute_dtype = bf16}} {
+}
+
+// -----
+
+// expected-error @+1 {{fsdp.mixed_precision.cast_forward_inputs must be true or false}}
+module attributes {fsdp.mixed_precision = {param_dtype = bf16, cast_forward_inputs = 1}} {
+}
+
+// -----
+
+// expected-error @+1 {{fsdp.mixed_precision must be a dictionary on the module}}
+func.func private @f() attributes {fsdp.mixed_precision = {param_dtype = bf16}}
+
+// -----
+
+// expected-error @+1 {{fsdp.collective_hash must be a string}}
+func.func private @f() attributes {fsdp.collective_hash = 3}
+
+// -----
+
+// expected-error @+1 {{fsdp.collective_count must be an integer}}
+func.func private @f() attributes {fsdp.collective_count = "3"}
+
+// -----
+
+// expected-error @+1 {{fsdp.memory must be a dictionary of integers}}
+func.func private @f() attributes {fsdp.memory = {peak = "big"}}
+
+// -----
+
+// expected-error @+1 {{unknown fsdp attribute 'fsdp.memroy'}}
+func.func private @f() attributes {fsdp.memroy = {peak = 1}}

@@ -452,3 +452,12 @@ func.func @sync(%l: tensor<f32>, %s: tensor<3x4xf32>) -> tensor<10x4xf32> {
   fsdp.gradients [@w] %s : tensor<3x4xf32>
   return %acc : tensor<10x4xf32>
 }
+
+// -----
+
+// The discardable attributes capture and the passes write.
+// CHECK-LABEL: module attributes {fsdp.mixed_precision = {cast_forward_inputs = true, output_dtype = f32, param_dtype = bf16, reduce_dtype = f32}}
+// CHECK: func.func private @f() attributes {fsdp.collective_count = 2 : i64, fsdp.collective_hash = "00ff", fsdp.comm = {total_bytes = 8 : i64}, fsdp.memory = {peak = 1 : i64}}
+module attributes {fsdp.mixed_precision = {param_dtype = bf16, reduce_dtype = f32, output_dtype = f32, cast_forward_inputs = true}} {
+  func.func private @f() attributes {fsdp.collective_count = 2, fsdp.collective_hash = "00ff", fsdp.comm = {total_bytes = 8}, fsdp.memory = {peak = 1}}
+}

@@ -1,5 +1,5 @@
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=4" --fsdp-reshard-after-forward --fsdp-verify-schedule | FileCheck %s
-// RUN: fsdp-opt %s -split-input-file -allow-unregistered-dialect -verify-diagnostics --fsdp-verify-schedule
+// RUN: fsdp-opt %s -split-input-file -verify-diagnostics --fsdp-verify-schedule
 
 // The hash is stable (same input, same hash) and changes with what travels
 // (8 ranks instead of 4).
@@ -14,16 +14,15 @@
 shard.grid @fsdp_grid(shape = 2)
 fsdp.unit @root root
 fsdp.param @w : tensor<2xf32> unit @root sharded on @fsdp_grid axes = [0] padding = 0
-func.func @branchy(%l: tensor<f32>) -> tensor<f32> {
+func.func @branchy(%l: tensor<f32>, %c: i1) -> tensor<f32> {
   fsdp.loss %l : tensor<f32>
-  "test.region"() ({
+  scf.if %c {
     %s = fsdp.get_param @w : tensor<1xf32>
     // expected-error @+1 {{is under control flow; every rank must issue the same collectives}}
     %f = fsdp.all_gather_start %s on @fsdp_grid axes = [0] : tensor<1xf32> -> !fsdp.future<tensor<2xf32>>
     %w = fsdp.wait %f : !fsdp.future<tensor<2xf32>>
     fsdp.reshard %w : tensor<2xf32>
-    "test.yield"() : () -> ()
-  }) : () -> ()
+  }
   return %l : tensor<f32>
 }
 

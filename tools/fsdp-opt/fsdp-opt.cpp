@@ -1,14 +1,17 @@
 //===- fsdp-opt.cpp - the fsdpc optimizer driver --------------------------===//
 //
 // Parses fsdp-dialect IR, verifies it, runs passes, prints the result. Our
-// dialect and passes plus the upstream dialects a step uses (func, shard).
+// dialect and passes plus the upstream dialects a step uses (func, shard;
+// scf and cf so that control flow can be diagnosed).
 //
 //===----------------------------------------------------------------------===//
 
 #include "fsdp/Dialect/FsdpDialect.h"
 #include "fsdp/Transforms/Passes.h"
 
+#include "mlir/Dialect/ControlFlow/IR/ControlFlow.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Shard/IR/ShardDialect.h"
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
@@ -23,7 +26,8 @@ int main(int argc, char **argv) {
 
   mlir::DialectRegistry registry;
   registry.insert<mlir::fsdp::FsdpDialect, mlir::func::FuncDialect,
-                  mlir::shard::ShardDialect>();
+                  mlir::shard::ShardDialect, mlir::scf::SCFDialect,
+                  mlir::cf::ControlFlowDialect>();
   return mlir::asMainReturnCode(mlir::MlirOptMain(
       argc, argv, "fsdp-opt: the fsdpc sharding compiler driver\n", registry));
 }
