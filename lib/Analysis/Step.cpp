@@ -5,6 +5,7 @@
 
 #include "mlir/IR/BuiltinTypes.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -117,7 +118,16 @@ Type mlir::fsdp::parseFloatType(MLIRContext *context, StringRef name) {
   return nullptr;
 }
 
-LogicalResult mlir::fsdp::writeReport(Operation *module, StringRef path, StringRef text) {
+LogicalResult mlir::fsdp::checkReportFormat(Operation *module, StringRef format) {
+  if (format != "table" && format != "json")
+    return module->emitError() << "report format must be table or json, got '" << format << "'";
+  return success();
+}
+
+LogicalResult mlir::fsdp::writeReport(Operation *module, StringRef path, StringRef format,
+                                      llvm::json::Value report, StringRef table) {
+  std::string text =
+      format == "json" ? llvm::formatv("{0:2}\n", report).str() : table.str();
   if (path == "-") {
     llvm::outs() << text;
     llvm::outs().flush();

@@ -64,10 +64,8 @@ struct CommReportPass : public fsdp::impl::CommReportPassBase<CommReportPass> {
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    if (format != "table" && format != "json") {
-      module.emitError() << "report format must be table or json, got '" << format << "'";
+    if (failed(checkReportFormat(module, format)))
       return signalPassFailure();
-    }
     SymbolTableCollection tables;
     Builder builder(module.getContext());
     llvm::json::Array reports;
@@ -115,10 +113,7 @@ struct CommReportPass : public fsdp::impl::CommReportPassBase<CommReportPass> {
                                            {"collectives", std::move(byKind)},
                                            {"total_bytes", total}});
     }
-    std::string text = format == "json"
-                           ? llvm::formatv("{0:2}\n", llvm::json::Value(std::move(reports))).str()
-                           : table;
-    if (failed(writeReport(module, output, text)))
+    if (failed(writeReport(module, output, format, std::move(reports), table)))
       return signalPassFailure();
     markAllAnalysesPreserved();
   }

@@ -226,10 +226,8 @@ struct MemoryReportPass : public fsdp::impl::MemoryReportPassBase<MemoryReportPa
     FailureOr<int64_t> states = optimizerStatesPerElement(optimizer, module);
     if (failed(states))
       return signalPassFailure();
-    if (format != "table" && format != "json") {
-      module.emitError() << "report format must be table or json, got '" << format << "'";
+    if (failed(checkReportFormat(module, format)))
       return signalPassFailure();
-    }
     llvm::json::Array reports;
     std::string table;
     llvm::raw_string_ostream out(table);
@@ -290,10 +288,7 @@ struct MemoryReportPass : public fsdp::impl::MemoryReportPassBase<MemoryReportPa
       out << llvm::format("  %-24s %14lld B  %s\n", "saved for backward",
                           (long long)walk.savedActivations, mib(walk.savedActivations).c_str());
     }
-    std::string text = format == "json"
-                           ? llvm::formatv("{0:2}\n", llvm::json::Value(std::move(reports))).str()
-                           : table;
-    if (failed(writeReport(module, output, text)))
+    if (failed(writeReport(module, output, format, std::move(reports), table)))
       return signalPassFailure();
     markAllAnalysesPreserved();
   }

@@ -100,11 +100,8 @@ struct ScheduleTracePass : public fsdp::impl::ScheduleTracePassBase<ScheduleTrac
         now += duration;
       }
     }
-    std::string text = llvm::formatv("{0:2}\n", llvm::json::Value(llvm::json::Object{
-                                                    {"traceEvents", std::move(events)},
-                                                    {"displayTimeUnit", "ns"}}))
-                           .str();
-    if (failed(writeReport(module, output, text)))
+    llvm::json::Object trace{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ns"}};
+    if (failed(writeReport(module, output, "json", std::move(trace), "")))
       return signalPassFailure();
     markAllAnalysesPreserved();
   }

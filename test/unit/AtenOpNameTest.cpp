@@ -44,3 +44,19 @@ TEST(AtenOpName, ClassifiesInPlaceOperators) {
 }
 
 } // namespace
+
+namespace {
+
+TEST(ViewOperators, ViewsShareStorage) {
+  for (const char *view : {"aten::view", "aten::permute", "aten::t", "aten::expand",
+                           "aten::slice.Tensor", "aten::split_with_sizes", "aten::alias"})
+    EXPECT_TRUE(mlir::fsdp::isViewOperator(view)) << view;
+}
+
+TEST(ViewOperators, CopiesAndComputeDoNot) {
+  for (const char *copy : {"aten::clone", "aten::mm", "aten::_to_copy", "aten::reshape_copy",
+                           "aten::view_copy", "aten::permute_copy", "view"})
+    EXPECT_FALSE(mlir::fsdp::isViewOperator(copy)) << copy;
+}
+
+} // namespace

@@ -7,6 +7,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
+#include "llvm/Support/JSON.h"
 
 namespace mlir::fsdp {
 
@@ -57,8 +58,12 @@ SmallVector<Value> viewClosure(Value value);
 /// Element type `name` ("f32", "bf16", "f16"), or null.
 Type parseFloatType(MLIRContext *context, StringRef name);
 
-/// Writes `text` to `path` ("-" is stdout); on failure reports on `module`.
-LogicalResult writeReport(Operation *module, StringRef path, StringRef text);
+/// Checks a report format option: "table" or "json".
+LogicalResult checkReportFormat(Operation *module, StringRef format);
+/// Writes a report to `path` ("-" is stdout): `report` as JSON or `table`
+/// as text, by `format`; on failure reports on `module`.
+LogicalResult writeReport(Operation *module, StringRef path, StringRef format,
+                          llvm::json::Value report, StringRef table);
 
 } // namespace mlir::fsdp
 
