@@ -1,0 +1,79 @@
+"""One rank of an end-to-end run (launched by test_e2e.py through torchrun):
+trains a built-in model with a compiled, sharded step and AdamW, and rank 0
+saves the per-step losses and the final full parameters."""
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+
+from fsdpc.capture import MixedPrecision
+from fsdpc.export import load_factory
+from fsdpc.runtime import compile_step
+
+
+def global_batches(name: str, global_batch: int, steps: int, seed: int):
+    torch.manual_seed(seed + 1)
+    factory = load_factory(name)
+    return [factory(batch=global_batch)[1] for _ in range(steps)]
+
+
+def micro_rows(rank: int, micro: int, world: int, global_batch: int, accumulate: int) -> slice:
+    """Rank `rank`'s rows of microbatch `micro` within a global batch."""
+    local = global_batch // world // accumulate
+    start = rank * (global_batch // world) + micro * local
+    return slice(start, start + local)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--global-batch", type=int, default=12)
+    parser.add_argument("--pipeline", default="")
+    parser.add_argument("--param-dtype", default="")
+    parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--freeze", default="")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    torch.manual_seed(0)
+    model, _, loss_fn = load_factory(args.model)(batch=1)
+    if args.freeze:
+        model.get_parameter(args.freeze).requires_grad_(False)
+    batches = global_batches(args.model, args.global_batch, args.steps, seed=0)
+    local = args.global_batch // world // args.accumulate
+
+    def my_part(batch, micro):
+        rows = micro_rows(rank, micro, world, args.global_batch, args.accumulate)
+        return tuple(t[rows] for t in batch)
+
+    policy = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if args.param_dtype == "bf16" else None
+    pipeline = args.pipeline + (" gradient-accumulation=true" if args.accumulate > 1 else "")
+    step = compile_step(model, my_part(batches[0], 0), loss_fn, pipeline=pipeline, mixed_precision=policy)
+    optimizer = torch.optim.AdamW(step.parameters(), lr=1e-2, weight_decay=0.1)
+    losses = []
+    for i in range(args.steps):
+        total = 0.0
+        for micro in range(args.accumulate):
+            batch = my_part(batches[i], micro)
+            loss = step(*batch, sync=micro == args.accumulate - 1)
+            total += float(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        reported = torch.tensor([total / args.accumulate])
+        dist.all_reduce(reported)
+        losses.append(float(reported) / world)
+    params = step.full_parameters()
+    if rank == 0:
+        torch.save({"losses": losses, "params": params}, args.out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
