@@ -23,4 +23,4 @@ config.environment["PYTHONPATH"] = os.path.join(config.fsdp_src_root, "python")
 config.environment["FSDP_OPT"] = os.path.join(config.fsdp_obj_root, "bin", "fsdp-opt")
 
 tool_dirs = [os.path.join(config.fsdp_obj_root, "bin"), config.llvm_tools_dir]
-llvm_config.add_tool_substitutions(["fsdp-opt"], tool_dirs)
+llvm_config.add_tool_substitutions(["fsdp-opt", "fsdp-translate"], tool_dirs)

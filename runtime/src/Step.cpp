@@ -3,6 +3,7 @@
 #include "fsdp_rt/Step.h"
 #include "fsdp_rt/ShardLayout.h"
 
+#include <ATen/ScalarOps.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <sstream>
@@ -287,6 +288,14 @@ c10::IValue normalize(c10::IValue value, c10::TypePtr type, StepContext &ctx) {
     return convertLiteral(value.toStringRef(), type, ctx);
   if (value.isInt() && type->kind() == c10::TypeKind::FloatType)
     return c10::IValue(static_cast<double>(value.toInt()));
+  // A Python number where the schema wants a Tensor (`x / 8.0` traces as
+  // div.Tensor): a wrapped number, which like in eager does not promote dtype.
+  if ((value.isDouble() || value.isInt() || value.isBool()) &&
+      type->kind() == c10::TypeKind::TensorType) {
+    at::Tensor number = at::scalar_to_tensor(value.toScalar());
+    number.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return c10::IValue(number);
+  }
   if (auto list = type->cast<c10::ListType>()) {
     auto element = list->getElementType();
     if (value.isTensorList() && element->kind() == c10::TypeKind::OptionalType) {
@@ -329,7 +338,16 @@ std::vector<c10::IValue> aten(StepContext &ctx, const char *name, const char *ov
   } catch (const std::exception &error) {
     fail(key + " failed: " + error.what());
   }
-  return std::vector<c10::IValue>(stack.begin(), stack.end());
+  // A `Tensor[]` result (split, unbind) is captured as one result per tensor.
+  std::vector<c10::IValue> results;
+  for (c10::IValue &value : stack) {
+    if (value.isTensorList())
+      for (const at::Tensor &tensor : value.toTensorVector())
+        results.emplace_back(tensor);
+    else
+      results.push_back(std::move(value));
+  }
+  return results;
 }
 
 } // namespace fsdp_rt
