@@ -1,19 +1,13 @@
 #!/usr/bin/env bash
-# The main job, until the training driver lands: capture the built-in GPT's
-# training step with bf16 mixed precision, shard it FULL_SHARD over 4 ranks
-# with fsdp-opt, and print the memory and communication reports; the sharded
-# IR and a Chrome trace of its schedule are written under the build folder.
+# The main job: train the built-in GPT on 2 CPU ranks (Gloo) with a compiled,
+# FULL_SHARD step on a small public-domain text, one progress line per step;
+# the memory report and the schedule trace of the compiled step are written
+# to build/demo/. STEPS overrides the number of steps (default 200).
 set -euo pipefail
 BUILD_DIR="${1:-build}"
 PYTHON="${PYTHON:-.venv/bin/python}"
-export PYTHONPATH="$PWD/python" FSDP_OPT="$BUILD_DIR/bin/fsdp-opt"
+export PYTHONPATH="$PWD/python" FSDP_OPT="$BUILD_DIR/bin/fsdp-opt" OMP_NUM_THREADS=1
 
-echo "== python -m fsdpc export --model gpt --param-dtype bf16 --reduce-dtype f32 --out $BUILD_DIR/gpt.mlir"
-"$PYTHON" -m fsdpc export --model gpt --param-dtype bf16 --reduce-dtype f32 --out "$BUILD_DIR/gpt.mlir"
-echo
-
-OPTIONS="ranks=4 strategy=full-shard memory-report=- comm-report=- trace=$BUILD_DIR/gpt-trace.json"
-echo "== fsdp-opt $BUILD_DIR/gpt.mlir --fsdp-sharding-pipeline=\"$OPTIONS\" -o $BUILD_DIR/gpt-sharded.mlir"
-"$BUILD_DIR/bin/fsdp-opt" "$BUILD_DIR/gpt.mlir" --fsdp-sharding-pipeline="$OPTIONS" -o "$BUILD_DIR/gpt-sharded.mlir"
-echo
-echo "sharded step: $BUILD_DIR/gpt-sharded.mlir; schedule trace (chrome://tracing, Perfetto): $BUILD_DIR/gpt-trace.json"
+echo "== torchrun --nproc-per-node 2 examples/train_gpt.py --steps ${STEPS:-200} --out $BUILD_DIR/demo"
+"$PYTHON" -m torch.distributed.run --nproc-per-node 2 --master-port "${MASTER_PORT:-29477}" \
+  examples/train_gpt.py --steps "${STEPS:-200}" --out "$BUILD_DIR/demo"
