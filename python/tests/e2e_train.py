@@ -40,6 +40,8 @@ def main() -> None:
     parser.add_argument("--param-dtype", default="")
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--freeze", default="")
+    parser.add_argument("--rank1-pipeline", default=None,
+                        help="a different pipeline on rank 1 (to test the schedule check)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     dist.init_process_group("gloo")
@@ -59,6 +61,8 @@ def main() -> None:
     policy = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if args.param_dtype == "bf16" else None
     pipeline = args.pipeline + (" gradient-accumulation=true" if args.accumulate > 1 else "")
+    if rank == 1 and args.rank1_pipeline is not None:
+        pipeline = args.rank1_pipeline
     step = compile_step(model, my_part(batches[0], 0), loss_fn, pipeline=pipeline, mixed_precision=policy)
     optimizer = torch.optim.AdamW(step.parameters(), lr=1e-2, weight_decay=0.1, eps=ADAM_EPS)
     losses = []

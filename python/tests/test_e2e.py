@@ -50,7 +50,7 @@ def eager(name, *, world=1, accumulate=1, freeze="", mixed_precision=None):
     return losses, dict(model.named_parameters())
 
 
-def launch(tmp_path, name, ranks, *extra):
+def launch(tmp_path, name, ranks, *extra, expect_failure=False):
     out = tmp_path / "result.pt"
     env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR), "FSDP_OPT": str(find_fsdp_opt()),
            "OMP_NUM_THREADS": "1"}
@@ -59,6 +59,9 @@ def launch(tmp_path, name, ranks, *extra):
          "--master-port", str(29600 + os.getpid() % 300), str(SCRIPT), "--model", name,
          "--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH), "--out", str(out), *extra],
         capture_output=True, text=True, env=env, timeout=900, check=False)
+    if expect_failure:
+        assert done.returncode != 0
+        return done.stdout + done.stderr
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return torch.load(out)
 
@@ -114,3 +117,9 @@ def test_bf16_compute_with_fp32_reduction_is_close_to_eager(tmp_path):
     policy = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     check(launch(tmp_path, "gpt", 2, "--param-dtype", "bf16"), eager("gpt", mixed_precision=policy),
           rtol=2e-2, atol=2e-2, param_atol=2e-2)
+
+
+def test_ranks_with_different_schedules_stop_before_communicating(tmp_path):
+    output = launch(tmp_path, "mlp", 2, "--rank1-pipeline", "strategy=shard-grad-op",
+                    expect_failure=True)
+    assert "compiled a different collective schedule" in output
