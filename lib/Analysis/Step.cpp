@@ -1,7 +1,6 @@
 //===- Step.cpp - facts about a training step the passes share ------------===//
 
 #include "fsdp/Analysis/Step.h"
-#include "fsdp/Support/AtenOpName.h"
 
 #include "mlir/IR/BuiltinTypes.h"
 #include "llvm/Support/FileSystem.h"
@@ -72,40 +71,46 @@ Operation *mlir::fsdp::inBlock(Block &block, Operation *op) {
   return block.findAncestorOpInBlock(*op);
 }
 
-Operation *mlir::fsdp::lastUser(Block &block, Value value,
+/// The kept user of `values` furthest toward the block's end (`last`) or start.
+static Operation *boundaryUser(Block &block, ArrayRef<Value> values,
+                               function_ref<bool(Operation *)> keep, bool last) {
+  Operation *found = nullptr;
+  for (Value value : values)
+    for (Operation *user : value.getUsers()) {
+      Operation *here = inBlock(block, user);
+      if (!here || !keep(here))
+        continue;
+      if (!found || (last ? found->isBeforeInBlock(here) : here->isBeforeInBlock(found)))
+        found = here;
+    }
+  return found;
+}
+
+Operation *mlir::fsdp::lastUser(Block &block, ArrayRef<Value> values,
                                 function_ref<bool(Operation *)> keep) {
-  Operation *last = nullptr;
-  for (Operation *user : value.getUsers()) {
-    Operation *here = inBlock(block, user);
-    if (here && keep(here) && (!last || last->isBeforeInBlock(here)))
-      last = here;
-  }
-  return last;
+  return boundaryUser(block, values, keep, /*last=*/true);
 }
 
-Operation *mlir::fsdp::firstUser(Block &block, Value value,
+Operation *mlir::fsdp::firstUser(Block &block, ArrayRef<Value> values,
                                  function_ref<bool(Operation *)> keep) {
-  Operation *first = nullptr;
-  for (Operation *user : value.getUsers()) {
-    Operation *here = inBlock(block, user);
-    if (here && keep(here) && (!first || here->isBeforeInBlock(first)))
-      first = here;
-  }
-  return first;
+  return boundaryUser(block, values, keep, /*last=*/false);
 }
 
-bool mlir::fsdp::isViewOf(Operation *op) {
-  auto aten = dyn_cast_or_null<AtenOp>(op);
-  return aten && !aten.getInputs().empty() && isViewOperator(aten.getCallee());
+Operation *mlir::fsdp::lastStorageUser(Block &block, Value buffer,
+                                       function_ref<bool(Operation *)> keep) {
+  return lastUser(block, viewClosure(buffer), keep);
 }
 
-SmallVector<Value> mlir::fsdp::viewClosure(Value value) {
-  SmallVector<Value> closure{value};
-  for (size_t i = 0; i < closure.size(); ++i)
-    for (OpOperand &use : closure[i].getUses())
-      if (isViewOf(use.getOwner()) && use.getOperandNumber() == 0)
-        llvm::append_range(closure, use.getOwner()->getResults());
-  return closure;
+Operation *mlir::fsdp::firstStorageUser(Block &block, Value buffer,
+                                        function_ref<bool(Operation *)> keep) {
+  return firstUser(block, viewClosure(buffer), keep);
+}
+
+int64_t mlir::fsdp::fp16PreDivide(int64_t ranks) {
+  int64_t pre = 1;
+  while (ranks % (pre * 2) == 0 && ranks / (pre * 2) >= pre * 2)
+    pre *= 2;
+  return pre;
 }
 
 Type mlir::fsdp::parseFloatType(MLIRContext *context, StringRef name) {

@@ -665,15 +665,17 @@ static Operation *waitOf(Operation *start) {
   return future.hasOneUse() ? *future.getUsers().begin() : nullptr;
 }
 
-/// `buffer` and the ATen views of it, transitively: they share its storage.
-static SmallVector<Value> sharingStorage(Value buffer) {
-  SmallVector<Value> closure{buffer};
+bool mlir::fsdp::isViewOf(Operation *op) {
+  auto aten = dyn_cast_or_null<AtenOp>(op);
+  return aten && !aten.getInputs().empty() && isViewOperator(aten.getCallee());
+}
+
+SmallVector<Value> mlir::fsdp::viewClosure(Value value) {
+  SmallVector<Value> closure{value};
   for (size_t i = 0; i < closure.size(); ++i)
-    for (OpOperand &use : closure[i].getUses()) {
-      auto aten = dyn_cast<AtenOp>(use.getOwner());
-      if (aten && use.getOperandNumber() == 0 && isViewOperator(aten.getCallee()))
-        llvm::append_range(closure, aten.getResults());
-    }
+    for (OpOperand &use : closure[i].getUses())
+      if (use.getOperandNumber() == 0 && isViewOf(use.getOwner()))
+        llvm::append_range(closure, use.getOwner()->getResults());
   return closure;
 }
 
@@ -690,7 +692,7 @@ LogicalResult ReshardOp::verify() {
       return emitOpError() << "operand " << index
                            << " is not a gathered buffer (a result of fsdp.wait "
                               "on fsdp.all_gather_start)";
-    for (Value alias : sharingStorage(buffer)) {
+    for (Value alias : viewClosure(buffer)) {
       bool isView = alias != buffer;
       for (Operation *user : alias.getUsers()) {
         if (user == getOperation())

@@ -86,11 +86,8 @@ void fuseIntoGather(AllGatherStartOp start) {
     for (Operation *user : llvm::to_vector(buffer.getUsers())) {
       if (!isa<ReshardOp>(user))
         continue;
-      Operation *last = nullptr;
-      for (Value alias : viewClosure(buffer))
-        if (Operation *reader = lastUser(block, alias, [](Operation *op) { return !isa<ReshardOp>(op); }))
-          if (!last || last->isBeforeInBlock(reader))
-            last = reader;
+      Operation *last =
+          lastStorageUser(block, buffer, [](Operation *op) { return !isa<ReshardOp>(op); });
       if (last && user->isBeforeInBlock(last))
         user->moveAfter(last);
     }
@@ -114,9 +111,7 @@ void fuseIntoReduction(ReductionOp start, Type reduceDtype) {
   if (reduceDtype.isF16() && start.getReduction() == shard::ReductionKind::Average) {
     auto grid = SymbolTable::lookupNearestSymbolFrom<shard::GridOp>(start, start.getGridAttr());
     int64_t ranks = groupSize(grid, start.getGridAxes());
-    int64_t pre = 1;
-    while (ranks % (pre * 2) == 0 && ranks / (pre * 2) >= pre * 2)
-      pre *= 2;
+    int64_t pre = fp16PreDivide(ranks);
     Builder builder(start.getContext());
     start.setReduction(shard::ReductionKind::Sum);
     start.setPreDivideAttr(builder.getF64FloatAttr(static_cast<double>(pre)));

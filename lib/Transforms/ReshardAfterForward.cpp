@@ -82,25 +82,6 @@ private:
 
   static bool isFree(Operation *op) { return isa<ReshardOp>(op); }
 
-  /// The last / first user of `buffer` or of a view of it (views share its
-  /// storage) among those `keep` accepts.
-  Operation *lastStorageUser(Value buffer, function_ref<bool(Operation *)> keep) {
-    Operation *last = nullptr;
-    for (Value alias : viewClosure(buffer))
-      if (Operation *user = lastUser(step.body(), alias, keep))
-        if (!last || last->isBeforeInBlock(user))
-          last = user;
-    return last;
-  }
-  Operation *firstStorageUser(Value buffer, function_ref<bool(Operation *)> keep) {
-    Operation *first = nullptr;
-    for (Value alias : viewClosure(buffer))
-      if (Operation *user = firstUser(step.body(), alias, keep))
-        if (!first || user->isBeforeInBlock(first))
-          first = user;
-    return first;
-  }
-
   /// Points backward readers of `buffer` and of its forward-made views at
   /// `gathered`, re-making those views from it right after `after`.
   void redirectBackwardReaders(Value buffer, Value gathered, Operation *after) {
@@ -140,10 +121,10 @@ private:
       return success();
     for (auto [index, buffer] : llvm::enumerate(wait.getResults())) {
       auto read = start.getInputs()[index].getDefiningOp<GetParamOp>();
-      Operation *lastForward = lastStorageUser(buffer, [&](Operation *user) {
+      Operation *lastForward = lastStorageUser(step.body(), buffer, [&](Operation *user) {
         return !step.isBackward(user) && !isFree(user);
       });
-      Operation *firstBackward = firstStorageUser(buffer, [&](Operation *user) {
+      Operation *firstBackward = firstStorageUser(step.body(), buffer, [&](Operation *user) {
         return step.isBackward(user) && !isFree(user);
       });
       if (!read || !lastForward || !firstBackward)
@@ -182,7 +163,7 @@ private:
   void freeAfterLastUse(Value buffer, WaitOp wait) {
     if (llvm::any_of(buffer.getUsers(), isFree))
       return;
-    Operation *last = lastStorageUser(buffer, [](Operation *) { return true; });
+    Operation *last = lastStorageUser(step.body(), buffer, [](Operation *) { return true; });
     builder.setInsertionPointAfter(last ? last : wait.getOperation());
     ReshardOp::create(builder, buffer.getLoc(), ValueRange{buffer});
   }

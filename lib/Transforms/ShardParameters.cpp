@@ -117,9 +117,7 @@ Averaging averagingFor(Type gradElement, int64_t ranks, Builder &builder) {
   Averaging averaging;
   if (!gradElement.isF16() || ranks == 1)
     return averaging;
-  int64_t pre = 1;
-  while (ranks % (pre * 2) == 0 && ranks / (pre * 2) >= pre * 2)
-    pre *= 2;
+  int64_t pre = fp16PreDivide(ranks);
   averaging.kind = shard::ReductionKind::Sum;
   averaging.preDivide = builder.getF64FloatAttr(static_cast<double>(pre));
   averaging.postDivide = builder.getF64FloatAttr(static_cast<double>(ranks) / pre);

@@ -131,6 +131,7 @@ class CompiledStep:
             self.module = _build(translated.stdout)
         self._check_same_schedule()
         self.groups = self._make_groups()
+        self.layout = self._parameter_layout()
         self.shards = self._make_shards()
         self.buffers = {name: buffer for name, buffer in model.named_buffers()}
         self.accumulated: dict[str, torch.Tensor] = {}
@@ -169,18 +170,29 @@ class CompiledStep:
                     groups[key] = group
         return groups
 
-    def _make_shards(self) -> dict[str, torch.Tensor]:
+    def _parameter_layout(self) -> dict[str, tuple[str, list[int]] | None]:
+        """Per parameter FQN: its group key and this rank's group members, or
+        None when it is replicated; read once from the sharded IR."""
         grids = {name: [int(d) for d in shape.split("x")] for name, shape in _GRID_RE.findall(self.sharded_ir)}
+        layout = {}
+        for name, _, _, grid, axes in _PARAM_RE.findall(self.sharded_ir):
+            if not grid:
+                layout[_symbol(name)] = None
+                continue
+            axis_list = [int(a) for a in axes.split(",")]
+            key = f"{grid}:{','.join(str(a) for a in axis_list)}"
+            layout[_symbol(name)] = (key, _group_members(self.rank, grids[grid], axis_list))
+        return layout
+
+    def _make_shards(self) -> dict[str, torch.Tensor]:
         params = dict(self.model.named_parameters())
         shards = {}
-        for name, dims, _, grid, axes in _PARAM_RE.findall(self.sharded_ir):
-            fqn = _symbol(name)
+        for fqn, placement in self.layout.items():
             full = params[fqn].detach()
-            if not grid:
+            if placement is None:
                 shard = full.clone()
             else:
-                axis_list = [int(a) for a in axes.split(",")]
-                members = _group_members(self.rank, grids[grid], axis_list)
+                members = placement[1]
                 ranks, index = len(members), members.index(self.rank)
                 rows = math.ceil(full.shape[0] / ranks)
                 begin = min(index * rows, full.shape[0])
@@ -220,15 +232,13 @@ class CompiledStep:
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter, gathered and unpadded (for checks and checkpoints)."""
         full = {}
-        grids = {name: [int(d) for d in shape.split("x")] for name, shape in _GRID_RE.findall(self.sharded_ir)}
-        for name, dims, _, grid, axes in _PARAM_RE.findall(self.sharded_ir):
-            fqn = _symbol(name)
+        for fqn, placement in self.layout.items():
             shard = self.shards[fqn].detach()
-            if not grid:
+            if placement is None:
                 full[fqn] = shard.clone()
                 continue
-            members = _group_members(self.rank, grids[grid], [int(a) for a in axes.split(",")])
-            group = self.groups[f"{grid}:{axes.replace(' ', '')}"] if len(members) < self.world else None
+            key, members = placement
+            group = self.groups[key] if len(members) < self.world else None
             pieces = [torch.empty_like(shard) for _ in members]
             dist.all_gather(pieces, shard.contiguous(), group=group)
             rows = self.model.get_parameter(fqn).shape[0]

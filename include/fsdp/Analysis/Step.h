@@ -45,15 +45,17 @@ bool isCollectiveStart(Operation *op);
 
 /// `op`'s ancestor in `block` (op itself if it is there).
 Operation *inBlock(Block &block, Operation *op);
-/// The last / first user of `value` in `block` order, by ancestor, among
-/// the users that satisfy `keep`; null if none.
-Operation *lastUser(Block &block, Value value, function_ref<bool(Operation *)> keep);
-Operation *firstUser(Block &block, Value value, function_ref<bool(Operation *)> keep);
+/// The last / first user of any of `values` in `block` order, by ancestor,
+/// among the users that satisfy `keep`; null if none.
+Operation *lastUser(Block &block, ArrayRef<Value> values, function_ref<bool(Operation *)> keep);
+Operation *firstUser(Block &block, ArrayRef<Value> values, function_ref<bool(Operation *)> keep);
+/// The same over `buffer` and its views, which share its storage.
+Operation *lastStorageUser(Block &block, Value buffer, function_ref<bool(Operation *)> keep);
+Operation *firstStorageUser(Block &block, Value buffer, function_ref<bool(Operation *)> keep);
 
-/// Whether `op` is an ATen view: its results share its first operand's storage.
-bool isViewOf(Operation *op);
-/// `value` and every view derived from it, transitively (`value` first).
-SmallVector<Value> viewClosure(Value value);
+/// FSDP2's pre-divide for an fp16 sum over `ranks`: the largest power of two
+/// p with p * p <= ranks dividing ranks; the post-divide is ranks / p.
+int64_t fp16PreDivide(int64_t ranks);
 
 /// Element type `name` ("f32", "bf16", "f16"), or null.
 Type parseFloatType(MLIRContext *context, StringRef name);

@@ -32,4 +32,14 @@ public:
 #define GET_OP_CLASSES
 #include "fsdp/FsdpOps.h.inc"
 
+namespace mlir::fsdp {
+
+/// Whether `op` is an ATen view: its results share its first operand's storage.
+bool isViewOf(Operation *op);
+/// `value` and every ATen view derived from it, transitively (`value` first):
+/// the values that keep its storage alive.
+SmallVector<Value> viewClosure(Value value);
+
+} // namespace mlir::fsdp
+
 #endif // FSDP_DIALECT_FSDPOPS_H
