@@ -69,6 +69,9 @@ def Fsdp_StepResultResource : Resource<"::mlir::fsdp::StepResultResource">;
 /// Gathered (unsharded) parameter storage, which `fsdp.reshard` frees.
 def Fsdp_GatheredBufferResource : Resource<"::mlir::fsdp::GatheredBufferResource">;
 
+/// Storage of other step values, which `fsdp.release` frees.
+def Fsdp_ValueStorageResource : Resource<"::mlir::fsdp::ValueStorageResource">;
+
 def Fsdp_FutureType : TypeDef<Fsdp_Dialect, "Future"> {
   let mnemonic = "future";
   let summary = "!fsdp.future (pending results of a collective)";

@@ -490,6 +490,38 @@ def Fsdp_ReshardOp : Fsdp_Op<"reshard", [Fsdp_InFunction,
   let hasVerifier = 1;
 }
 
+def Fsdp_ReleaseOp : Fsdp_Op<"release", [Fsdp_InFunction,
+    MemoryEffects<[MemFree<Fsdp_ValueStorageResource>]>]> {
+  let summary = "End the lifetime of step values: the runtime drops them here.";
+  let description = [{
+    Marks the point after which the listed values are dead. The runtime drops
+    its reference to each of them at this op, so their storage returns to the
+    allocator as soon as no view shares it; the memory report frees them at
+    the same op. `fsdp-plan-lifetimes` places one release after each value's
+    last use, which makes every lifetime of the step explicit: a value that
+    no release lists lives until the step returns.
+
+    A collective start copies its inputs into its own staging buffer, so an
+    input may be released right after the start; the staging buffers live
+    until the collective's `fsdp.wait`.
+
+    ```mlir
+    %h = fsdp.aten "aten::gelu" (%x) : (tensor<8x32xf32>) -> (tensor<8x32xf32>)
+    fsdp.release %x : tensor<8x32xf32>
+    ```
+
+    Rules: inside a function; at least one value; no value listed twice or
+    released by two ops; a gathered buffer (a result of `fsdp.wait` on an
+    all-gather) is freed by `fsdp.reshard`, not released; every other use of
+    a released value precedes the release in the same block (a use inside a
+    nested region counts at its enclosing op). Views may outlive the value
+    they were made from: they keep its storage alive themselves.
+  }];
+  let arguments = (ins Variadic<AnyRankedTensor>:$values);
+  let assemblyFormat = "$values attr-dict `:` type($values)";
+  let hasVerifier = 1;
+}
+
 def Fsdp_AllSliceOp : Fsdp_Op<"all_slice", [
     Pure, Fsdp_InFunction, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "Keep this rank's dim-0 shard of a full tensor (no communication).";

@@ -140,16 +140,33 @@ def VerifySchedulePass : Pass<"fsdp-verify-schedule", "::mlir::ModuleOp"> {
   }];
 }
 
+def PlanLifetimesPass : Pass<"fsdp-plan-lifetimes", "::mlir::ModuleOp"> {
+  let summary = "Release every value right after its last use.";
+  let description = [{
+    Makes every lifetime of a step explicit: after the last use of each
+    tensor value (or right after its definition when nothing reads it) an
+    `fsdp.release` lists it. Gathered buffers keep their `fsdp.reshard`;
+    values a function returns are not released. The runtime drops values at
+    these releases and the memory report frees them at the same points, so
+    the report predicts what the runtime does. Runs last in the pipeline,
+    after the schedule is fixed; running it again changes nothing.
+  }];
+  let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
+}
+
 def MemoryReportPass : Pass<"fsdp-memory-report", "::mlir::ModuleOp"> {
   let summary = "Per-rank memory: static state, peak, and its timeline.";
   let description = [{
     Computes, per step function and rank: sharded parameters, gradients,
     optimizer state for `optimizer`, buffers, and a walk of the schedule
-    that tracks gathered parameters (from all-gather start to reshard),
-    activations (definition to last use, views sharing storage) and
-    gradient buffers, giving the peak, where it happens and what is alive
-    then, and the activations saved for backward. Records `fsdp.memory` on
-    the function and writes a table or JSON.
+    under the runtime's own rules: collective staging buffers from start to
+    wait, gathered parameters from the wait to their `fsdp.reshard`,
+    computed values from their op to the `fsdp.release` of their last alias
+    (views share storage; see `fsdp-plan-lifetimes`), gradient shards from
+    their reduction to the end. It gives the peak above the step's start
+    (what an allocator measures during the step), where it happens and what
+    is alive then, and the activations saved for backward. Records
+    `fsdp.memory` on the function and writes a table or JSON.
   }];
   let options = [
     Option<"optimizer", "optimizer", "std::string", "\"adamw\"", "adamw | adam | sgd-momentum | sgd | none">,

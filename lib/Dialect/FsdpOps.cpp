@@ -733,6 +733,46 @@ LogicalResult ReshardOp::verify() {
 }
 
 //===----------------------------------------------------------------------===//
+// ReleaseOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult ReleaseOp::verify() {
+  if (getValues().empty())
+    return emitOpError("releases nothing; it needs at least one value");
+  Block *block = (*this)->getBlock();
+  llvm::SmallPtrSet<Value, 8> listed;
+  for (auto [index, value] : llvm::enumerate(getValues())) {
+    if (!listed.insert(value).second)
+      return emitOpError() << "lists value " << index << " twice";
+    if (auto wait = value.getDefiningOp<WaitOp>())
+      if (isa_and_nonnull<AllGatherStartOp>(wait.getFuture().getDefiningOp()))
+        return emitOpError() << "value " << index
+                             << " is a gathered buffer; fsdp.reshard frees gathered buffers";
+    for (Operation *user : value.getUsers()) {
+      if (user == getOperation())
+        continue;
+      Operation *ancestor = block->findAncestorOpInBlock(*user);
+      if (!ancestor) {
+        InFlightDiagnostic diag = emitOpError()
+                                  << "releases value " << index
+                                  << ", which is used outside the block that releases it";
+        diag.attachNote(user->getLoc()) << "used here";
+        return diag;
+      }
+      if (!ancestor->isBeforeInBlock(getOperation())) {
+        InFlightDiagnostic diag = isa<ReleaseOp>(user)
+                                      ? emitOpError() << "value " << index << " is released again later"
+                                      : emitOpError() << "releases value " << index
+                                                      << " before its last use";
+        diag.attachNote(user->getLoc()) << "used after the release here";
+        return diag;
+      }
+    }
+  }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // AllSliceOp
 //===----------------------------------------------------------------------===//
 

@@ -6,12 +6,14 @@
 //   func.func @train_step(...) attributes {fsdp.memory = {grads = 40 : i64,
 //       optimizer = 80 : i64, params = 40 : i64, peak = 1234 : i64, ...}}
 //
-// Model: persistent state per rank (parameter shards, gradient shards,
+// Model: the state that exists when the step starts (parameter shards,
 // optimizer state, buffers, the batch) plus a walk of the schedule in program
-// order. A gathered parameter is allocated when its all-gather starts and
-// released by reshard; an activation lives from its definition to its last
-// use, and views share their source's storage; a collective keeps its inputs
-// alive until its wait.
+// order that follows the runtime's rules exactly: a collective's staging
+// buffers live from its start to its wait, its results from the wait; any
+// other computed value from its op; each is freed where fsdp.reshard or
+// fsdp.release (see fsdp-plan-lifetimes) drops its last alias, since views
+// share their source's storage; gradient shards and unreleased values live
+// to the end. What ATen allocates inside one operator is not modelled.
 //
 // Test: test/Transforms/memory-report.mlir.
 //
@@ -41,10 +43,10 @@ struct Persistent {
 };
 
 struct Walk {
-  int64_t peak = 0, peakGathered = 0, peakActivations = 0, peakInFlight = 0;
+  int64_t peak = 0, peakGathered = 0, peakActivations = 0, peakStaging = 0, peakGradients = 0;
   Operation *peakOp = nullptr;
   int64_t savedActivations = 0;
-  SmallVector<int64_t> timeline; // live transient bytes after each op
+  SmallVector<int64_t> timeline; // bytes allocated by the step, live after each op
   SmallVector<std::pair<int64_t, Value>> largestAtPeak;
 };
 
@@ -87,108 +89,131 @@ Persistent persistentState(ModuleOp module, Step &step, int64_t statesPerElement
   return state;
 }
 
-/// Walks the schedule, tracking transient storage.
+/// Bytes of a collective's staging buffers (send and receive), which the
+/// runtime allocates at the start and frees at the wait: an all-gather packs
+/// the shards and receives every rank's; a reduce-scatter packs the padded
+/// full tensors and receives one shard of each; an all-reduce works in place.
+int64_t stagingBytes(Operation *start) {
+  auto grid = SymbolTable::lookupNearestSymbolFrom<shard::GridOp>(
+      start, start->getAttrOfType<FlatSymbolRefAttr>("grid"));
+  int64_t ranks = groupSize(grid, start->getAttrOfType<DenseI16ArrayAttr>("grid_axes").asArrayRef());
+  if (auto gather = dyn_cast<AllGatherStartOp>(start)) {
+    Type wire = cast<RankedTensorType>(futureTypes(start).front()).getElementType();
+    int64_t sent = 0;
+    for (Value input : gather.getInputs())
+      sent += cast<RankedTensorType>(input.getType()).getNumElements() * elementBytes(wire);
+    return sent * (1 + ranks);
+  }
+  Type reduce = start->getAttrOfType<TypeAttr>("reduce_dtype").getValue();
+  int64_t sent = 0, received = 0;
+  for (Type result : futureTypes(start)) {
+    auto out = cast<RankedTensorType>(result);
+    if (isa<ReduceScatterStartOp>(start)) {
+      sent += ranks * out.getNumElements() * elementBytes(reduce);
+      received += out.getNumElements() * elementBytes(reduce);
+    } else {
+      sent += out.getNumElements() * elementBytes(reduce);
+    }
+  }
+  return sent + received;
+}
+
+/// Walks the schedule in program order, tracking the storage the step
+/// allocates: the same lifetimes the runtime follows (fsdp.release and
+/// fsdp.reshard free; a value nothing releases lives to the end of the step).
 Walk walkSchedule(Step &step) {
   Block &body = step.body();
   DenseMap<Operation *, int64_t> index;
   for (auto [i, op] : llvm::enumerate(body))
     index[&op] = i;
+  int64_t end = body.getOperations().size();
 
-  // Storage roots: what allocates, when it is allocated and freed, and its kind.
-  enum Kind { Gathered, Activation, InFlight };
+  enum Kind { Gathered, Activation, Staging, Gradient, NumKinds };
   struct Storage {
     int64_t bytes, allocated, freed;
     Kind kind;
-    Value value;
+    Value value;                 // null for staging buffers
+    SmallVector<Value> aliases;  // the value and its views
   };
-  DenseMap<Value, Value> rootOf; // view -> the value owning its storage
-  DenseMap<Value, size_t> storageOf;
+  DenseMap<Value, size_t> storageOf; // value or view -> its storage
   SmallVector<Storage> storages;
-  auto root = [&](Value value) {
-    auto it = rootOf.find(value);
-    return it == rootOf.end() ? value : it->second;
+  auto allocate = [&](Value value, int64_t at, Kind kind) {
+    storageOf[value] = storages.size();
+    storages.push_back({tensorBytes(value.getType()), at, -1, kind, value, {value}});
   };
   for (Operation &op : body) {
     int64_t here = index[&op];
     if (isViewOf(&op)) {
-      for (Value result : op.getResults())
-        rootOf[result] = root(op.getOperand(0));
+      auto it = storageOf.find(op.getOperand(0));
+      if (it == storageOf.end())
+        continue;
+      size_t source = it->second; // inserting below invalidates `it`
+      for (Value result : op.getResults()) {
+        storageOf[result] = source;
+        storages[source].aliases.push_back(result);
+      }
       continue;
     }
     if (isCollectiveStart(&op)) {
       WaitOp wait = waitOf(&op);
-      for (Value result : wait.getResults()) {
-        Kind kind = isa<AllGatherStartOp>(op) ? Gathered : InFlight;
-        // Reduction results land in the persistent gradient shards.
-        if (kind == InFlight)
-          continue;
-        storageOf[result] = storages.size();
-        storages.push_back({tensorBytes(result.getType()), here, -1, kind, result});
-      }
+      storages.push_back({stagingBytes(&op), here, index[wait], Staging, Value(), {}});
+      for (Value result : wait.getResults())
+        allocate(result, index[wait], isa<AllGatherStartOp>(op) ? Gathered : Gradient);
       continue;
     }
     if (isa<AtenOp, CastOp, AllSliceOp>(op))
-      for (Value result : op.getResults()) {
-        storageOf[result] = storages.size();
-        storages.push_back({tensorBytes(result.getType()), here, -1, Activation, result});
-      }
+      for (Value result : op.getResults())
+        if (isa<RankedTensorType>(result.getType()))
+          allocate(result, here, Activation);
   }
-  // Frees: reshard for gathered buffers; last use (through views, and a
-  // collective's wait) for the rest.
-  for (Operation &op : body) {
-    int64_t here = index[&op];
-    if (auto reshard = dyn_cast<ReshardOp>(op)) {
-      for (Value buffer : reshard.getBuffers())
-        if (storageOf.count(buffer))
-          storages[storageOf[buffer]].freed = here;
-      continue;
+  // A storage is freed when its last alias is: at the alias's release or
+  // reshard; never when the step hands it over (loss, gradients) or nothing
+  // releases it.
+  auto freedAt = [&](Value alias) -> int64_t {
+    int64_t at = -1;
+    for (Operation *user : alias.getUsers()) {
+      if (isa<LossOp, GradientsOp>(user) || user->hasTrait<OpTrait::IsTerminator>())
+        return end;
+      if (isa<ReleaseOp, ReshardOp>(user))
+        at = index[body.findAncestorOpInBlock(*user)];
     }
-    int64_t until = here;
-    if (isCollectiveStart(&op))
-      until = index[waitOf(&op)];
-    op.walk([&](Operation *nested) {
-      for (Value operand : nested->getOperands()) {
-        auto it = storageOf.find(root(operand));
-        if (it == storageOf.end() || storages[it->second].kind == Gathered)
-          continue;
-        storages[it->second].freed = std::max(storages[it->second].freed, until);
-      }
-    });
-  }
-  int64_t end = body.getOperations().size();
-  SmallVector<int64_t> delta(end + 1, 0);
-  SmallVector<SmallVector<int64_t>> byKind(3, SmallVector<int64_t>(end + 1, 0));
+    return at < 0 ? end : at;
+  };
+  for (Storage &storage : storages)
+    if (storage.value) {
+      storage.freed = 0;
+      for (Value alias : storage.aliases)
+        storage.freed = std::max(storage.freed, freedAt(alias));
+    }
+
+  SmallVector<SmallVector<int64_t>> byKind(NumKinds, SmallVector<int64_t>(end + 1, 0));
   for (Storage &storage : storages) {
-    int64_t freed = storage.freed < 0 ? (storage.kind == Gathered ? end : storage.allocated)
-                                      : storage.freed;
-    delta[storage.allocated] += storage.bytes;
-    delta[freed + 1 > end ? end : freed + 1] -= storage.bytes;
     byKind[storage.kind][storage.allocated] += storage.bytes;
-    byKind[storage.kind][freed + 1 > end ? end : freed + 1] -= storage.bytes;
-    storage.freed = freed;
+    byKind[storage.kind][std::min(storage.freed + 1, end)] -= storage.bytes;
   }
   Walk walk;
-  int64_t live = 0, gathered = 0, activations = 0, inFlight = 0, peakIndex = 0;
-  int64_t lossIndex = index[step.loss];
+  SmallVector<int64_t> live(NumKinds, 0);
+  int64_t peakIndex = 0;
   for (int64_t i = 0; i < end; ++i) {
-    live += delta[i];
-    gathered += byKind[Gathered][i];
-    activations += byKind[Activation][i];
-    inFlight += byKind[InFlight][i];
-    walk.timeline.push_back(live);
-    if (live > walk.peak) {
-      walk.peak = live;
-      walk.peakGathered = gathered;
-      walk.peakActivations = activations;
-      walk.peakInFlight = inFlight;
+    int64_t total = 0;
+    for (int kind = 0; kind < NumKinds; ++kind)
+      total += live[kind] += byKind[kind][i];
+    walk.timeline.push_back(total);
+    if (total > walk.peak) {
+      walk.peak = total;
+      walk.peakGathered = live[Gathered];
+      walk.peakActivations = live[Activation];
+      walk.peakStaging = live[Staging];
+      walk.peakGradients = live[Gradient];
       peakIndex = i;
     }
   }
   walk.peakOp = &*std::next(body.begin(), peakIndex);
+  int64_t lossIndex = index[step.loss];
   for (Storage &storage : storages) {
     if (storage.kind == Activation && storage.allocated < lossIndex && storage.freed > lossIndex)
       walk.savedActivations += storage.bytes;
-    if (storage.allocated <= peakIndex && storage.freed >= peakIndex)
+    if (storage.value && storage.allocated <= peakIndex && storage.freed >= peakIndex)
       walk.largestAtPeak.push_back({storage.bytes, storage.value});
   }
   llvm::sort(walk.largestAtPeak, [](auto &a, auto &b) { return a.first > b.first; });
@@ -235,7 +260,10 @@ struct MemoryReportPass : public fsdp::impl::MemoryReportPassBase<MemoryReportPa
     for (Step &step : collectSteps(module)) {
       Persistent state = persistentState(module, step, *states);
       Walk walk = walkSchedule(step);
-      int64_t total = state.total() + walk.peak;
+      // Gradient shards are made by the step (the walk counts them from their
+      // reduction's wait); the rest exists when the step starts.
+      int64_t atStart = state.total() - state.grads;
+      int64_t total = atStart + walk.peak;
       auto attr = [&](StringRef name, int64_t value) {
         return builder.getNamedAttr(name, builder.getI64IntegerAttr(value));
       };
@@ -243,7 +271,7 @@ struct MemoryReportPass : public fsdp::impl::MemoryReportPassBase<MemoryReportPa
           {attr("params", state.params), attr("grads", state.grads),
            attr("optimizer", state.optimizer), attr("buffers", state.buffers),
            attr("batch", state.batch), attr("grad_accumulation", state.accumulation),
-           attr("peak_transient", walk.peak), attr("peak_gathered_params", walk.peakGathered),
+           attr("peak_above_step_start", walk.peak), attr("peak_gathered_params", walk.peakGathered),
            attr("peak_activations", walk.peakActivations),
            attr("saved_activations", walk.savedActivations), attr("peak_total", total)}));
 
@@ -259,11 +287,13 @@ struct MemoryReportPass : public fsdp::impl::MemoryReportPassBase<MemoryReportPa
                                             {"optimizer", state.optimizer},
                                             {"buffers", state.buffers}, {"batch", state.batch},
                                             {"grad_accumulation", state.accumulation},
-                                            {"total", state.total()}}},
-          {"peak", llvm::json::Object{{"total", total}, {"transient", walk.peak},
+                                            {"total", state.total()},
+                                            {"at_step_start", atStart}}},
+          {"peak", llvm::json::Object{{"total", total}, {"above_step_start", walk.peak},
                                       {"gathered_params", walk.peakGathered},
                                       {"activations", walk.peakActivations},
-                                      {"in_flight_gradients", walk.peakInFlight},
+                                      {"staging", walk.peakStaging},
+                                      {"gradients", walk.peakGradients},
                                       {"op", walk.peakOp->getName().getStringRef()},
                                       {"location", peakLoc}, {"largest", std::move(largest)}}},
           {"saved_activations", walk.savedActivations},
@@ -279,9 +309,12 @@ struct MemoryReportPass : public fsdp::impl::MemoryReportPassBase<MemoryReportPa
         out << llvm::format("  %-24s %14lld B  %s\n", name, (long long)bytes, mib(bytes).c_str());
       out << llvm::format("  %-24s %14lld B  %s\n", "peak (persistent + live)",
                           (long long)total, mib(total).c_str());
+      out << llvm::format("    %-22s %14lld B  %s\n", "above the step's start", (long long)walk.peak,
+                          mib(walk.peak).c_str());
       out << llvm::format("    %-22s %14lld B\n", "gathered parameters", (long long)walk.peakGathered);
       out << llvm::format("    %-22s %14lld B\n", "activations", (long long)walk.peakActivations);
-      out << llvm::format("    %-22s %14lld B\n", "in-flight gradients", (long long)walk.peakInFlight);
+      out << llvm::format("    %-22s %14lld B\n", "collective staging", (long long)walk.peakStaging);
+      out << llvm::format("    %-22s %14lld B\n", "gradient shards", (long long)walk.peakGradients);
       out << "    at " << walk.peakOp->getName() << " " << peakLoc << "\n";
       for (auto &[bytes, value] : walk.largestAtPeak)
         out << llvm::format("      %12lld B  ", (long long)bytes) << describe(value) << "\n";

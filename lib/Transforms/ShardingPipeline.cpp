@@ -106,6 +106,7 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
   prefetch.memoryBudgetMb = options.memoryBudgetMb;
   pm.addPass(createPrefetchPass(prefetch));
   pm.addPass(createVerifySchedulePass());
+  pm.addPass(createPlanLifetimesPass());
   if (!options.memoryReport.empty()) {
     MemoryReportPassOptions memory;
     memory.optimizer = options.optimizer;

@@ -9,20 +9,19 @@ On every rank of a `torch.distributed` job (launched by torchrun):
         optimizer.step(); optimizer.zero_grad()
 
 `compile_step` captures the step, runs fsdp-opt's sharding pipeline for the
-job's world size, lowers it with fsdp-translate, builds the C++ against
-LibTorch (cached by content hash), checks that every rank compiled the same
-collective schedule, and keeps this rank's parameter shards as plain tensors
-that any torch.optim optimizer can update.
+job's world size, lowers it with fsdp-translate to a program, and loads the
+program into the prebuilt runtime (libfsdp_rt): no C++ is compiled per model.
+It checks that every rank compiled the same collective schedule, creates the
+process groups the program lists, and keeps this rank's parameter shards as
+plain tensors that any torch.optim optimizer can update.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
-import os
+import json
 import re
-import subprocess
-from dataclasses import dataclass
+import tempfile
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Sequence
@@ -32,77 +31,16 @@ import torch.distributed as dist
 from torch import nn
 
 from fsdpc.capture import MixedPrecision
-from fsdpc.compiler import find_fsdp_opt, run_fsdp_opt
+from fsdpc.compiler import run_fsdp_opt
 from fsdpc.export import export_training_step
+from fsdpc.program import Program, ParamSpec, translate
 from fsdpc.units import WrapPolicy
 
-_REPO = Path(__file__).resolve().parents[2]
-_RUNTIME = _REPO / "runtime"
-_PARAM_RE = re.compile(
-    r'fsdp\.param @("(?:[^"\\]|\\.)*"|[\w.$-]+) : tensor<([0-9x]*)(\w+)> unit @\S+'
-    r'(?: frozen)?(?: tied \[[^\]]*\])?(?: sharded on @(\w+) axes = \[([0-9, ]*)\] padding = \d+)?')
-_GRID_RE = re.compile(r"shard\.grid @(\w+)\(shape = ([0-9x]+)\)")
+STEP, NO_SYNC_STEP = "train_step", "train_step_no_sync"
 
 
 class StepError(RuntimeError):
     """A compiled step could not be built or run."""
-
-
-def find_fsdp_translate() -> Path:
-    return find_fsdp_opt().with_name("fsdp-translate")
-
-
-def _symbol(text: str) -> str:
-    return text[1:-1].encode().decode("unicode_escape") if text.startswith('"') else text
-
-
-@dataclass
-class _Shard:
-    fqn: str
-    logical: tuple[int, ...]
-    group_key: str | None  # None: replicated
-    rows: int               # rows of the padded shard (logical rows when replicated)
-    row_begin: int
-    real_rows: int
-
-
-def _grid_coordinates(rank: int, shape: Sequence[int]) -> list[int]:
-    coords = []
-    for size in reversed(shape):
-        coords.append(rank % size)
-        rank //= size
-    return list(reversed(coords))
-
-
-def _group_members(rank: int, shape: Sequence[int], axes: Sequence[int]) -> list[int]:
-    """Ranks that differ from `rank` only on `axes`, in group order (row-major on axes)."""
-    coords = _grid_coordinates(rank, shape)
-    members = []
-    for world_rank in range(math.prod(shape)):
-        other = _grid_coordinates(world_rank, shape)
-        if all(other[i] == coords[i] for i in range(len(shape)) if i not in axes):
-            members.append(world_rank)
-    return members
-
-
-def _build(source: str, verbose: bool = False):
-    from torch.utils.cpp_extension import load
-
-    runtime_sources = [_RUNTIME / "src" / "Step.cpp", _RUNTIME / "src" / "Bindings.cpp"]
-    digest = hashlib.sha256()
-    digest.update(source.encode())
-    for path in sorted((_RUNTIME / "include").rglob("*.h")) + runtime_sources:
-        digest.update(path.read_bytes())
-    digest.update(torch.__version__.encode())
-    name = "fsdpc_step_" + digest.hexdigest()[:16]
-    cache = Path(os.environ.get("FSDPC_CACHE", Path.home() / ".cache" / "fsdpc")) / name
-    cache.mkdir(parents=True, exist_ok=True)
-    generated = cache / "step.cpp"
-    if not generated.exists() or generated.read_text() != source:
-        generated.write_text(source)
-    return load(name=name, sources=[str(generated)] + [str(p) for p in runtime_sources],
-                extra_include_paths=[str(_RUNTIME / "include")], build_directory=str(cache),
-                extra_cflags=["-O2"], verbose=verbose)
 
 
 class CompiledStep:
@@ -110,31 +48,43 @@ class CompiledStep:
 
     def __init__(self, model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *,
                  pipeline: str = "", wrap: WrapPolicy = None,
-                 mixed_precision: MixedPrecision | None = None, timeout: timedelta = timedelta(minutes=5)):
+                 mixed_precision: MixedPrecision | None = None, timeout: timedelta = timedelta(minutes=5),
+                 check_reshard_frees: bool = False):
         if not dist.is_initialized():
             raise StepError("fsdpc.runtime needs torch.distributed initialized (run under torchrun)")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.timeout = timeout
-        self.model = model
+        self.check_reshard_frees = check_reshard_frees
+        self.compile_seconds: dict[str, float] = {}
+        clock = time.perf_counter()
+
+        def lap(phase: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            self.compile_seconds[phase] = now - clock
+            clock = now
+
         options = pipeline if "ranks=" in pipeline else f"ranks={self._shard_ranks(pipeline)} {pipeline}"
         exported = export_training_step(model, batch, loss_fn, wrap=wrap, mixed_precision=mixed_precision)
-        self.sharded_ir = run_fsdp_opt(exported.mlir, [f"--fsdp-sharding-pipeline={options.strip()}"])
-        translated = subprocess.run([str(find_fsdp_translate()), "--fsdp-to-cpp", "-"],
-                                    input=self.sharded_ir, capture_output=True, text=True, check=False)
-        if translated.returncode != 0:
-            raise StepError(f"fsdp-translate failed:\n{translated.stderr}")
-        # Rank 0 builds first so that the others load from the cache.
-        if self.rank == 0:
-            self.module = _build(translated.stdout)
-        dist.barrier()
-        if self.rank != 0:
-            self.module = _build(translated.stdout)
+        lap("capture")
+        with tempfile.TemporaryDirectory() as scratch:
+            report = Path(scratch) / "memory.json"
+            self.sharded_ir = run_fsdp_opt(exported.mlir, [
+                f"--fsdp-sharding-pipeline={options.strip()} memory-report={report} report-format=json"])
+            self.memory_report = {entry["function"]: entry for entry in json.loads(report.read_text())}
+        lap("fsdp-opt")
+        self.program = translate(self.sharded_ir)
+        lap("fsdp-translate")
+        self.runtime = self.program.load("cpu")
+        lap("load")
         self._check_same_schedule()
         self.groups = self._make_groups()
-        self.layout = self._parameter_layout()
-        self.shards = self._make_shards()
+        self.layout = {spec.name: spec for spec in self.program.params}
+        self.shards = self._make_shards(model)
         self.buffers = {name: buffer for name, buffer in model.named_buffers()}
         self.accumulated: dict[str, torch.Tensor] = {}
+        self.last_trace: list[tuple] = []
+        lap("shard")
 
     def _shard_ranks(self, pipeline: str) -> int:
         match = re.search(r"replicas=(\d+)", pipeline)
@@ -144,7 +94,7 @@ class CompiledStep:
         return self.world // replicas
 
     def _check_same_schedule(self) -> None:
-        mine = dict(self.module.steps())
+        mine = {name: f.collective_hash for name, f in self.program.functions.items() if f.step}
         everyone: list = [None] * self.world
         dist.all_gather_object(everyone, mine)
         for rank, theirs in enumerate(everyone):
@@ -156,93 +106,109 @@ class CompiledStep:
 
     def _make_groups(self) -> dict:
         groups = {}
-        for key, shape, axes in self.module.groups():
-            if math.prod(shape) != self.world:
-                raise StepError(f"grid {shape} of group '{key}' does not match world size {self.world}")
-            seen = set()
-            for world_rank in range(self.world):  # every rank creates every group, in one order
-                members = tuple(_group_members(world_rank, shape, axes))
-                if members in seen:
-                    continue
-                seen.add(members)
+        for key, spec in self.program.groups.items():
+            if len(spec.members) * spec.size != self.world:
+                raise StepError(f"group '{key}' spans {len(spec.members) * spec.size} ranks, "
+                                f"the job has {self.world}")
+            for members in spec.members:  # every rank creates every group, in one order
                 group = dist.new_group(list(members), timeout=self.timeout)
                 if self.rank in members:
                     groups[key] = group
         return groups
 
-    def _parameter_layout(self) -> dict[str, tuple[str, list[int]] | None]:
-        """Per parameter FQN: its group key and this rank's group members, or
-        None when it is replicated; read once from the sharded IR."""
-        grids = {name: [int(d) for d in shape.split("x")] for name, shape in _GRID_RE.findall(self.sharded_ir)}
-        layout = {}
-        for name, _, _, grid, axes in _PARAM_RE.findall(self.sharded_ir):
-            if not grid:
-                layout[_symbol(name)] = None
-                continue
-            axis_list = [int(a) for a in axes.split(",")]
-            key = f"{grid}:{','.join(str(a) for a in axis_list)}"
-            layout[_symbol(name)] = (key, _group_members(self.rank, grids[grid], axis_list))
-        return layout
+    def _shard_of(self, spec: ParamSpec) -> tuple[int, int, int]:
+        """(rank's index in its group, first logical row, real rows) of a sharded parameter."""
+        index = self.program.groups[spec.group].members_of(self.rank).index(self.rank)
+        begin = min(index * spec.shard_rows, spec.shape[0])
+        return index, begin, min(begin + spec.shard_rows, spec.shape[0]) - begin
 
-    def _make_shards(self) -> dict[str, torch.Tensor]:
-        params = dict(self.model.named_parameters())
+    def _make_shards(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        params = dict(model.named_parameters())
         shards = {}
-        for fqn, placement in self.layout.items():
-            full = params[fqn].detach()
-            if placement is None:
+        for name, spec in self.layout.items():
+            full = params[name].detach()
+            if spec.group is None:
                 shard = full.clone()
             else:
-                members = placement[1]
-                ranks, index = len(members), members.index(self.rank)
-                rows = math.ceil(full.shape[0] / ranks)
-                begin = min(index * rows, full.shape[0])
-                end = min(begin + rows, full.shape[0])
-                shard = full.new_zeros((rows, *full.shape[1:]))
-                shard[: end - begin] = full[begin:end]
-            shards[fqn] = shard.requires_grad_(params[fqn].requires_grad)
+                _, begin, real = self._shard_of(spec)
+                shard = full.new_zeros((spec.shard_rows, *full.shape[1:]))
+                shard[:real] = full[begin:begin + real]
+            shards[name] = shard.requires_grad_(spec.trainable)
         return shards
 
     def parameters(self) -> list[torch.Tensor]:
         """The trainable shards, for an optimizer."""
         return [shard for shard in self.shards.values() if shard.requires_grad]
 
-    def __call__(self, *batch: torch.Tensor, sync: bool = True) -> torch.Tensor:
+    def __call__(self, *batch: torch.Tensor, sync: bool = True, trace: bool = False) -> torch.Tensor:
         """Forward and backward on this rank's batch. With `sync=False` (a
         gradient-accumulation microbatch) nothing is communicated for the
-        gradients; the next synchronized call reduces everything."""
-        step = "train_step" if sync else "train_step_no_sync"
+        gradients; the next synchronized call reduces everything. `trace`
+        records every instruction as it ran (see `write_trace`)."""
+        name = STEP if sync else NO_SYNC_STEP
+        if name not in self.program.functions:
+            raise StepError(f"the step was compiled without '{name}' (pipeline option gradient-accumulation=true)")
         params = {fqn: shard.detach() for fqn, shard in self.shards.items()}
-        accumulated = {fqn: self.accumulated.get(fqn, torch.zeros_like(self.model.get_parameter(fqn)))
-                       for fqn in self.shards} if sync and self._has_no_sync() else {}
-        loss, grads = self.module.run(step, params, self.buffers, accumulated, list(batch), self.groups,
-                                      self.timeout.total_seconds(), "cpu")
+        accumulated = {}
+        if sync and NO_SYNC_STEP in self.program.functions:
+            accumulated = {fqn: self.accumulated.get(fqn, torch.zeros(spec.shape)) for fqn, spec in
+                           self.layout.items() if spec.trainable}
+        out = self.runtime.run(name, params, self.buffers, accumulated, list(batch), self.groups,
+                               self.timeout.total_seconds(), trace=trace,
+                               check_reshard_frees=self.check_reshard_frees)
+        del params, accumulated
+        if out["reshard_leaks"]:
+            raise StepError(f"rank {self.rank}: gathered parameters outlived their reshard: "
+                            f"{', '.join(out['reshard_leaks'])}")
+        if trace:
+            self.last_trace = out["trace"]
         if not sync:
-            for fqn, grad in grads.items():
+            for fqn, grad in out["grads"].items():
                 self.accumulated[fqn] = self.accumulated[fqn] + grad if fqn in self.accumulated else grad
-            return loss
+            return out["loss"]
         self.accumulated.clear()
-        for fqn, grad in grads.items():
+        for fqn, grad in out["grads"].items():
             shard = self.shards[fqn]
             shard.grad = grad if shard.grad is None else shard.grad + grad
-        return loss
+        return out["loss"]
 
-    def _has_no_sync(self) -> bool:
-        return any(name == "train_step_no_sync" for name, _ in self.module.steps())
+    def write_trace(self, path: str | Path | None) -> dict:
+        """Gathers the last traced call from every rank; rank 0 writes one
+        Chrome/Perfetto trace (a process per rank) to `path`. Returns this
+        rank's summary: step time, time blocked in waits (exposed
+        communication) and its share of the step."""
+        events = self.last_trace
+        if not events:
+            raise StepError("no traced call: call the step with trace=True first")
+        everyone: list = [None] * self.world
+        dist.all_gather_object(everyone, events)
+        if self.rank == 0 and path is not None:
+            origin = min(e[3] for rank_events in everyone for e in rank_events)
+            trace = [{"name": name, "cat": category, "ph": "X", "pid": rank, "tid": 1 if category == "collective" else 0,
+                      "ts": start - origin, "dur": duration, "args": {"where": detail} if detail else {}}
+                     for rank, rank_events in enumerate(everyone)
+                     for name, category, detail, start, duration in rank_events]
+            trace += [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}}
+                      for rank in range(self.world)]
+            Path(path).write_text(json.dumps({"traceEvents": trace, "displayTimeUnit": "ms"}))
+        begin = min(e[3] for e in events)
+        end = max(e[3] + e[4] for e in events)
+        waited = sum(e[4] for e in events if e[1] == "wait")
+        return {"step_us": end - begin, "wait_us": waited, "exposed_comm_share": waited / max(end - begin, 1)}
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter, gathered and unpadded (for checks and checkpoints)."""
         full = {}
-        for fqn, placement in self.layout.items():
-            shard = self.shards[fqn].detach()
-            if placement is None:
-                full[fqn] = shard.clone()
+        for name, spec in self.layout.items():
+            shard = self.shards[name].detach()
+            if spec.group is None:
+                full[name] = shard.clone()
                 continue
-            key, members = placement
-            group = self.groups[key] if len(members) < self.world else None
+            members = self.program.groups[spec.group].members_of(self.rank)
+            group = self.groups[spec.group] if len(members) < self.world else None
             pieces = [torch.empty_like(shard) for _ in members]
             dist.all_gather(pieces, shard.contiguous(), group=group)
-            rows = self.model.get_parameter(fqn).shape[0]
-            full[fqn] = torch.cat(pieces)[:rows]
+            full[name] = torch.cat(pieces)[:spec.shape[0]]
         return full
 
 

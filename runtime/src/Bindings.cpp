@@ -1,59 +1,78 @@
-//===- Bindings.cpp - the Python face of a compiled step module -----------===//
+//===- Bindings.cpp - fsdpc's Python face of the runtime ------------------===//
 //
-// Built with the generated step file into one extension per compiled module
-// (fsdpc/runtime.py). The only translation unit that includes Python headers.
+// The `_fsdp_rt` extension, built once by CMake next to libfsdp_rt: load a
+// program, run one of its functions. The only translation unit that includes
+// Python headers; runtime errors arrive in Python as RuntimeError.
 //
 //===----------------------------------------------------------------------===//
 
-#include "fsdp_rt/Step.h"
+#include "fsdp_rt/Executor.h"
+#include "fsdp_rt/Program.h"
 
 #include <torch/csrc/utils/pybind.h>
+
+#include <cmath>
 
 namespace py = pybind11;
 
 namespace {
 
-using GroupMap = std::map<std::string, c10::intrusive_ptr<c10d::ProcessGroup>>;
 using TensorMap = std::map<std::string, at::Tensor>;
+using GroupMap = std::map<std::string, c10::intrusive_ptr<c10d::ProcessGroup>>;
 
-std::pair<at::Tensor, TensorMap> run(const std::string &name, TensorMap params, TensorMap buffers,
-                                     TensorMap accumulated, const std::vector<at::Tensor> &batch,
-                                     GroupMap groups, double timeoutSeconds, const std::string &device) {
-  const fsdp_rt::ModuleSpec &spec = fsdp_rt_module();
-  for (const fsdp_rt::StepSpec &step : spec.steps) {
-    if (step.name != name)
-      continue;
-    fsdp_rt::StepContext ctx(std::move(params), std::move(buffers), std::move(accumulated),
-                             std::move(groups),
-                             std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000)),
-                             c10::Device(device));
-    fsdp_rt::StepResult result;
-    {
-      py::gil_scoped_release release; // collectives block; let other threads run
-      result = step.function(ctx, batch);
-    }
-    return {result.loss, result.grads};
+py::dict run(const fsdp_rt::Program &program, const std::string &name, TensorMap params,
+             TensorMap buffers, TensorMap accumulated, std::vector<at::Tensor> batch, GroupMap groups,
+             double timeoutSeconds, bool trace, bool checkReshardFrees) {
+  if (!(timeoutSeconds > 0))
+    throw std::invalid_argument("timeout must be positive, got " + std::to_string(timeoutSeconds) + " s");
+  fsdp_rt::StepInputs inputs;
+  inputs.params = std::move(params);
+  inputs.buffers = std::move(buffers);
+  inputs.accumulated = std::move(accumulated);
+  inputs.batch = std::move(batch);
+  inputs.groups = std::move(groups);
+  // Rounded up: c10d reads a zero timeout as "no timeout".
+  inputs.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(timeoutSeconds * 1000)));
+  inputs.trace = trace;
+  inputs.checkReshardFrees = checkReshardFrees;
+  const fsdp_rt::Function &function = program.function(name);
+  fsdp_rt::StepOutputs outputs;
+  {
+    py::gil_scoped_release release; // collectives block; let other threads run
+    outputs = fsdp_rt::execute(function, std::move(inputs));
   }
-  throw std::runtime_error("fsdp_rt: the module has no step '" + name + "'");
+  py::dict result;
+  result["loss"] = outputs.loss.defined() ? py::cast(outputs.loss) : py::none();
+  result["grads"] = outputs.grads;
+  result["returned"] = outputs.returned;
+  py::list events;
+  for (const fsdp_rt::TraceEvent &event : outputs.trace)
+    events.append(py::make_tuple(event.name, event.category, event.detail, event.startUs, event.durationUs));
+  result["trace"] = events;
+  result["reshard_leaks"] = outputs.reshardLeaks;
+  return result;
 }
 
 } // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "A training step compiled by fsdpc";
-  m.def("groups", [] {
-    py::list out;
-    for (const auto &group : fsdp_rt_module().groups)
-      out.append(py::make_tuple(group.key, group.gridShape, group.axes));
-    return out;
-  }, "Communication groups: (key, grid shape, grid axes)");
-  m.def("steps", [] {
-    py::list out;
-    for (const auto &step : fsdp_rt_module().steps)
-      out.append(py::make_tuple(step.name, step.collectiveHash));
-    return out;
-  }, "Steps: (name, collective hash)");
-  m.def("run", &run, py::arg("step"), py::arg("params"), py::arg("buffers"),
-        py::arg("accumulated"), py::arg("batch"), py::arg("groups"), py::arg("timeout_seconds"),
-        py::arg("device"), "Runs one step; returns (loss, {parameter: gradient})");
+PYBIND11_MODULE(_fsdp_rt, m) {
+  m.doc() = "fsdpc runtime: loads compiled programs and runs their steps";
+  py::class_<fsdp_rt::Program, std::shared_ptr<fsdp_rt::Program>>(m, "Program")
+      .def(py::init([](const std::string &text, const std::string &device) {
+             return std::make_shared<fsdp_rt::Program>(fsdp_rt::Program::load(text, c10::Device(device)));
+           }),
+           py::arg("text"), py::arg("device") = "cpu")
+      .def("functions",
+           [](const fsdp_rt::Program &program) {
+             py::list out;
+             for (const fsdp_rt::Function &function : program.functions())
+               out.append(py::make_tuple(function.name, function.step, function.collectiveHash,
+                                         function.instructions.size()));
+             return out;
+           },
+           "(name, is a training step, collective hash, instruction count) per function")
+      .def("run", &run, py::arg("function"), py::arg("params"), py::arg("buffers"),
+           py::arg("accumulated"), py::arg("batch"), py::arg("groups"), py::arg("timeout_seconds"),
+           py::arg("trace") = false, py::arg("check_reshard_frees") = false,
+           "Runs one function; returns {loss, grads, returned, trace, reshard_leaks}");
 }

@@ -461,3 +461,22 @@ func.func @sync(%l: tensor<f32>, %s: tensor<3x4xf32>) -> tensor<10x4xf32> {
 module attributes {fsdp.mixed_precision = {param_dtype = bf16, reduce_dtype = f32, output_dtype = f32, cast_forward_inputs = true}} {
   func.func private @f() attributes {fsdp.collective_count = 2, fsdp.collective_hash = "00ff", fsdp.comm = {total_bytes = 8}, fsdp.memory = {peak = 1}}
 }
+
+// -----
+
+// CHECK-LABEL: func.func @release(
+// CHECK-SAME:    %[[X:[^:]*]]: tensor<8x4xf32>)
+func.func @release(%x: tensor<8x4xf32>) -> tensor<8x4xf32> {
+  // CHECK-NEXT: %[[Y:.*]] = fsdp.aten "aten::relu"(%[[X]])
+  // CHECK-NEXT: %[[V:.*]] = fsdp.aten "aten::t"(%[[Y]])
+  // CHECK-NEXT: fsdp.release %[[X]], %[[Y]] : tensor<8x4xf32>, tensor<8x4xf32>{{$}}
+  // CHECK-NEXT: %[[Z:.*]] = fsdp.aten "aten::t"(%[[V]])
+  // CHECK-NEXT: fsdp.release %[[V]] : tensor<4x8xf32>{{$}}
+  // CHECK-NEXT: return %[[Z]]
+  %y = fsdp.aten "aten::relu" (%x) : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  %v = fsdp.aten "aten::t" (%y) : (tensor<8x4xf32>) -> tensor<4x8xf32>
+  fsdp.release %x, %y : tensor<8x4xf32>, tensor<8x4xf32>
+  %z = fsdp.aten "aten::t" (%v) : (tensor<4x8xf32>) -> tensor<8x4xf32>
+  fsdp.release %v : tensor<4x8xf32>
+  return %z : tensor<8x4xf32>
+}

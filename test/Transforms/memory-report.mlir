@@ -22,8 +22,10 @@ func.func @train_step(%x: tensor<1x4xf32>) -> tensor<f32> {
 }
 
 // The shared step on 4 ranks: padded shards (l0.w's 10 rows take 3 per rank),
-// a frozen head without gradient or optimizer state, and a peak where l0's
-// gathered weight and bias and l1's prefetched weight are alive together.
+// a frozen head without gradient or optimizer state. The peak is the
+// reduce-scatter of l0's gradients: its staging buffers (send: 4 padded
+// shards of 12 + 3 elements, receive: one of each) next to the gradients it
+// packs and l1's gradient shard, made earlier by the step.
 // TABLE:      memory per rank: @train_step (optimizer adamw)
 // TABLE-NEXT:   parameter shards                    116 B
 // TABLE-NEXT:   gradient shards                     100 B
@@ -31,18 +33,21 @@ func.func @train_step(%x: tensor<1x4xf32>) -> tensor<f32> {
 // TABLE-NEXT:   buffers                               0 B
 // TABLE-NEXT:   batch                                32 B
 // TABLE-NEXT:   gradient accumulation                 0 B
-// TABLE-NEXT:   peak (persistent + live)            888 B
-// TABLE-NEXT:     gathered parameters               360 B
-// TABLE-NEXT:     activations                        80 B
-// TABLE-NEXT:     in-flight gradients                 0 B
-// TABLE-NEXT:     at fsdp.aten loc({{.*}}step.mlir":{{[0-9]+}}:8)
-// TABLE-NEXT:              160 B  fsdp.wait of unit @l0 tensor<10x4xf32>
-// TABLE-NEXT:              160 B  fsdp.wait of unit @l1 tensor<4x10xf32>
+// TABLE-NEXT:   peak (persistent + live)            892 B
+// TABLE-NEXT:     above the step's start            544 B
+// TABLE-NEXT:     gathered parameters                 0 B
+// TABLE-NEXT:     activations                       204 B
+// TABLE-NEXT:     collective staging                300 B
+// TABLE-NEXT:     gradient shards                    40 B
+// TABLE-NEXT:     at fsdp.reduce_scatter_start loc(
+// TABLE-NEXT:              160 B  fsdp.aten aten::mm in 'l0' tensor<10x4xf32>
 // TABLE:        saved for backward                   84 B
 
 // JSON:      "function": "train_step",
-// JSON:      "gathered_params": 360,
+// JSON:      "gathered_params": 0,
+// JSON:      "staging": 300,
 // JSON:      "persistent": {
+// JSON-NEXT:   "at_step_start": 348,
 // JSON-NEXT:   "batch": 32,
 // JSON:        "total": 448
 // JSON:      "saved_activations": 84,

@@ -1,12 +1,12 @@
 //===- fsdp-translate.cpp - fsdp IR to host code --------------------------===//
 //
-// `fsdp-translate --fsdp-to-cpp step.mlir` writes the C++ that the Python
-// driver builds against libfsdp_rt and LibTorch.
+// `fsdp-translate --fsdp-to-program step.mlir` writes the program (manifest
+// and instruction lists, JSON) that the prebuilt runtime, libfsdp_rt, loads.
 //
 //===----------------------------------------------------------------------===//
 
 #include "fsdp/Dialect/FsdpDialect.h"
-#include "fsdp/Target/Cpp.h"
+#include "fsdp/Target/Program.h"
 
 #include "mlir/Dialect/ControlFlow/IR/ControlFlow.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -16,10 +16,10 @@
 #include "mlir/Tools/mlir-translate/Translation.h"
 
 int main(int argc, char **argv) {
-  mlir::TranslateFromMLIRRegistration toCpp(
-      "fsdp-to-cpp", "Lower sharded fsdp step functions to C++ over fsdp_rt and ATen",
+  mlir::TranslateFromMLIRRegistration toProgram(
+      "fsdp-to-program", "Lower a sharded fsdp module to an fsdp_rt program (JSON)",
       [](mlir::ModuleOp module, llvm::raw_ostream &os) {
-        return mlir::fsdp::translateToCpp(module, os);
+        return mlir::fsdp::translateToProgram(module, os);
       },
       [](mlir::DialectRegistry &registry) {
         registry.insert<mlir::fsdp::FsdpDialect, mlir::func::FuncDialect,

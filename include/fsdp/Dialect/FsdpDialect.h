@@ -31,6 +31,11 @@ struct GatheredBufferResource
   StringRef getName() final { return "fsdp.gathered_buffer"; }
 };
 
+/// Step values (activations, gradients, casts) whose storage fsdp.release frees.
+struct ValueStorageResource : public SideEffects::Resource::Base<ValueStorageResource> {
+  StringRef getName() final { return "fsdp.value_storage"; }
+};
+
 /// The random-number generator state that `fsdp.aten ... random` calls advance.
 struct RandomGeneratorResource
     : public SideEffects::Resource::Base<RandomGeneratorResource> {

@@ -1,0 +1,139 @@
+"""A compiled program as fsdpc's Python side sees it.
+
+`fsdp-translate --fsdp-to-program` writes one JSON document (docs/program.md):
+the manifest (communication groups with their member ranks, parameters with
+their shard layout, buffers, functions) and the instruction lists that the
+prebuilt runtime executes. Python reads the manifest into the dataclasses
+below, once; the runtime extension (`_fsdp_rt`, built by CMake) loads the
+same text and resolves every operator up front.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from fsdpc.compiler import find_fsdp_opt
+
+PROGRAM_FORMAT, PROGRAM_VERSION = "fsdpc.program", 1
+
+
+class ProgramError(RuntimeError):
+    """A program could not be made, read or loaded."""
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    key: str
+    grid_shape: tuple[int, ...]
+    axes: tuple[int, ...]
+    size: int
+    members: tuple[tuple[int, ...], ...]  # every group of this key, as world ranks
+
+    def members_of(self, rank: int) -> tuple[int, ...]:
+        for group in self.members:
+            if rank in group:
+                return group
+        raise ProgramError(f"rank {rank} is in no group of '{self.key}' (grid {self.grid_shape})")
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    unit: str
+    trainable: bool
+    tied: tuple[str, ...]
+    group: str | None     # None: replicated on every rank
+    shard_rows: int       # rows of each rank's padded shard (logical rows when replicated)
+    padding: int
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    name: str
+    step: bool
+    collective_hash: str
+    inputs: tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each batch tensor
+    instructions: int
+
+
+@dataclass(frozen=True)
+class Program:
+    text: str
+    groups: dict[str, GroupSpec]
+    params: list[ParamSpec]
+    buffers: list[BufferSpec]
+    functions: dict[str, FunctionSpec]
+
+    @staticmethod
+    def parse(text: str) -> "Program":
+        try:
+            doc = json.loads(text)
+            if doc.get("format") != PROGRAM_FORMAT or doc.get("version") != PROGRAM_VERSION:
+                raise ProgramError(f"not an {PROGRAM_FORMAT} program of version {PROGRAM_VERSION} "
+                                   f"(format {doc.get('format')!r}, version {doc.get('version')!r})")
+            groups = {g["key"]: GroupSpec(g["key"], tuple(g["grid_shape"]), tuple(g["axes"]), g["size"],
+                                          tuple(tuple(m) for m in g["members"])) for g in doc["groups"]}
+            params = []
+            for p in doc["params"]:
+                replicated = p["group"] is None
+                params.append(ParamSpec(p["name"], tuple(p["shape"]), p["dtype"], p["unit"], p["trainable"],
+                                        tuple(p["tied"]), p["group"],
+                                        p["shape"][0] if replicated and p["shape"] else p.get("shard_rows", 0),
+                                        0 if replicated else p["padding"]))
+            buffers = [BufferSpec(b["name"], tuple(b["shape"]), b["dtype"]) for b in doc["buffers"]]
+            functions = {f["name"]: FunctionSpec(f["name"], f["step"], f.get("collective_hash", ""),
+                                                 tuple((tuple(t["shape"]), t["dtype"]) for t in f["input_types"]),
+                                                 len(f["instructions"])) for f in doc["functions"]}
+        except (KeyError, TypeError, ValueError) as error:
+            raise ProgramError(f"malformed program: {error!r}") from error
+        return Program(text, groups, params, buffers, functions)
+
+    def load(self, device: str = "cpu"):
+        """The runtime's loaded program (operators resolved, literals converted)."""
+        return runtime_extension().Program(self.text, device)
+
+
+def find_fsdp_translate() -> Path:
+    return find_fsdp_opt().with_name("fsdp-translate")
+
+
+def translate(sharded_ir: str, timeout: float = 300.0) -> Program:
+    """Lowers sharded, scheduled IR to a program."""
+    done = subprocess.run([str(find_fsdp_translate()), "--fsdp-to-program", "-"], input=sharded_ir,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise ProgramError(f"fsdp-translate failed:\n{done.stderr.rstrip()}")
+    return Program.parse(done.stdout)
+
+
+def runtime_extension():
+    """The `_fsdp_rt` extension: $FSDP_RT_PYTHON, else next to fsdp-opt's build."""
+    try:
+        return importlib.import_module("_fsdp_rt")
+    except ImportError:
+        pass
+    directory = Path(os.environ.get("FSDP_RT_PYTHON") or find_fsdp_opt().parents[1] / "python")
+    if not any(directory.glob("_fsdp_rt*.so")):
+        raise ProgramError(f"the fsdpc runtime extension is not built in {directory}: run `make`")
+    import torch  # noqa: F401  (the extension links against torch's libraries)
+
+    sys.path.insert(0, str(directory))
+    try:
+        return importlib.import_module("_fsdp_rt")
+    finally:
+        sys.path.remove(str(directory))

@@ -1,0 +1,98 @@
+//===- Program.h - a compiled step as the runtime holds it ------*- C++ -*-===//
+//
+// A program (fsdp-translate --fsdp-to-program, docs/program.md) is loaded once
+// per rank: every ATen operator handle is resolved and every literal argument
+// converted to its schema type here, so that running a step does no lookups
+// and no parsing. Instructions address values by slot; the compiler decided
+// when each slot is dropped (release/reshard), and the executor follows it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_RT_PROGRAM_H
+#define FSDP_RT_PROGRAM_H
+
+#include "fsdp_rt/Json.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fsdp_rt {
+
+enum class Reduction { Sum, Average, Max, Min, Product };
+
+/// The ATen scalar type of an element-type name (fsdp_rt/ElementTypes.h).
+c10::ScalarType scalarTypeOf(const std::string &elementType);
+
+/// One argument of an ATen call: a constant converted at load, or slots read
+/// when the instruction runs.
+struct AtenArgument {
+  enum class Kind { Constant, Tensor, TensorList, OptionalTensorList };
+  Kind kind = Kind::Constant;
+  c10::IValue constant;
+  std::vector<int> slots; // -1: None inside an optional tensor list
+};
+
+struct Instruction {
+  enum class Kind {
+    Param, Buffer, AccumulatedGrad, Aten, Cast, Loss, Gradients, AllGather, ReduceScatter,
+    AllReduce, Wait, Release, Reshard, AllSlice, Return,
+  };
+  Kind kind;
+  std::string name;               // parameter/buffer name, ATen operator, or the op for traces
+  std::string where;              // the user's source line, when known
+  std::optional<c10::OperatorHandle> op;
+  std::vector<AtenArgument> args;
+  std::vector<int> inputs;        // slots read
+  std::vector<int> results;       // slots written; -1 for a `none` result
+  std::vector<std::string> params; // gradients: the parameter of each input
+  std::string group;              // collectives and all_slice
+  std::string unit;               // collectives: the wrap unit, for traces
+  int future = -1;
+  std::vector<std::vector<int64_t>> shapes; // collectives: result shapes
+  std::vector<c10::ScalarType> dtypes;      // collectives: result dtypes; cast: [target]
+  c10::ScalarType reduceType = c10::ScalarType::Float;
+  Reduction reduction = Reduction::Sum;
+  double preDivide = 1.0, postDivide = 1.0;
+  int64_t rows = 0;               // all_slice
+};
+
+struct TensorSpec {
+  std::vector<int64_t> shape;
+  c10::ScalarType dtype;
+};
+
+struct Function {
+  std::string name;
+  bool step = false;
+  std::string collectiveHash;
+  std::vector<int> inputs;
+  std::vector<TensorSpec> inputTypes;
+  int slots = 0, futures = 0;
+  std::vector<Instruction> instructions;
+};
+
+class Program {
+public:
+  /// Parses and prepares a program for `device` (the "<device>" literal).
+  /// Throws std::runtime_error naming the instruction and its source line.
+  static Program load(const std::string &text, c10::Device device);
+
+  const Function &function(const std::string &name) const;
+  const std::vector<Function> &functions() const { return functions_; }
+  c10::Device device() const { return device_; }
+
+private:
+  explicit Program(c10::Device device) : device_(device) {}
+  std::vector<Function> functions_;
+  c10::Device device_;
+};
+
+} // namespace fsdp_rt
+
+#endif // FSDP_RT_PROGRAM_H

@@ -1,0 +1,462 @@
+//===- Executor.cpp - run a program's instructions ------------------------===//
+//
+// Collectives use FSDP's dim-0 padding layout (fsdp_rt/ShardLayout.h) and
+// copy each bucket once in each direction: the start packs every input
+// straight into one flat send buffer, casting as it copies; the wait copies
+// an all-gather's result out once per parameter, and a reduction's results
+// are views of its receive buffer (a cast copies only when the result dtype
+// differs). Staging buffers are dropped at the wait.
+//
+//===----------------------------------------------------------------------===//
+
+#include "fsdp_rt/Executor.h"
+#include "fsdp_rt/ShardLayout.h"
+
+#include <sstream>
+#include <stdexcept>
+
+namespace fsdp_rt {
+
+namespace {
+
+int64_t nowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string shapeText(at::IntArrayRef shape) {
+  std::ostringstream os;
+  os << shape;
+  return os.str();
+}
+
+int64_t shardRowsOf(int64_t dim0, int64_t ranks) {
+  auto layout = Dim0ShardLayout::create(dim0, ranks);
+  if (!layout)
+    throw std::runtime_error("cannot shard " + std::to_string(dim0) + " rows over " +
+                             std::to_string(ranks) + " ranks");
+  return layout->shardRows();
+}
+
+c10d::ReduceOp toReduceOp(Reduction reduction) {
+  switch (reduction) {
+  case Reduction::Max: return c10d::ReduceOp::MAX;
+  case Reduction::Min: return c10d::ReduceOp::MIN;
+  case Reduction::Product: return c10d::ReduceOp::PRODUCT;
+  case Reduction::Sum:
+  case Reduction::Average: // summed, then divided: every backend has SUM
+    return c10d::ReduceOp::SUM;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+/// A collective between its start and its wait.
+struct InFlight {
+  const Instruction *inst = nullptr;
+  c10::intrusive_ptr<c10d::Work> work;
+  at::Tensor send, recv;
+  std::vector<int64_t> offsets; // element offset of each input in the per-rank block
+  int64_t ranks = 1, total = 0, startUs = 0;
+  bool started = false;
+};
+
+class Executor {
+public:
+  Executor(const Function &function, StepInputs inputs)
+      : function(function), in(std::move(inputs)),
+        slots(function.slots), futures(function.futures) {}
+
+  StepOutputs run() {
+    checkBatch();
+    for (size_t i = 0; i < function.inputs.size(); ++i)
+      slots[function.inputs[i]] = in.batch[i];
+    for (size_t index = 0; index < function.instructions.size(); ++index) {
+      const Instruction &inst = function.instructions[index];
+      int64_t start = in.trace ? nowUs() : 0;
+      try {
+        step(inst);
+      } catch (const std::exception &error) {
+        throw std::runtime_error("fsdp_rt: rank " + rankText() + ": @" + function.name +
+                                 " instruction " + std::to_string(index) + " (" + inst.name +
+                                 (inst.where.empty() ? "" : " at " + inst.where) + "): " + error.what());
+      }
+      if (in.trace)
+        record(inst, start);
+    }
+    for (InFlight &pending : futures)
+      if (pending.started)
+        throw std::runtime_error("fsdp_rt: rank " + rankText() + ": " + describe(*pending.inst) +
+                                 " was never waited for");
+    return std::move(out);
+  }
+
+private:
+  std::string rankText() const {
+    for (auto &[key, group] : in.groups)
+      if (group)
+        return std::to_string(group->getRank());
+    return "0";
+  }
+
+  std::string describe(const Instruction &inst) const {
+    return inst.name + " on group '" + inst.group + "'" +
+           (inst.unit.empty() ? "" : " (unit @" + inst.unit + ")");
+  }
+
+  void checkBatch() {
+    if (in.batch.size() != function.inputTypes.size())
+      throw std::runtime_error("fsdp_rt: @" + function.name + " takes " +
+                               std::to_string(function.inputTypes.size()) + " batch tensors, got " +
+                               std::to_string(in.batch.size()));
+    for (size_t i = 0; i < in.batch.size(); ++i) {
+      const TensorSpec &spec = function.inputTypes[i];
+      const at::Tensor &given = in.batch[i];
+      if (!given.defined() || given.sizes() != at::IntArrayRef(spec.shape) ||
+          given.scalar_type() != spec.dtype)
+        throw std::runtime_error(
+            "fsdp_rt: batch tensor " + std::to_string(i) + " of @" + function.name + " is " +
+            (given.defined() ? shapeText(given.sizes()) + " " + std::string(c10::toString(given.scalar_type()))
+                             : std::string("undefined")) +
+            "; the step was compiled for " + shapeText(spec.shape) + " " + c10::toString(spec.dtype));
+    }
+  }
+
+  const at::Tensor &tensor(int slot) {
+    const c10::IValue &value = slots.at(slot);
+    if (!value.isTensor())
+      throw std::runtime_error("slot " + std::to_string(slot) +
+                               " holds no tensor (used after its release?)");
+    return value.toTensor();
+  }
+
+  static at::Tensor lookup(const std::map<std::string, at::Tensor> &table, const std::string &name,
+                           const char *what) {
+    auto it = table.find(name);
+    if (it == table.end())
+      throw std::runtime_error(std::string("the step reads ") + what + " '" + name +
+                               "', which the driver did not pass");
+    return it->second;
+  }
+
+  c10d::ProcessGroup &group(const std::string &key) {
+    auto it = in.groups.find(key);
+    if (it == in.groups.end() || !it->second)
+      throw std::runtime_error("no process group for '" + key + "'");
+    return *it->second;
+  }
+
+  void step(const Instruction &inst) {
+    using Kind = Instruction::Kind;
+    switch (inst.kind) {
+    case Kind::Param: slots[inst.results[0]] = lookup(in.params, inst.name, "parameter"); return;
+    case Kind::Buffer: slots[inst.results[0]] = lookup(in.buffers, inst.name, "buffer"); return;
+    case Kind::AccumulatedGrad:
+      slots[inst.results[0]] = lookup(in.accumulated, inst.name, "accumulated gradient");
+      return;
+    case Kind::Aten: return callAten(inst);
+    case Kind::Cast: slots[inst.results[0]] = tensor(inst.inputs[0]).to(inst.dtypes[0]); return;
+    case Kind::Loss: out.loss = tensor(inst.inputs[0]); return;
+    case Kind::Gradients:
+      for (size_t i = 0; i < inst.inputs.size(); ++i)
+        out.grads[inst.params[i]] = tensor(inst.inputs[i]);
+      return;
+    case Kind::AllGather: return startAllGather(inst);
+    case Kind::ReduceScatter:
+    case Kind::AllReduce: return startReduction(inst);
+    case Kind::Wait: return wait(inst);
+    case Kind::Release:
+      for (int slot : inst.inputs)
+        slots[slot] = c10::IValue();
+      return;
+    case Kind::Reshard: return reshard(inst);
+    case Kind::AllSlice: return allSlice(inst);
+    case Kind::Return:
+      for (int slot : inst.inputs)
+        out.returned.push_back(tensor(slot));
+      return;
+    }
+  }
+
+  void callAten(const Instruction &inst) {
+    torch::jit::Stack stack;
+    stack.reserve(inst.args.size());
+    for (const AtenArgument &arg : inst.args) {
+      switch (arg.kind) {
+      case AtenArgument::Kind::Constant: stack.push_back(arg.constant); break;
+      case AtenArgument::Kind::Tensor: stack.push_back(tensor(arg.slots[0])); break;
+      case AtenArgument::Kind::TensorList: {
+        c10::List<at::Tensor> list;
+        for (int slot : arg.slots) list.push_back(tensor(slot));
+        stack.emplace_back(std::move(list));
+        break;
+      }
+      case AtenArgument::Kind::OptionalTensorList: {
+        c10::List<std::optional<at::Tensor>> list;
+        for (int slot : arg.slots)
+          list.push_back(slot < 0 ? std::optional<at::Tensor>() : std::optional<at::Tensor>(tensor(slot)));
+        stack.emplace_back(std::move(list));
+        break;
+      }
+      }
+    }
+    inst.op->callBoxed(&stack);
+    // A `Tensor[]` result (split, unbind) is captured as one result per tensor.
+    size_t next = 0;
+    auto assign = [&](c10::IValue value) {
+      if (next >= inst.results.size())
+        throw std::runtime_error("the operator returned more results than the program expects");
+      int slot = inst.results[next++];
+      if (slot >= 0)
+        slots[slot] = std::move(value);
+    };
+    for (c10::IValue &value : stack) {
+      if (value.isTensorList())
+        for (const at::Tensor &item : value.toTensorVector()) assign(item);
+      else
+        assign(std::move(value));
+    }
+    if (next != inst.results.size())
+      throw std::runtime_error("the operator returned " + std::to_string(next) + " results, the program expects " +
+                               std::to_string(inst.results.size()));
+  }
+
+  void startAllGather(const Instruction &inst) {
+    c10d::ProcessGroup &pg = group(inst.group);
+    InFlight pending{&inst};
+    pending.ranks = pg.getSize();
+    std::vector<at::Tensor> shards;
+    for (size_t i = 0; i < inst.inputs.size(); ++i) {
+      const at::Tensor &shard = tensor(inst.inputs[i]);
+      int64_t rows = shardRowsOf(inst.shapes[i].at(0), pending.ranks);
+      std::vector<int64_t> expected = inst.shapes[i];
+      expected[0] = rows;
+      if (shard.sizes() != at::IntArrayRef(expected))
+        throw std::runtime_error("input " + std::to_string(i) + " has shape " + shapeText(shard.sizes()) +
+                                 ", expected the shard " + shapeText(expected));
+      pending.offsets.push_back(pending.total);
+      pending.total += shard.numel();
+      shards.push_back(shard);
+    }
+    at::TensorOptions options = shards.front().options().dtype(inst.dtypes.front());
+    pending.send = at::empty({pending.total}, options);
+    for (size_t i = 0; i < shards.size(); ++i) // the one copy in, cast included
+      pending.send.narrow(0, pending.offsets[i], shards[i].numel()).view(shards[i].sizes()).copy_(shards[i]);
+    pending.recv = at::empty({pending.ranks * pending.total}, options);
+    pending.work = pg._allgather_base(pending.recv, pending.send);
+    launch(inst, std::move(pending));
+  }
+
+  void startReduction(const Instruction &inst) {
+    bool scatter = inst.kind == Instruction::Kind::ReduceScatter;
+    c10d::ProcessGroup &pg = group(inst.group);
+    InFlight pending{&inst};
+    pending.ranks = pg.getSize();
+    for (const std::vector<int64_t> &shape : inst.shapes) {
+      pending.offsets.push_back(pending.total);
+      pending.total += c10::multiply_integers(shape);
+    }
+    const at::Tensor &first = tensor(inst.inputs.front());
+    at::TensorOptions options = first.options().dtype(inst.reduceType);
+    int64_t ranks = scatter ? pending.ranks : 1;
+    pending.send = at::empty({ranks, pending.total}, options);
+    for (size_t i = 0; i < inst.inputs.size(); ++i) {
+      const at::Tensor &input = tensor(inst.inputs[i]);
+      const std::vector<int64_t> &shape = inst.shapes[i];
+      at::Tensor region = pending.send.narrow(1, pending.offsets[i], c10::multiply_integers(shape));
+      if (!scatter) {
+        if (input.sizes() != at::IntArrayRef(shape))
+          throw std::runtime_error("input " + std::to_string(i) + " has shape " + shapeText(input.sizes()) +
+                                   ", expected " + shapeText(shape));
+        region.view(input.sizes()).copy_(input);
+        continue;
+      }
+      packScatterInput(input, shape, region, i);
+    }
+    if (inst.preDivide != 1.0)
+      pending.send.div_(inst.preDivide);
+    at::Tensor flat = pending.send.view(-1);
+    if (scatter) {
+      pending.recv = at::empty({pending.total}, options);
+      c10d::ReduceScatterOptions opts;
+      opts.reduceOp = toReduceOp(inst.reduction);
+      pending.work = pg._reduce_scatter_base(pending.recv, flat, opts);
+    } else {
+      pending.recv = flat;
+      c10d::AllreduceOptions opts;
+      opts.reduceOp = toReduceOp(inst.reduction);
+      std::vector<at::Tensor> tensors{flat};
+      pending.work = pg.allreduce(tensors, opts);
+    }
+    launch(inst, std::move(pending));
+  }
+
+  /// Copies a full tensor into `region` ([ranks, shard elements], one row
+  /// per destination rank) in FSDP's padded layout: whole shards in one
+  /// strided copy, then the partial shard, then zeros for the padding.
+  void packScatterInput(const at::Tensor &full, const std::vector<int64_t> &shardShape,
+                        const at::Tensor &region, size_t index) {
+    int64_t ranks = region.size(0), rows = shardShape.at(0);
+    std::vector<int64_t> rest(shardShape.begin() + 1, shardShape.end());
+    if (full.dim() != static_cast<int64_t>(shardShape.size()) ||
+        full.sizes().slice(1) != at::IntArrayRef(rest) || shardRowsOf(full.size(0), ranks) != rows)
+      throw std::runtime_error("input " + std::to_string(index) + " of shape " + shapeText(full.sizes()) +
+                               " does not shard into " + shapeText(shardShape));
+    int64_t dim0 = full.size(0);
+    int64_t whole = rows == 0 ? 0 : std::min(dim0 / rows, ranks);
+    std::vector<int64_t> blocks{whole, rows};
+    blocks.insert(blocks.end(), rest.begin(), rest.end());
+    if (whole > 0)
+      region.narrow(0, 0, whole).view(blocks).copy_(full.narrow(0, 0, whole * rows).view(blocks));
+    int64_t partial = dim0 - whole * rows, rowElements = c10::multiply_integers(rest);
+    int64_t firstEmpty = whole;
+    if (partial > 0) {
+      at::Tensor block = region.select(0, whole);
+      std::vector<int64_t> partialShape{partial};
+      partialShape.insert(partialShape.end(), rest.begin(), rest.end());
+      block.narrow(0, 0, partial * rowElements).view(partialShape).copy_(full.narrow(0, whole * rows, partial));
+      block.narrow(0, partial * rowElements, (rows - partial) * rowElements).zero_();
+      ++firstEmpty;
+    }
+    if (firstEmpty < ranks)
+      region.narrow(0, firstEmpty, ranks - firstEmpty).zero_();
+  }
+
+  void launch(const Instruction &inst, InFlight pending) {
+    InFlight &entry = futures.at(inst.future);
+    if (entry.started)
+      throw std::runtime_error("future " + std::to_string(inst.future) + " is started twice");
+    pending.started = true;
+    pending.startUs = in.trace ? nowUs() : 0;
+    entry = std::move(pending);
+  }
+
+  void wait(const Instruction &inst) {
+    InFlight pending = std::move(futures.at(inst.future));
+    futures[inst.future] = InFlight();
+    if (!pending.started)
+      throw std::runtime_error("future " + std::to_string(inst.future) + " was not started or is waited twice");
+    const Instruction &start = *pending.inst;
+    try {
+      if (!pending.work->wait(in.timeout))
+        throw std::runtime_error("did not complete");
+    } catch (const std::exception &error) {
+      throw std::runtime_error(describe(start) + " failed or timed out after " +
+                               std::to_string(in.timeout.count()) + " ms: " + error.what());
+    }
+    pending.work.reset();
+    if (inst.results.size() != start.shapes.size())
+      throw std::runtime_error("the wait takes " + std::to_string(inst.results.size()) +
+                               " results from a collective with " + std::to_string(start.shapes.size()));
+    if (start.kind == Instruction::Kind::AllGather)
+      copyOutGathered(start, pending, inst.results);
+    else
+      takeReduced(start, pending, inst.results);
+    if (in.trace)
+      out.trace.push_back({describe(start), "collective", "", pending.startUs, nowUs() - pending.startUs});
+  }
+
+  /// Copies each parameter out of the gathered buffer (rank-major blocks of
+  /// the packed shards) into its own unpadded tensor: whole shards in one
+  /// strided copy, then the partial one.
+  void copyOutGathered(const Instruction &start, InFlight &pending, const std::vector<int> &results) {
+    at::Tensor byRank = pending.recv.view({pending.ranks, pending.total});
+    for (size_t i = 0; i < start.shapes.size(); ++i) {
+      const std::vector<int64_t> &shape = start.shapes[i];
+      int64_t dim0 = shape[0], rows = shardRowsOf(dim0, pending.ranks);
+      int64_t rowElements = c10::multiply_integers(shape.begin() + 1, shape.end());
+      at::Tensor full = at::empty(shape, pending.recv.options());
+      int64_t whole = rows == 0 ? 0 : std::min(dim0 / rows, pending.ranks);
+      if (whole > 0)
+        full.narrow(0, 0, whole * rows)
+            .view({whole, rows * rowElements})
+            .copy_(byRank.narrow(0, 0, whole).narrow(1, pending.offsets[i], rows * rowElements));
+      int64_t partial = dim0 - whole * rows;
+      if (partial > 0)
+        full.narrow(0, whole * rows, partial)
+            .view({partial * rowElements})
+            .copy_(byRank.select(0, whole).narrow(0, pending.offsets[i], partial * rowElements));
+      if (results[i] >= 0)
+        slots[results[i]] = std::move(full);
+    }
+  }
+
+  void takeReduced(const Instruction &start, InFlight &pending, const std::vector<int> &results) {
+    double divide = start.postDivide * (start.reduction == Reduction::Average ? pending.ranks : 1);
+    if (divide != 1.0)
+      pending.recv.div_(divide);
+    for (size_t i = 0; i < start.shapes.size(); ++i) {
+      at::Tensor value = pending.recv.narrow(0, pending.offsets[i], c10::multiply_integers(start.shapes[i]))
+                             .view(start.shapes[i]);
+      if (start.dtypes[i] != start.reduceType)
+        value = value.to(start.dtypes[i]);
+      if (results[i] >= 0)
+        slots[results[i]] = std::move(value);
+    }
+  }
+
+  void reshard(const Instruction &inst) {
+    for (int slot : inst.inputs) {
+      if (!in.checkReshardFrees) {
+        slots[slot] = c10::IValue();
+        continue;
+      }
+      c10::weak_intrusive_ptr<c10::StorageImpl> storage = tensor(slot).storage().getWeakStorageImpl();
+      slots[slot] = c10::IValue();
+      if (!storage.expired())
+        out.reshardLeaks.push_back("slot " + std::to_string(slot) + " (" + std::to_string(storage.use_count()) +
+                                   " references left)");
+    }
+  }
+
+  void allSlice(const Instruction &inst) {
+    c10d::ProcessGroup &pg = group(inst.group);
+    const at::Tensor &full = tensor(inst.inputs[0]);
+    auto layout = Dim0ShardLayout::create(full.size(0), pg.getSize());
+    if (!layout || layout->shardRows() != inst.rows)
+      throw std::runtime_error("a tensor of " + std::to_string(full.size(0)) + " rows does not shard into " +
+                               std::to_string(inst.rows) + " rows over " + std::to_string(pg.getSize()) + " ranks");
+    std::vector<int64_t> shape(full.sizes().begin(), full.sizes().end());
+    shape[0] = inst.rows;
+    at::Tensor shard = at::empty(shape, full.options());
+    int64_t real = layout->realRows(pg.getRank());
+    shard.narrow(0, 0, real).copy_(full.narrow(0, layout->rowBegin(pg.getRank()), real));
+    shard.narrow(0, real, inst.rows - real).zero_();
+    slots[inst.results[0]] = std::move(shard);
+  }
+
+  void record(const Instruction &inst, int64_t start) {
+    using Kind = Instruction::Kind;
+    switch (inst.kind) {
+    case Kind::Aten:
+    case Kind::Cast:
+    case Kind::AllSlice:
+      out.trace.push_back({inst.name, "compute", inst.where, start, nowUs() - start});
+      return;
+    case Kind::AllGather:
+    case Kind::ReduceScatter:
+    case Kind::AllReduce:
+      out.trace.push_back({"start " + describe(inst), "copy-in", "", start, nowUs() - start});
+      return;
+    case Kind::Wait:
+      out.trace.push_back({"wait", "wait", "", start, nowUs() - start});
+      return;
+    default:
+      return;
+    }
+  }
+
+  const Function &function;
+  StepInputs in;
+  std::vector<c10::IValue> slots;
+  std::vector<InFlight> futures;
+  StepOutputs out;
+};
+
+} // namespace
+
+StepOutputs execute(const Function &function, StepInputs inputs) {
+  return Executor(function, std::move(inputs)).run();
+}
+
+} // namespace fsdp_rt
