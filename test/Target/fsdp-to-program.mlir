@@ -39,7 +39,7 @@
 // LITERALS: {"dtype":"f32","group":null,"name":"a\"b\\\nc\u0000dé","shape":[4]
 // LITERALS-LABEL: "name": "literals"
 // LITERALS: {"name":"a\"b\\\nc\u0000dé","op":"param","result":1},
-// LITERALS: {"args":[{"tensor":0},{"bools":[true,false,true]},{"floats":[1.5,2]},{"ints":[]},{"float":"nan"},{"float":"-inf"},{"int":-3},{"bool":false},{"string":"channels_last"},{"dtype":"bf16"},null,{"tensors":[1,null]},{"string":"<device>"}],"name":"test::literals","op":"aten","overload":"","results":[2]}
+// LITERALS: {"args":[{"tensor":0},{"bools":[true,false,true]},{"floats":[1.5,2]},{"ints":[]},{"float":"nan"},{"float":"-inf"},{"int":-3},{"bool":false},{"string":"channels_last"},{"dtype":"bf16"},null,{"tensors":[1,null]},{"string":"<device>"}],"loc":"{{[^"]*}}","name":"test::literals","op":"aten","overload":"","results":[2]}
 // LITERALS-NEXT: {"op":"release","values":[0,1]},
 // LITERALS-NEXT: {"op":"return","values":[2]}
 fsdp.unit @root root
