@@ -63,6 +63,24 @@ def ActivationCheckpointPass : Pass<"fsdp-activation-checkpoint", "::mlir::Modul
   ];
 }
 
+def SelectiveRecomputePass : Pass<"fsdp-selective-recompute", "::mlir::ModuleOp"> {
+  let summary = "Recompute cheap forward ops in backward instead of saving their results.";
+  let description = [{
+    A forward call of one of `ops` whose result backward reads is cloned
+    right before its first backward reader, and backward reads the clone,
+    when every tensor it reads is read by backward anyway. The original
+    result then dies in forward, so the activations saved for backward
+    shrink and no lifetime grows. The default `ops` are cheap next to the
+    matmuls around them: pointwise activations (`aten::gelu`, `aten::relu`,
+    `aten::silu`, `aten::sigmoid`, `aten::tanh`) and `aten::native_layer_norm`.
+    Random operators are never recomputed.
+  }];
+  let options = [
+    ListOption<"ops", "ops", "std::string",
+               "ATen operators to recompute (default: cheap pointwise ops and layer norm)">,
+  ];
+}
+
 def ReshardAfterForwardPass : Pass<"fsdp-reshard-after-forward", "::mlir::ModuleOp"> {
   let summary = "Free gathered parameters after forward and re-gather them in backward.";
   let description = [{
@@ -172,6 +190,8 @@ def MemoryReportPass : Pass<"fsdp-memory-report", "::mlir::ModuleOp"> {
     Option<"optimizer", "optimizer", "std::string", "\"adamw\"", "adamw | adam | sgd-momentum | sgd | none">,
     Option<"format", "format", "std::string", "\"table\"", "table | json">,
     Option<"output", "output", "std::string", "\"-\"", "Report file; - for stdout">,
+    Option<"backend", "backend", "std::string", "\"gloo\"",
+           "Collective library whose temporaries to count: gloo (CPU) | nccl (GPU)">,
   ];
 }
 

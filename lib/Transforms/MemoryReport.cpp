@@ -44,6 +44,7 @@ struct Persistent {
 
 struct Walk {
   int64_t peak = 0, peakGathered = 0, peakActivations = 0, peakStaging = 0, peakGradients = 0;
+  int64_t mostGathered = 0; // gathered parameters alive at once, at any point
   Operation *peakOp = nullptr;
   int64_t savedActivations = 0;
   SmallVector<int64_t> timeline; // bytes allocated by the step, live after each op
@@ -93,7 +94,10 @@ Persistent persistentState(ModuleOp module, Step &step, int64_t statesPerElement
 /// runtime allocates at the start and frees at the wait: an all-gather packs
 /// the shards and receives every rank's; a reduce-scatter packs the padded
 /// full tensors and receives one shard of each; an all-reduce works in place.
-int64_t stagingBytes(Operation *start) {
+/// Gloo (the CPU backend) also flattens through a temporary as large as the
+/// larger buffer for all-gathers and reduce-scatters (measured with
+/// allocator events); NCCL works in the buffers it is given.
+int64_t stagingBytes(Operation *start, bool gloo) {
   auto grid = SymbolTable::lookupNearestSymbolFrom<shard::GridOp>(
       start, start->getAttrOfType<FlatSymbolRefAttr>("grid"));
   int64_t ranks = groupSize(grid, start->getAttrOfType<DenseI16ArrayAttr>("grid_axes").asArrayRef());
@@ -102,7 +106,7 @@ int64_t stagingBytes(Operation *start) {
     int64_t sent = 0;
     for (Value input : gather.getInputs())
       sent += cast<RankedTensorType>(input.getType()).getNumElements() * elementBytes(wire);
-    return sent * (1 + ranks);
+    return sent * (1 + ranks) + (gloo ? sent * ranks : 0);
   }
   Type reduce = start->getAttrOfType<TypeAttr>("reduce_dtype").getValue();
   int64_t sent = 0, received = 0;
@@ -115,13 +119,13 @@ int64_t stagingBytes(Operation *start) {
       sent += out.getNumElements() * elementBytes(reduce);
     }
   }
-  return sent + received;
+  return sent + received + (gloo && isa<ReduceScatterStartOp>(start) ? sent : 0);
 }
 
 /// Walks the schedule in program order, tracking the storage the step
 /// allocates: the same lifetimes the runtime follows (fsdp.release and
 /// fsdp.reshard free; a value nothing releases lives to the end of the step).
-Walk walkSchedule(Step &step) {
+Walk walkSchedule(Step &step, bool gloo) {
   Block &body = step.body();
   DenseMap<Operation *, int64_t> index;
   for (auto [i, op] : llvm::enumerate(body))
@@ -156,7 +160,7 @@ Walk walkSchedule(Step &step) {
     }
     if (isCollectiveStart(&op)) {
       WaitOp wait = waitOf(&op);
-      storages.push_back({stagingBytes(&op), here, index[wait], Staging, Value(), {}});
+      storages.push_back({stagingBytes(&op, gloo), here, index[wait], Staging, Value(), {}});
       for (Value result : wait.getResults())
         allocate(result, index[wait], isa<AllGatherStartOp>(op) ? Gathered : Gradient);
       continue;
@@ -199,6 +203,7 @@ Walk walkSchedule(Step &step) {
     for (int kind = 0; kind < NumKinds; ++kind)
       total += live[kind] += byKind[kind][i];
     walk.timeline.push_back(total);
+    walk.mostGathered = std::max(walk.mostGathered, live[Gathered]);
     if (total > walk.peak) {
       walk.peak = total;
       walk.peakGathered = live[Gathered];
@@ -253,13 +258,17 @@ struct MemoryReportPass : public fsdp::impl::MemoryReportPassBase<MemoryReportPa
       return signalPassFailure();
     if (failed(checkReportFormat(module, format)))
       return signalPassFailure();
+    if (backend != "gloo" && backend != "nccl") {
+      module.emitError() << "unknown collective backend '" << backend << "'; use gloo or nccl";
+      return signalPassFailure();
+    }
     llvm::json::Array reports;
     std::string table;
     llvm::raw_string_ostream out(table);
     Builder builder(module.getContext());
     for (Step &step : collectSteps(module)) {
       Persistent state = persistentState(module, step, *states);
-      Walk walk = walkSchedule(step);
+      Walk walk = walkSchedule(step, backend == "gloo");
       // Gradient shards are made by the step (the walk counts them from their
       // reduction's wait); the rest exists when the step starts.
       int64_t atStart = state.total() - state.grads;
@@ -297,6 +306,7 @@ struct MemoryReportPass : public fsdp::impl::MemoryReportPassBase<MemoryReportPa
                                       {"op", walk.peakOp->getName().getStringRef()},
                                       {"location", peakLoc}, {"largest", std::move(largest)}}},
           {"saved_activations", walk.savedActivations},
+          {"most_gathered_params", walk.mostGathered},
           {"timeline", llvm::json::Array(walk.timeline)}});
 
       out << "memory per rank: @" << step.func.getSymName() << " (optimizer " << optimizer << ")\n";
@@ -318,6 +328,8 @@ struct MemoryReportPass : public fsdp::impl::MemoryReportPassBase<MemoryReportPa
       out << "    at " << walk.peakOp->getName() << " " << peakLoc << "\n";
       for (auto &[bytes, value] : walk.largestAtPeak)
         out << llvm::format("      %12lld B  ", (long long)bytes) << describe(value) << "\n";
+      out << llvm::format("  %-24s %14lld B  %s\n", "most gathered at once", (long long)walk.mostGathered,
+                          mib(walk.mostGathered).c_str());
       out << llvm::format("  %-24s %14lld B  %s\n", "saved for backward",
                           (long long)walk.savedActivations, mib(walk.savedActivations).c_str());
     }

@@ -52,6 +52,11 @@ public:
       for (int64_t k = depth; k >= 1; --k) {
         // Right after the wait of the unit k earlier, never before the
         // previous start, so starts keep their order.
+        // Backward starts where the loss's gradient is at its largest, so
+        // its first units are not started early (FSDP2 gathers them on
+        // demand too); forward has nothing alive yet at its start.
+        if (j < static_cast<size_t>(k) && backward)
+          continue;
         Operation *target = j >= static_cast<size_t>(k)
                                 ? waitOf(gathers[j - k])->getNextNode()
                                 : phaseStart;

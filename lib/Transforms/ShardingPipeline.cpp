@@ -52,6 +52,10 @@ struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOpti
                                   llvm::cl::init("")};
   ListOption<std::string> checkpoint{*this, "checkpoint",
                                      llvm::cl::desc("Wrap units to recompute in backward (* for all)")};
+  Option<bool> selectiveRecompute{
+      *this, "selective-recompute",
+      llvm::cl::desc("Recompute cheap ops (activations, layer norm) in backward instead of saving them"),
+      llvm::cl::init(true)};
   Option<bool> gradientAccumulation{*this, "gradient-accumulation",
                                     llvm::cl::desc("Also emit <step>_no_sync microbatch steps"),
                                     llvm::cl::init(false)};
@@ -64,6 +68,9 @@ struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOpti
   Option<std::string> commReport{*this, "comm-report",
                                  llvm::cl::desc("Write the communication report here (- for stdout)"),
                                  llvm::cl::init("")};
+  Option<std::string> backend{*this, "backend",
+                              llvm::cl::desc("Collective library the memory report models: gloo | nccl"),
+                              llvm::cl::init("gloo")};
   Option<std::string> reportFormat{*this, "report-format", llvm::cl::desc("table | json"),
                                    llvm::cl::init("table")};
   Option<std::string> trace{*this, "trace", llvm::cl::desc("Write a Chrome trace of the schedule here"),
@@ -95,6 +102,8 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
     recompute.units = llvm::to_vector(options.checkpoint);
     pm.addPass(createActivationCheckpointPass(recompute));
   }
+  if (options.selectiveRecompute)
+    pm.addPass(createSelectiveRecomputePass());
   ReshardAfterForwardPassOptions reshard;
   reshard.mode = mode;
   reshard.root = options.reshardRoot;
@@ -112,6 +121,7 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
     memory.optimizer = options.optimizer;
     memory.format = options.reportFormat;
     memory.output = options.memoryReport;
+    memory.backend = options.backend;
     pm.addPass(createMemoryReportPass(memory));
   }
   if (!options.commReport.empty()) {

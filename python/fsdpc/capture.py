@@ -229,7 +229,7 @@ def _export(step: _TrainingStep, batch: tuple) -> ExportedProgram:
             raise CaptureError(f"{where}: cannot capture `{where.code}`: {reason}") from error
         raise CaptureError(f"cannot capture the training step: {reason}") from error
     with _quiet_torch_logs():
-        return program.run_decompositions()
+        return program.run_decompositions(_decompositions())
 
 
 def _alias_groups(model: nn.Module) -> dict[int, list[str]]:
@@ -453,9 +453,21 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], trainab
 _STATIC_ASSERTIONS = {torch.ops.aten._assert_tensor_metadata.default}
 
 
+# Operators kept whole although core ATen decomposes them: their
+# decompositions materialize extra full-size temporaries (nll_loss_forward
+# becomes a gather whose gradient is zeros + scatter_add of the logits' size),
+# while their kernels, the ones eager PyTorch runs, allocate only the result.
+_KEPT_WHOLE = ("nll_loss_forward", "nll_loss_backward", "_log_softmax_backward_data", "_softmax_backward_data",
+               "native_layer_norm_backward", "embedding_dense_backward")
+
+
 def _decompositions():
     from torch._decomp import core_aten_decompositions
-    return core_aten_decompositions()
+    table = core_aten_decompositions()
+    for name in _KEPT_WHOLE:
+        for overload in getattr(torch.ops.aten, name).overloads():
+            table.pop(getattr(getattr(torch.ops.aten, name), overload), None)
+    return table
 
 
 def _is_mutating(node: fx.Node) -> bool:

@@ -3,12 +3,16 @@
 // RUN: fsdp-opt %s --fsdp-sharding-pipeline="ranks=4" --fsdp-memory-report="output=%t.txt" | FileCheck %s
 // RUN: fsdp-opt %s --fsdp-sharding-pipeline="ranks=4" --fsdp-memory-report="optimizer=sgd output=%t.txt" | FileCheck %s --check-prefix=SGD
 // RUN: not fsdp-opt %s --fsdp-memory-report="optimizer=lion" 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4" --fsdp-memory-report="backend=nccl" -o /dev/null | FileCheck %s --check-prefix=NCCL
+// RUN: not fsdp-opt %s --fsdp-memory-report="backend=mpi" 2>&1 | FileCheck %s --check-prefix=BACKEND
 
 // AdamW in fp32 on N ranks: 16 bytes per parameter / N for parameter shards,
 // gradient shards and the two moments. 32 parameters on 4 ranks: 128 bytes.
 // CHECK: fsdp.memory = {batch = 16 : i64, buffers = 0 : i64, grad_accumulation = 0 : i64, grads = 32 : i64, optimizer = 64 : i64, params = 32 : i64
 // SGD: grads = 32 : i64, optimizer = 0 : i64, params = 32 : i64
 // BAD: error: unknown optimizer 'lion'; use adamw, adam, sgd-momentum, sgd or none
+// NCCL:    collective staging                300 B
+// BACKEND: error: unknown collective backend 'mpi'; use gloo or nccl
 fsdp.unit @root root
 fsdp.param @w : tensor<8x4xf32> unit @root
 func.func @train_step(%x: tensor<1x4xf32>) -> tensor<f32> {
@@ -24,8 +28,9 @@ func.func @train_step(%x: tensor<1x4xf32>) -> tensor<f32> {
 // The shared step on 4 ranks: padded shards (l0.w's 10 rows take 3 per rank),
 // a frozen head without gradient or optimizer state. The peak is the
 // reduce-scatter of l0's gradients: its staging buffers (send: 4 padded
-// shards of 12 + 3 elements, receive: one of each) next to the gradients it
-// packs and l1's gradient shard, made earlier by the step.
+// shards of 12 + 3 elements = 240 B, receive: one of each = 60 B, and Gloo's
+// flattening temporary as large as the send buffer = 240 B) next to the
+// gradients it packs and l1's gradient shard, made earlier by the step.
 // TABLE:      memory per rank: @train_step (optimizer adamw)
 // TABLE-NEXT:   parameter shards                    116 B
 // TABLE-NEXT:   gradient shards                     100 B
@@ -33,19 +38,21 @@ func.func @train_step(%x: tensor<1x4xf32>) -> tensor<f32> {
 // TABLE-NEXT:   buffers                               0 B
 // TABLE-NEXT:   batch                                32 B
 // TABLE-NEXT:   gradient accumulation                 0 B
-// TABLE-NEXT:   peak (persistent + live)            892 B
-// TABLE-NEXT:     above the step's start            544 B
+// TABLE-NEXT:   peak (persistent + live)           1132 B
+// TABLE-NEXT:     above the step's start            784 B
 // TABLE-NEXT:     gathered parameters                 0 B
 // TABLE-NEXT:     activations                       204 B
-// TABLE-NEXT:     collective staging                300 B
+// TABLE-NEXT:     collective staging                540 B
 // TABLE-NEXT:     gradient shards                    40 B
 // TABLE-NEXT:     at fsdp.reduce_scatter_start loc(
 // TABLE-NEXT:              160 B  fsdp.aten aten::mm in 'l0' tensor<10x4xf32>
-// TABLE:        saved for backward                   84 B
+// TABLE:        most gathered at once               200 B
+// TABLE-NEXT:   saved for backward                   84 B
 
 // JSON:      "function": "train_step",
+// JSON:      "most_gathered_params": 200,
 // JSON:      "gathered_params": 0,
-// JSON:      "staging": 300,
+// JSON:      "staging": 540,
 // JSON:      "persistent": {
 // JSON-NEXT:   "at_step_start": 348,
 // JSON-NEXT:   "batch": 32,

@@ -5,8 +5,9 @@
 
 // Depth 1: l1's gather starts as soon as l0's arrives, before l0 computes;
 // the root's head right after l1's. The first gather of each phase has no
-// unit before it to overlap with: it starts at the top (forward) or right
-// after the loss (backward).
+// unit before it to overlap with: forward's starts at the top; backward's
+// stays right before its use, so that it does not add to the memory peak
+// of the loss's gradient.
 // CHECK:      %[[F0:.*]] = fsdp.all_gather_start {{.*}} unit @l0 :
 // CHECK-NEXT: fsdp.wait %[[F0]]
 // CHECK-NEXT: fsdp.get_param @l1.w
@@ -16,8 +17,10 @@
 // CHECK-NEXT: fsdp.get_param @head
 // CHECK-NEXT: fsdp.all_gather_start {{.*}} unit @root prefetch 1
 // CHECK:      fsdp.loss
+// CHECK:      fsdp.reshard
 // CHECK-NEXT: fsdp.get_param @l1.w
-// CHECK-NEXT: fsdp.all_gather_start {{.*}} unit @l1 :
+// CHECK-NEXT: %[[B1:.*]] = fsdp.all_gather_start {{.*}} unit @l1 :
+// CHECK-NEXT: fsdp.wait %[[B1]]
 
 // Depth 0: every gather starts right before its wait.
 // OFF-NOT: prefetch

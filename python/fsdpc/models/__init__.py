@@ -7,13 +7,14 @@ the contract for ``python -m fsdpc export --model path/to/file.py:factory``
 as well; factories take keyword options (``batch``, ``seq``) they may ignore.
 """
 
-from fsdpc.models.gpt import make_gpt
+from fsdpc.models.gpt import make_gpt, make_gpt_23m
 from fsdpc.models.llama import make_llama, make_llama3_70b
 from fsdpc.models.mlp import make_mlp
 
 BUILTIN_MODELS = {
     "mlp": make_mlp,
     "gpt": make_gpt,
+    "gpt-23m": make_gpt_23m,
     "llama": make_llama,
     "llama3-70b": make_llama3_70b,
 }

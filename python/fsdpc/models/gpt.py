@@ -70,6 +70,23 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2's initialization: weights and embeddings normal(0, 0.02),
+        biases zero, layer norms identity, and the projections that write
+        into the residual stream scaled by 1/sqrt(2 x layers), so that the
+        first loss is near ln(vocab)."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                std = residual_std if name.endswith(("attn.proj", "mlp.2")) else 0.02
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
@@ -79,11 +96,16 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
+# The 23M-parameter configuration the benchmarks use.
+GPT_23M = GPTConfig(vocab_size=8191, max_seq=128, d_model=512, n_heads=8, n_layers=6)
 
 
-def make_gpt(batch: int = 2, seq: int = 16, **_options):
-    config = GPTConfig()
+def make_gpt(batch: int = 2, seq: int = 16, config: GPTConfig = GPTConfig(), **_options):
     if not 1 <= seq <= config.max_seq:
         raise ValueError(f"gpt: seq must be in [1, {config.max_seq}], got {seq}")
     model = GPT(config)
     return model, token_batch(config.vocab_size, batch, seq), next_token_loss
+
+
+def make_gpt_23m(batch: int = 4, seq: int = 128, **options):
+    return make_gpt(batch, seq, config=GPT_23M, **options)
