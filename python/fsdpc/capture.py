@@ -240,11 +240,12 @@ def _alias_groups(model: nn.Module) -> dict[int, list[str]]:
     return groups
 
 
-def _check_outputs(program: ExportedProgram) -> None:
+def _check_outputs(program: ExportedProgram, real_fqn: dict[str, str]) -> None:
     for spec in program.graph_signature.output_specs:
         if spec.kind == OutputKind.BUFFER_MUTATION:
+            fqn = _strip_model_prefix(spec.target)
             raise CaptureError(
-                f"the training step updates buffer '{_strip_model_prefix(spec.target)}' in place "
+                f"the training step updates buffer '{real_fqn.get(fqn, fqn)}' in place "
                 "(running statistics, caches); fsdpc captures steps without buffer updates"
             )
         if spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
@@ -314,6 +315,67 @@ def _mixed_precision_casts(model: nn.Module, modules: list[nn.Module], policy: M
             parametrize.remove_parametrizations(module, name, leave_parametrized=False)
 
 
+class _AliasedNames(dict):
+    """A module's `_parameters` or `_buffers` under tracing-safe names.
+
+    torch.export prints parameter and buffer names into generated Python, so
+    a name that is not an identifier (a newline, NUL, quotes) breaks it. While
+    capturing, the dict holds each such entry under a safe name; the model's
+    own code still finds it by its real name (`getattr(self, name)`), which
+    this dict translates."""
+
+    def __init__(self, entries: dict, renamed: dict[str, str]):
+        super().__init__(entries)
+        self.safe_of = renamed  # real name -> safe name
+
+    def _key(self, name):
+        return self.safe_of.get(name, name)
+
+    def __contains__(self, name):
+        return super().__contains__(self._key(name))
+
+    def __getitem__(self, name):
+        return super().__getitem__(self._key(name))
+
+    def __setitem__(self, name, value):
+        super().__setitem__(self._key(name), value)
+
+    def __delitem__(self, name):
+        super().__delitem__(self._key(name))
+
+    def get(self, name, default=None):
+        return super().get(self._key(name), default)
+
+
+@contextlib.contextmanager
+def _tracing_safe_names(model: nn.Module):
+    """Renames parameters and buffers whose names are not identifiers for the
+    duration of the capture; yields {safe FQN: real FQN} for every renamed one."""
+    real_fqn: dict[str, str] = {}
+    swapped: list[tuple[nn.Module, str, dict]] = []
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        for table in ("_parameters", "_buffers"):
+            entries = module.__dict__[table]
+            hostile = [name for name in entries if not name.isidentifier()]
+            if not hostile:
+                continue
+            renamed = {name: f"fsdpc_renamed_{len(real_fqn) + i}" for i, name in enumerate(hostile)}
+            for name, safe in renamed.items():
+                real_fqn[f"{prefix}.{safe}" if prefix else safe] = f"{prefix}.{name}" if prefix else name
+            swapped.append((module, table, entries))
+            module.__dict__[table] = _AliasedNames(
+                {renamed.get(name, name): value for name, value in entries.items()}, renamed)
+    try:
+        yield real_fqn
+    finally:
+        for module, table, entries in reversed(swapped):
+            aliased = module.__dict__[table]
+            real_of = {safe: name for name, safe in aliased.safe_of.items()}
+            entries.clear()
+            entries.update({real_of.get(name, name): value for name, value in dict.items(aliased)})
+            module.__dict__[table] = entries
+
+
 def capture_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *,
                           mixed_precision: MixedPrecision | None = None,
                           unit_modules: Sequence[str] = ()) -> CapturedStep:
@@ -326,10 +388,19 @@ def capture_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_
             raise CaptureError(f"batch item {index} is a {type(item).__name__}; a batch is a tuple of tensors")
     step = _TrainingStep(model, loss_fn)
     units = [model.get_submodule(name) for name in unit_modules]
-    with _mixed_precision_casts(model, units, mixed_precision):
-        program = _export(step, batch)
-        aliases = _alias_groups(model)
-    _check_outputs(program)
+    with _tracing_safe_names(model) as real_fqn:
+        with _mixed_precision_casts(model, units, mixed_precision):
+            program = _export(step, batch)
+            aliases = {identity: [real_fqn.get(n, n) for n in names]
+                       for identity, names in _alias_groups(model).items()}
+        _check_outputs(program, real_fqn)
+        # Parameters are identified by the tensors the model holds, so this
+        # runs after the casts are undone but while the safe names hold.
+        return _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision)
+
+
+def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision) -> CapturedStep:
+    """The joint forward + backward graph of an exported step."""
 
     state = {**dict(program.named_parameters()), **dict(program.named_buffers())}
     inputs: list[tuple[str, object]] = []
@@ -348,7 +419,7 @@ def capture_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_
                 export_to_joint.append(joint_index_of_param[identity])
                 continue
             tensor = state[spec.target]
-            fqn = _strip_model_prefix(spec.target)
+            fqn = real_fqn.get(_strip_model_prefix(spec.target), _strip_model_prefix(spec.target))
             names = aliases.get(identity, [fqn])
             params.append(ParamInfo(fqn, tuple(tensor.shape), tensor.dtype, tensor.requires_grad,
                                     [n for n in names if n != fqn]))
@@ -360,7 +431,7 @@ def capture_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_
         export_to_joint.append(len(inputs))
         if spec.kind == InputKind.BUFFER:
             tensor = state[spec.target]
-            fqn = _strip_model_prefix(spec.target)
+            fqn = real_fqn.get(_strip_model_prefix(spec.target), _strip_model_prefix(spec.target))
             buffers.append(BufferInfo(fqn, tuple(tensor.shape), tensor.dtype))
             inputs.append(("buffer", fqn))
             flat_args.append(tensor.detach())

@@ -39,12 +39,28 @@ def tensor_type(shape: Iterable[int], dtype: torch.dtype, where: str) -> str:
     return "tensor<" + "".join(f"{d}x" for d in dims) + element_type(dtype, where) + ">"
 
 
+def _quoted(text: str) -> str:
+    """An MLIR string literal holding exactly `text`'s UTF-8 bytes: printable
+    ASCII as is, quotes and backslashes escaped, every other byte (control
+    characters, NUL, non-ASCII) as a two-digit hex escape."""
+    out = []
+    for byte in text.encode("utf-8"):
+        char = chr(byte)
+        if char in '"\\':
+            out.append("\\" + char)
+        elif 0x20 <= byte < 0x7F:
+            out.append(char)
+        else:
+            out.append(f"\\{byte:02X}")
+    return '"' + "".join(out) + '"'
+
+
 def symbol(name: str) -> str:
-    return '@"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return "@" + _quoted(name)
 
 
 def string(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    return _quoted(text)
 
 
 def float_literal(value: float) -> str:

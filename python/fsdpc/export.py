@@ -30,7 +30,10 @@ class ExportResult:
         tied = sum(len(p.aliases) for p in params)
         calls = [n for n in self.step.graph.nodes if n.op == "call_function"
                  and getattr(n.target, "__name__", "") != "getitem"]
-        loss_at = calls.index(self.step.loss) + 1 if self.step.loss in calls else len(calls)
+        loss = self.step.loss
+        while getattr(loss.target, "__name__", "") == "getitem":  # a result of a multi-result op
+            loss = loss.args[0]
+        loss_at = calls.index(loss) + 1 if loss in calls else len(calls)
         classes: dict[str, int] = {}
         for unit in self.plan.units[1:]:
             classes[unit.module_class] = classes.get(unit.module_class, 0) + 1

@@ -69,8 +69,10 @@ class CompiledStep:
         lap("capture")
         with tempfile.TemporaryDirectory() as scratch:
             report = Path(scratch) / "memory.json"
+            # Locations travel on, so that runtime errors name the user's line.
             self.sharded_ir = run_fsdp_opt(exported.mlir, [
-                f"--fsdp-sharding-pipeline={options.strip()} memory-report={report} report-format=json"])
+                f"--fsdp-sharding-pipeline={options.strip()} memory-report={report} report-format=json",
+                "--mlir-print-debuginfo"])
             self.memory_report = {entry["function"]: entry for entry in json.loads(report.read_text())}
         lap("fsdp-opt")
         self.program = translate(self.sharded_ir)

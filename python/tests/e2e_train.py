@@ -42,6 +42,9 @@ def main() -> None:
     parser.add_argument("--freeze", default="")
     parser.add_argument("--rank1-pipeline", default=None,
                         help="a different pipeline on rank 1 (to test the schedule check)")
+    parser.add_argument("--check-reshard-frees", action="store_true",
+                        help="fail if a gathered parameter outlives its reshard")
+    parser.add_argument("--trace", default=None, help="record the last step as a Chrome trace here")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     dist.init_process_group("gloo")
@@ -63,23 +66,26 @@ def main() -> None:
     pipeline = args.pipeline + (" gradient-accumulation=true" if args.accumulate > 1 else "")
     if rank == 1 and args.rank1_pipeline is not None:
         pipeline = args.rank1_pipeline
-    step = compile_step(model, my_part(batches[0], 0), loss_fn, pipeline=pipeline, mixed_precision=policy)
+    step = compile_step(model, my_part(batches[0], 0), loss_fn, pipeline=pipeline, mixed_precision=policy,
+                        check_reshard_frees=args.check_reshard_frees)
     optimizer = torch.optim.AdamW(step.parameters(), lr=1e-2, weight_decay=0.1, eps=ADAM_EPS)
     losses = []
     for i in range(args.steps):
         total = 0.0
         for micro in range(args.accumulate):
             batch = my_part(batches[i], micro)
-            loss = step(*batch, sync=micro == args.accumulate - 1)
+            traced = args.trace is not None and i == args.steps - 1
+            loss = step(*batch, sync=micro == args.accumulate - 1, trace=traced)
             total += float(loss)
         optimizer.step()
         optimizer.zero_grad()
         reported = torch.tensor([total / args.accumulate])
         dist.all_reduce(reported)
         losses.append(float(reported) / world)
+    summary = step.write_trace(args.trace) if args.trace else None
     params = step.full_parameters()
     if rank == 0:
-        torch.save({"losses": losses, "params": params}, args.out)
+        torch.save({"losses": losses, "params": params, "trace_summary": summary}, args.out)
     dist.destroy_process_group()
 
 

@@ -2,6 +2,7 @@
 sharded step over Gloo; per-step losses and the final parameters must equal
 single-process eager PyTorch on the same global batches."""
 
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from fsdpc.capture import MixedPrecision, _mixed_precision_casts
 from fsdpc.export import load_factory
 
 SCRIPT = Path(__file__).with_name("e2e_train.py")
+HOSTILE = f"{Path(__file__).with_name('hostile_names.py')}:make"
 PYTHON_DIR = Path(__file__).resolve().parents[1]
 STEPS, GLOBAL_BATCH = 5, 12
 
@@ -86,8 +88,39 @@ def test_mlp_full_shard_matches_eager(tmp_path, ranks):
 
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_gpt_full_shard_matches_eager(tmp_path, ranks):
-    # Uneven shards of the 1021-row tied embedding on every rank count.
-    check(launch(tmp_path, "gpt", ranks), eager("gpt"))
+    # Uneven shards of the 1021-row tied embedding on every rank count. Every
+    # gathered parameter's storage must be gone right after its reshard.
+    check(launch(tmp_path, "gpt", ranks, "--check-reshard-frees"), eager("gpt"))
+
+
+def test_hostile_parameter_names_train_and_come_back_unchanged(tmp_path):
+    from hostile_names import HOSTILE as NAME
+
+    result = launch(tmp_path, HOSTILE, 2)
+    assert NAME in result["params"]
+    check(result, eager(HOSTILE))
+
+
+def test_measured_trace_has_every_rank_and_names_user_lines(tmp_path):
+    trace_file = tmp_path / "trace.json"
+    result = launch(tmp_path, "gpt", 2, "--trace", str(trace_file))
+    events = json.loads(trace_file.read_text())["traceEvents"]
+    ranks = {e["pid"] for e in events if e.get("ph") == "X"}
+    assert ranks == {0, 1}
+    categories = {e["cat"] for e in events if e.get("ph") == "X"}
+    assert {"compute", "copy-in", "wait", "collective"} <= categories
+    assert any("gpt.py" in e["args"].get("where", "") for e in events if e.get("cat") == "compute")
+    # Spans are real: collectives last from their start to their wait, and
+    # the time blocked in waits is a share of the step.
+    assert all(e["dur"] >= 0 for e in events if e.get("ph") == "X")
+    summary = result["trace_summary"]
+    assert 0 <= summary["exposed_comm_share"] <= 1 and summary["step_us"] > 0
+
+
+def test_convnet_with_strided_and_depthwise_convolutions_matches_eager(tmp_path):
+    # convolution_backward takes a bool[3] output mask; 3 ranks make the
+    # channel dimensions shard unevenly.
+    check(launch(tmp_path, "convnet", 3), eager("convnet"))
 
 
 @pytest.mark.parametrize("strategy", ["shard-grad-op", "no-shard"])

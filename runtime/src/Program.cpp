@@ -121,7 +121,7 @@ c10::IValue scalarLiteral(const Value &literal, const c10::TypePtr &type) {
   default:
     break;
   }
-  throw std::runtime_error("a " + std::string(isBool ? "bool" : isFloat ? "float" : "int") +
+  throw std::runtime_error(std::string(isBool ? "a bool" : isFloat ? "a float" : "an int") +
                            " literal cannot be a " + type->str());
 }
 

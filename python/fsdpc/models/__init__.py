@@ -7,12 +7,14 @@ the contract for ``python -m fsdpc export --model path/to/file.py:factory``
 as well; factories take keyword options (``batch``, ``seq``) they may ignore.
 """
 
+from fsdpc.models.convnet import make_convnet
 from fsdpc.models.gpt import make_gpt, make_gpt_23m
 from fsdpc.models.llama import make_llama, make_llama3_70b
 from fsdpc.models.mlp import make_mlp
 
 BUILTIN_MODELS = {
     "mlp": make_mlp,
+    "convnet": make_convnet,
     "gpt": make_gpt,
     "gpt-23m": make_gpt_23m,
     "llama": make_llama,

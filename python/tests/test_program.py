@@ -1,0 +1,106 @@
+"""The program boundary: what the compiler hands the runtime and the driver
+arrives as typed data, exactly; hostile names never become code; damaged
+programs fail at load with a message, not a crash."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fsdpc.compiler import run_fsdp_opt
+from fsdpc.export import export_training_step, load_factory
+from fsdpc.program import Program, ProgramError, translate
+
+HERE = Path(__file__).parent
+
+
+def compile_program(spec: str, options: str = "ranks=2") -> tuple[torch.nn.Module, Program]:
+    torch.manual_seed(0)
+    model, batch, loss_fn = load_factory(spec)()
+    exported = export_training_step(model, batch, loss_fn)
+    sharded = run_fsdp_opt(exported.mlir, [f"--fsdp-sharding-pipeline={options}", "--mlir-print-debuginfo"])
+    return model, translate(sharded)
+
+
+def test_hostile_names_round_trip_through_capture_compile_and_manifest():
+    from hostile_names import HOSTILE, HOSTILE_BUFFER
+
+    model, program = compile_program(f"{HERE / 'hostile_names.py'}:make")
+    assert [p.name for p in program.params] == [name for name, _ in model.named_parameters()]
+    assert HOSTILE in [p.name for p in program.params]
+    assert [b.name for b in program.buffers] == [HOSTILE_BUFFER]
+    # The name crosses as one JSON string: nothing of it outside string
+    # literals, no raw control character anywhere in the document.
+    assert not any(ord(c) < 0x20 and c != "\n" for c in program.text)
+    names = [i.get("name") for f in json.loads(program.text)["functions"] for i in f["instructions"]]
+    assert HOSTILE in names and HOSTILE_BUFFER in names
+    # The model keeps its real names after capture.
+    assert HOSTILE in dict(model.named_parameters()) and HOSTILE_BUFFER in dict(model.named_buffers())
+
+
+def test_manifest_describes_the_shard_layout():
+    model, program = compile_program("gpt", "ranks=3")
+    tok = next(p for p in program.params if p.name == "tok_emb.weight")
+    assert tok.shape == (1021, 64) and tok.shard_rows == 341 and tok.padding == 2
+    assert tok.tied == ("lm_head.weight",) and tok.unit == "root" and tok.trainable
+    (group,) = program.groups.values()
+    assert group.members == ((0, 1, 2),) and group.size == 3
+    assert program.functions["train_step"].step
+    assert program.functions["train_step"].inputs == (((2, 16), "i64"), ((2, 16), "i64"))
+
+
+def test_hybrid_groups_list_their_ranks():
+    _, program = compile_program("mlp", "ranks=2 replicas=2 strategy=hybrid-shard")
+    members = {g.axes: g.members for g in program.groups.values()}
+    assert members == {(1,): ((0, 1), (2, 3)), (0,): ((0, 2), (1, 3))}
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda t: t.replace('"version": 1', '"version": 99'), "version 99"),
+    (lambda t: t[: len(t) // 2], "JSON"),
+    (lambda t: t.replace('"op":"wait"', '"op":"teleport"', 1), "unknown instruction 'teleport'"),
+    (lambda t: t.replace('"name":"aten::mm"', '"name":"aten::no_such_op"', 1), "no ATen operator aten::no_such_op"),
+    (lambda t: t.replace('"results":[', '"results":[99999,', 1), "out of range"),
+    (lambda t: t.replace('"input_types": [{"dtype":"f32"', '"input_types": [{"dtype":"f80"'), "unknown element type 'f80'"),
+])
+def test_damaged_programs_fail_at_load_with_a_message(damage, message):
+    _, program = compile_program("mlp")
+    with pytest.raises(RuntimeError, match=message):
+        Program(damage(program.text), {}, [], [], {}).load("cpu")
+
+
+def test_the_manifest_reader_rejects_other_documents():
+    with pytest.raises(ProgramError, match="not an fsdpc.program"):
+        Program.parse('{"format": "other", "version": 1}')
+    with pytest.raises(ProgramError, match="malformed program"):
+        Program.parse('{"format": "fsdpc.program", "version": 1}')
+
+
+def test_the_reshard_check_catches_a_view_that_outlives_its_buffer():
+    """The verifier never lets IR keep a view past its buffer's reshard, so
+    this program is written by hand: it gathers a weight, keeps a transposed
+    view of it, and reshards the weight while the view is still held."""
+    import torch.distributed as dist
+    from fsdpc.program import runtime_extension
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    group = dist.new_group([0])
+    text = json.dumps({
+        "format": "fsdpc.program", "version": 1, "groups": [], "params": [], "buffers": [],
+        "functions": [{
+            "name": "leak", "step": False, "inputs": [], "input_types": [], "slots": 4, "futures": 1,
+            "instructions": [
+                {"op": "param", "name": "w", "result": 0},
+                {"op": "all_gather", "group": "g", "inputs": [0], "shapes": [[3, 2]], "dtypes": ["f32"],
+                 "future": 0},
+                {"op": "wait", "future": 0, "results": [1]},
+                {"op": "aten", "name": "aten::t", "overload": "", "args": [{"tensor": 1}], "results": [2]},
+                {"op": "reshard", "values": [1]},
+                {"op": "return", "values": [2]}]}]})
+    runtime = runtime_extension().Program(text, "cpu")
+    weight = torch.arange(6.0).reshape(3, 2)
+    out = runtime.run("leak", {"w": weight}, {}, {}, [], {"g": group}, 10.0, check_reshard_frees=True)
+    assert out["reshard_leaks"] and "references left" in out["reshard_leaks"][0]
+    torch.testing.assert_close(out["returned"][0], weight.t())
