@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fsdpc import cache
 from fsdpc.capture import MixedPrecision
 from fsdpc.compiler import run_fsdp_opt
 from fsdpc.export import export_training_step
@@ -65,18 +66,16 @@ class CompiledStep:
             clock = now
 
         options = pipeline if "ranks=" in pipeline else f"ranks={self._shard_ranks(pipeline)} {pipeline}"
-        exported = export_training_step(model, batch, loss_fn, wrap=wrap, mixed_precision=mixed_precision)
-        lap("capture")
-        with tempfile.TemporaryDirectory() as scratch:
-            report = Path(scratch) / "memory.json"
-            # Locations travel on, so that runtime errors name the user's line.
-            self.sharded_ir = run_fsdp_opt(exported.mlir, [
-                f"--fsdp-sharding-pipeline={options.strip()} memory-report={report} report-format=json",
-                "--mlir-print-debuginfo"])
-            self.memory_report = {entry["function"]: entry for entry in json.loads(report.read_text())}
-        lap("fsdp-opt")
-        self.program = translate(self.sharded_ir)
-        lap("fsdp-translate")
+        key = cache.step_key(model, batch, loss_fn, world=self.world, options={
+            "pipeline": options, "wrap": wrap, "mixed_precision": mixed_precision})
+        entry = cache.load(key)
+        lap("cache lookup")
+        if entry is None:
+            entry = self._compile(model, batch, loss_fn, options, wrap, mixed_precision, lap)
+            cache.store(key, entry)
+        self.sharded_ir = entry["sharded_ir"]
+        self.memory_report = entry["memory_report"]
+        self.program = Program.parse(entry["program"])
         self.runtime = self.program.load("cpu")
         lap("load")
         self._check_same_schedule()
@@ -87,6 +86,23 @@ class CompiledStep:
         self.accumulated: dict[str, torch.Tensor] = {}
         self.last_trace: list[tuple] = []
         lap("shard")
+
+    @staticmethod
+    def _compile(model, batch, loss_fn, options, wrap, mixed_precision, lap) -> dict:
+        """Capture, shard and lower: the cache entry of this step."""
+        exported = export_training_step(model, batch, loss_fn, wrap=wrap, mixed_precision=mixed_precision)
+        lap("capture")
+        with tempfile.TemporaryDirectory() as scratch:
+            report = Path(scratch) / "memory.json"
+            # Locations travel on, so that runtime errors name the user's line.
+            sharded_ir = run_fsdp_opt(exported.mlir, [
+                f"--fsdp-sharding-pipeline={options.strip()} memory-report={report} report-format=json",
+                "--mlir-print-debuginfo"])
+            memory_report = {entry["function"]: entry for entry in json.loads(report.read_text())}
+        lap("fsdp-opt")
+        program = translate(sharded_ir)
+        lap("fsdp-translate")
+        return {"sharded_ir": sharded_ir, "memory_report": memory_report, "program": program.text}
 
     def _shard_ranks(self, pipeline: str) -> int:
         match = re.search(r"replicas=(\d+)", pipeline)
@@ -126,6 +142,9 @@ class CompiledStep:
 
     def _make_shards(self, model: nn.Module) -> dict[str, torch.Tensor]:
         params = dict(model.named_parameters())
+        if set(params) != set(self.layout):
+            raise StepError(f"the compiled step's parameters {sorted(self.layout)} are not the model's "
+                            f"{sorted(params)}")
         shards = {}
         for name, spec in self.layout.items():
             full = params[name].detach()

@@ -85,7 +85,8 @@ def main() -> None:
     summary = step.write_trace(args.trace) if args.trace else None
     params = step.full_parameters()
     if rank == 0:
-        torch.save({"losses": losses, "params": params, "trace_summary": summary}, args.out)
+        torch.save({"losses": losses, "params": params, "trace_summary": summary,
+                    "compile_phases": step.compile_seconds}, args.out)
     dist.destroy_process_group()
 
 

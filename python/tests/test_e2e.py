@@ -101,6 +101,14 @@ def test_hostile_parameter_names_train_and_come_back_unchanged(tmp_path):
     check(result, eager(HOSTILE))
 
 
+def test_a_second_run_loads_the_cached_program(tmp_path, monkeypatch):
+    monkeypatch.setenv("FSDPC_CACHE", str(tmp_path / "cache"))
+    first = launch(tmp_path, "mlp", 2)
+    second = launch(tmp_path, "mlp", 2)
+    assert "capture" in first["compile_phases"] and "capture" not in second["compile_phases"]
+    assert second["losses"] == first["losses"]
+
+
 def test_measured_trace_has_every_rank_and_names_user_lines(tmp_path):
     trace_file = tmp_path / "trace.json"
     result = launch(tmp_path, "gpt", 2, "--trace", str(trace_file))

@@ -1,0 +1,118 @@
+"""fsdpc against PyTorch FSDP2 (eager and torch.compile) and DDP on the
+23M-parameter GPT (vocab 8191, seq 128, d 512, 8 heads, 6 layers; local
+batch 4 x 128 tokens), Gloo on CPU, one thread per rank. Each system is a
+separate torchrun job (benchmarks/train_one.py) from the same initialization
+on the same batches; systems alternate within each repeat so that all see
+the same machine drift. Usage (repository root):
+
+    PYTHONPATH=python .venv/bin/python benchmarks/compare.py --ranks 2 4 --repeats 3
+
+Repeat 0 starts with empty compile caches (cold compile: fsdpc's program
+cache, torch.compile's inductor cache); later repeats reuse them (warm).
+Prints a markdown table per rank count: medians over repeats of the step
+time (forward + backward + AdamW), the peak allocated bytes of forward +
+backward above the step's start (profiler memory events), resident memory
+after warm-up, cold and warm compile (capture to the end of the first
+step), the final loss, and for fsdpc its memory report's prediction and the
+exposed-communication share of a measured trace. Ratios are against FSDP2
+eager. --json writes every run.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SYSTEMS = ["fsdpc", "fsdp2", "fsdp2-compile", "ddp"]
+
+
+def run(system: str, ranks: int, caches: Path, steps: int, trace: Path | None) -> dict:
+    out = caches / f"{system}-{ranks}.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "OMP_NUM_THREADS": "1",
+           "FSDPC_CACHE": str(caches / "fsdpc"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+               "--master-port", str(29700 + os.getpid() % 200), str(ROOT / "benchmarks" / "train_one.py"),
+               "--system", system, "--steps", str(steps), "--out", str(out)]
+    if trace is not None and system == "fsdpc":
+        command += ["--trace", str(trace)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"{system} on {ranks} ranks failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return json.loads(out.read_text())
+
+
+def summarize(runs: dict[str, list[list[dict]]]) -> dict[str, dict]:
+    """Per system: medians over repeats of each rank's worst value."""
+    table = {}
+    for system, repeats in runs.items():
+        worst = lambda key, repeat: max(rank[key] for rank in repeat)  # noqa: E731
+        row = {
+            "step_s": statistics.median(worst("step_s", r) for r in repeats),
+            "peak_mib": statistics.median(worst("peak_fwd_bwd_mib", r) for r in repeats),
+            "rss_mib": statistics.median(worst("rss_after_warmup_mib", r) for r in repeats),
+            "cold_s": worst("compile_s", repeats[0]),
+            "warm_s": statistics.median(worst("compile_s", r) for r in repeats[1:]) if len(repeats) > 1 else None,
+            "loss": repeats[-1][0]["losses"][-1],
+        }
+        if system == "fsdpc":
+            row["predicted_mib"] = repeats[-1][0]["predicted_peak_mib"]
+            row["exposed_comm"] = statistics.median(
+                max(rank["exposed_comm_share"] for rank in r) for r in repeats)
+        table[system] = row
+    return table
+
+
+def markdown(ranks: int, table: dict[str, dict]) -> str:
+    base = table["fsdp2"]
+    lines = [f"**{ranks} ranks**", "",
+             "| system | step time | vs FSDP2 | peak allocated, fwd+bwd | vs FSDP2 | resident | "
+             "cold compile | warm compile | final loss |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for system, row in table.items():
+        warm = f"{row['warm_s']:.1f} s" if row["warm_s"] is not None else "–"
+        lines.append(
+            f"| {system} | {row['step_s'] * 1e3:.0f} ms | {row['step_s'] / base['step_s']:.2f}x | "
+            f"{row['peak_mib']:.1f} MiB | {row['peak_mib'] / base['peak_mib']:.2f}x | {row['rss_mib']:.0f} MiB | "
+            f"{row['cold_s']:.1f} s | {warm} | {row['loss']:.4f} |")
+    fsdpc = table.get("fsdpc")
+    if fsdpc:
+        lines += ["", f"fsdpc memory report: {fsdpc['predicted_mib']:.1f} MiB predicted, "
+                      f"{fsdpc['peak_mib']:.1f} MiB measured ({fsdpc['peak_mib'] / fsdpc['predicted_mib']:.2f}x); "
+                      f"exposed communication {fsdpc['exposed_comm'] * 100:.0f}% of the step (measured trace)"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per run")
+    parser.add_argument("--systems", nargs="+", default=SYSTEMS)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--trace", default=None, help="write fsdpc's measured trace (last run) here")
+    args = parser.parse_args()
+    everything = {}
+    for ranks in args.ranks:
+        with tempfile.TemporaryDirectory() as scratch:
+            caches = Path(scratch)
+            runs: dict[str, list[list[dict]]] = {system: [] for system in args.systems}
+            for repeat in range(args.repeats):
+                for system in args.systems:
+                    trace = Path(args.trace) if args.trace else None
+                    runs[system].append(run(system, ranks, caches, args.steps, trace))
+                    print(f"[{ranks} ranks, repeat {repeat}] {system}: "
+                          f"{runs[system][-1][0]['step_s'] * 1e3:.0f} ms/step", file=sys.stderr, flush=True)
+        table = summarize(runs)
+        everything[ranks] = {"summary": table, "runs": runs}
+        print(markdown(ranks, table) + "\n", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(everything, indent=1))
+
+
+if __name__ == "__main__":
+    main()

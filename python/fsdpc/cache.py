@@ -1,0 +1,161 @@
+"""The compiled-program cache: a warm start skips capture and compilation.
+
+An entry holds what compiling produced (the program, the memory report, the
+sharded IR), under a key computed without capturing: everything that can
+change the result. That is the model's structure (every module's class,
+plain attributes, parameter and buffer names, shapes, dtypes, ties), the
+batch's shapes and dtypes, the options and world size, the versions of
+Python, torch and fsdpc (its compiler binaries), and the content of every
+Python source file the job has loaded from outside the standard library and
+installed packages (the model's and the loss's code, and what they call),
+plus the files that define the model's classes and the loss wherever they
+live. Editing any of those compiles afresh. `FSDPC_CACHE` moves the cache
+(default ~/.cache/fsdpc); `FSDPC_CACHE=off` turns it off.
+
+The directory is private (0700, owned by the user; anything else is
+refused) and entries are written under a temporary name and renamed, so a
+killed writer never leaves a partial entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import stat
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+from fsdpc.compiler import find_fsdp_opt
+
+ENTRY_VERSION = 1
+_SIMPLE = (bool, int, float, str, type(None))
+
+
+class CacheError(RuntimeError):
+    """The cache directory cannot be used safely."""
+
+
+def directory() -> Path | None:
+    setting = os.environ.get("FSDPC_CACHE", "")
+    if setting.lower() in ("off", "0", "no"):
+        return None
+    path = Path(setting) if setting else Path.home() / ".cache" / "fsdpc"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
+        raise CacheError(f"fsdpc cache {path} must be owned by you and private (chmod 700), "
+                         f"it has mode {oct(stat.S_IMODE(info.st_mode))} and owner {info.st_uid}")
+    return path
+
+
+def _file_digest(path: str | os.PathLike, digests: dict) -> str:
+    if path not in digests:
+        try:
+            digests[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        except OSError:
+            digests[path] = "unreadable"
+    return digests[path]
+
+
+def _user_source_files() -> list[str]:
+    """Python files loaded from outside the standard library and site-packages."""
+    installed = {os.path.realpath(p) for key in ("stdlib", "platstdlib", "purelib", "platlib")
+                 if (p := sysconfig.get_paths().get(key))}
+    files = set()
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not path or not path.endswith(".py"):
+            continue
+        real = os.path.realpath(path)
+        if not any(real.startswith(root + os.sep) for root in installed):
+            files.add(real)
+    return sorted(files)
+
+
+def _plain(value) -> object:
+    if isinstance(value, _SIMPLE):
+        return value
+    if isinstance(value, (tuple, list)) and all(isinstance(v, _SIMPLE) for v in value):
+        return list(value)
+    return None
+
+
+def _defining_file(obj) -> str | None:
+    """The source file of a class or function, also for modules loaded from
+    a path (which inspect cannot find through sys.modules)."""
+    try:
+        return inspect.getsourcefile(obj)
+    except (TypeError, OSError):
+        pass
+    for code_holder in (getattr(obj, "forward", None), obj):
+        code = getattr(code_holder, "__code__", None)
+        if code is not None:
+            return code.co_filename
+    return None
+
+
+def _code_of(fn) -> list:
+    """Where a callable is defined, and the plain values it closes over."""
+    source = _defining_file(fn)
+    cells = [_plain(c.cell_contents) for c in (getattr(fn, "__closure__", None) or ())]
+    return [getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(fn)), source, cells]
+
+
+def step_key(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *, options: dict,
+             world: int) -> str:
+    digests: dict = {}
+    modules = []
+    for name, module in model.named_modules(remove_duplicate=False):
+        attributes = {k: _plain(v) for k, v in sorted(vars(module).items()) if not k.startswith("_")}
+        modules.append([name, type(module).__module__, type(module).__qualname__, attributes,
+                        _file_digest(_defining_file(type(module)) or "", digests)])
+    identity: dict[int, int] = {}
+    params = [[name, list(p.shape), str(p.dtype), p.requires_grad, identity.setdefault(id(p), len(identity))]
+              for name, p in model.named_parameters(remove_duplicate=False)]
+    buffers = [[name, list(b.shape), str(b.dtype)] for name, b in model.named_buffers(remove_duplicate=False)]
+    loss = _code_of(loss_fn)
+    if loss[2]:
+        loss.append(_file_digest(loss[2], digests))
+    tools = find_fsdp_opt()
+    key = {
+        "entry": ENTRY_VERSION, "python": sys.version, "torch": torch.__version__, "world": world,
+        "options": {k: (_code_of(v) if callable(v) else repr(v)) for k, v in sorted(options.items())},
+        "modules": modules, "params": params, "buffers": buffers, "loss": loss,
+        "batch": [[list(t.shape), str(t.dtype)] for t in batch],
+        "tools": [_file_digest(tools, digests), _file_digest(tools.with_name("fsdp-translate"), digests)],
+        "sources": [[path, _file_digest(path, digests)] for path in _user_source_files()],
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def load(key: str) -> dict | None:
+    root = directory()
+    if root is None:
+        return None
+    try:
+        entry = json.loads((root / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return entry if entry.get("key") == key and entry.get("entry") == ENTRY_VERSION else None
+
+
+def store(key: str, entry: dict) -> None:
+    root = directory()
+    if root is None:
+        return
+    descriptor, temporary = tempfile.mkstemp(dir=root, prefix=f".{key}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "w") as out:
+            json.dump({**entry, "key": key, "entry": ENTRY_VERSION}, out)
+        os.replace(temporary, root / f"{key}.json")
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,70 @@
+"""The program cache: keys change with everything that changes the program,
+and the cache directory is private and written atomically."""
+
+import os
+import stat
+
+import pytest
+import torch
+
+from fsdpc import cache
+from fsdpc.export import load_factory
+
+
+def key(model=None, batch=None, loss_fn=None, options=None, world=2):
+    torch.manual_seed(0)
+    default_model, default_batch, default_loss = load_factory("gpt")()
+    return cache.step_key(model or default_model, batch or default_batch, loss_fn or default_loss,
+                          options=options or {"pipeline": "ranks=2"}, world=world)
+
+
+def test_the_key_is_stable_and_ignores_parameter_values():
+    torch.manual_seed(0)
+    model, batch, loss_fn = load_factory("gpt")()
+    first = key(model, batch, loss_fn)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    assert key(model, batch, loss_fn) == first
+
+
+def test_the_key_changes_with_what_changes_the_program():
+    torch.manual_seed(0)
+    model, batch, loss_fn = load_factory("gpt")()
+    base = key(model, batch, loss_fn)
+    assert key(model, batch, loss_fn, world=4) != base
+    assert key(model, batch, loss_fn, options={"pipeline": "ranks=2 strategy=no-shard"}) != base
+    assert key(model, tuple(t[:1] for t in batch), loss_fn) != base
+    assert key(model, batch, lambda m, x, y: loss_fn(m, x, y) * 2) != base
+    model.blocks[0].attn.n_heads = 2  # same shapes, different computation
+    assert key(model, batch, loss_fn) != base
+    model.blocks[0].attn.n_heads = 4
+    model.blocks[0].ln1.weight.requires_grad_(False)
+    assert key(model, batch, loss_fn) != base
+
+
+def test_entries_are_written_whole_and_read_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("FSDPC_CACHE", str(tmp_path / "cache"))
+    assert cache.load("k" * 64) is None
+    cache.store("k" * 64, {"program": "p", "memory_report": {}, "sharded_ir": "ir"})
+    assert cache.load("k" * 64)["program"] == "p"
+    directory = tmp_path / "cache"
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert [p.name for p in directory.iterdir()] == ["k" * 64 + ".json"]  # no temporary left
+    (directory / ("j" * 64 + ".json")).write_text('{"program": "trunc')  # a damaged entry
+    assert cache.load("j" * 64) is None
+
+
+def test_a_shared_cache_directory_is_refused(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o777)
+    monkeypatch.setenv("FSDPC_CACHE", str(shared))
+    with pytest.raises(cache.CacheError, match="must be owned by you and private"):
+        cache.load("k" * 64)
+
+
+def test_the_cache_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("FSDPC_CACHE", "off")
+    cache.store("k" * 64, {"program": "p"})
+    assert cache.load("k" * 64) is None
