@@ -105,10 +105,13 @@ private:
          view = view->getNextNode())
       if (isViewOf(view) && aliasSet.contains(view->getOperand(0)))
         builder.clone(*view, mapping);
+    // Views made in backward are themselves backward readers: they now view
+    // the clone, and need no clone of their own.
     for (Value alias : aliases)
-      alias.replaceUsesWithIf(mapping.lookup(alias), [&](OpOperand &use) {
-        return step.isBackward(use.getOwner());
-      });
+      if (Value again = mapping.lookupOrNull(alias))
+        alias.replaceUsesWithIf(again, [&](OpOperand &use) {
+          return step.isBackward(use.getOwner());
+        });
   }
 
   Step &step;

@@ -1,0 +1,72 @@
+// RUN: fsdp-opt %s -split-input-file --fsdp-selective-recompute | FileCheck %s
+// RUN: fsdp-opt %s -split-input-file --fsdp-selective-recompute="ops=aten::relu" | FileCheck %s --check-prefix=ONLY-RELU
+
+// gelu's result is read in backward through a view made in forward, and its
+// input is read by gelu_backward anyway: backward recomputes gelu and the
+// view right before the first reader, and forward's result dies there.
+// CHECK-LABEL: func.func @gelu_through_a_view
+// CHECK:       %[[Y:.*]] = fsdp.aten "aten::gelu"(%[[H:[^)]*]])
+// CHECK-NEXT:  %[[V:.*]] = fsdp.aten "aten::view"(%[[Y]])
+// CHECK-NEXT:  %[[O:.*]] = fsdp.aten "aten::mm"(%[[V]],
+// CHECK:       fsdp.loss
+// CHECK-NEXT:  %[[Y2:.*]] = fsdp.aten "aten::gelu"(%[[H]])
+// CHECK-NEXT:  %[[V2:.*]] = fsdp.aten "aten::view"(%[[Y2]])
+// CHECK-NEXT:  %[[T:.*]] = fsdp.aten "aten::t"(%[[V2]])
+// CHECK-NEXT:  fsdp.aten "aten::mm"(%[[T]],
+// CHECK-NEXT:  fsdp.aten "aten::gelu_backward"(%{{.*}}, %[[H]])
+// ONLY-RELU-LABEL: func.func @gelu_through_a_view
+// ONLY-RELU:       fsdp.loss
+// ONLY-RELU-NOT:   "aten::gelu"(
+func.func @gelu_through_a_view(%h: tensor<4x8xf32>, %w: tensor<8x2xf32>, %g: tensor<4x2xf32>) {
+  %y = fsdp.aten "aten::gelu" (%h) args [0 : index, "none"] : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %v = fsdp.aten "aten::view" (%y) args [0 : index, [4, 8]] : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %o = fsdp.aten "aten::mm" (%v, %w) : (tensor<4x8xf32>, tensor<8x2xf32>) -> tensor<4x2xf32>
+  %l = fsdp.aten "aten::sum" (%o) : (tensor<4x2xf32>) -> tensor<f32>
+  fsdp.loss %l : tensor<f32>
+  %t = fsdp.aten "aten::t" (%v) : (tensor<4x8xf32>) -> tensor<8x4xf32>
+  %gw = fsdp.aten "aten::mm" (%t, %g) : (tensor<8x4xf32>, tensor<4x2xf32>) -> tensor<8x2xf32>
+  %gh = fsdp.aten "aten::gelu_backward" (%g, %h) args [0 : index, 1 : index, "none"]
+      : (tensor<4x2xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  return
+}
+
+// -----
+
+// relu's input is not read by backward (threshold_backward reads relu's
+// output): recomputing would keep the input alive, so the output is saved.
+// CHECK-LABEL: func.func @input_not_kept
+// CHECK:       fsdp.loss
+// CHECK-NOT:   "aten::relu"(
+// ONLY-RELU-LABEL: func.func @input_not_kept
+// ONLY-RELU:       fsdp.loss
+// ONLY-RELU-NOT:   "aten::relu"(
+func.func @input_not_kept(%x: tensor<4xf32>, %g: tensor<4xf32>) {
+  %h = fsdp.aten "aten::mul" (%x, %x) args [0 : index, 1 : index] : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  %r = fsdp.aten "aten::relu" (%h) : (tensor<4xf32>) -> tensor<4xf32>
+  %l = fsdp.aten "aten::sum" (%r) : (tensor<4xf32>) -> tensor<f32>
+  fsdp.loss %l : tensor<f32>
+  %d = fsdp.aten "aten::threshold_backward" (%g, %r) args [0 : index, 1 : index, 0]
+      : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  return
+}
+
+// -----
+
+// A view made in backward follows the recomputed value.
+// CHECK-LABEL: func.func @backward_view
+// CHECK:       fsdp.loss
+// CHECK-NEXT:  %[[R2:.*]] = fsdp.aten "aten::relu"(%[[X:[^)]*]])
+// CHECK-NEXT:  fsdp.aten "aten::t"(%[[R2]])
+// ONLY-RELU-LABEL: func.func @backward_view
+// ONLY-RELU:       fsdp.loss
+// ONLY-RELU-NEXT:  fsdp.aten "aten::relu"
+func.func @backward_view(%x: tensor<4x4xf32>, %g: tensor<4x4xf32>) {
+  %r = fsdp.aten "aten::relu" (%x) : (tensor<4x4xf32>) -> tensor<4x4xf32>
+  %l = fsdp.aten "aten::sum" (%r) : (tensor<4x4xf32>) -> tensor<f32>
+  fsdp.loss %l : tensor<f32>
+  %t = fsdp.aten "aten::t" (%r) : (tensor<4x4xf32>) -> tensor<4x4xf32>
+  %d = fsdp.aten "aten::threshold_backward" (%g, %x) args [0 : index, 1 : index, 0]
+      : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  %m = fsdp.aten "aten::mm" (%t, %d) : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  return
+}
