@@ -5,11 +5,12 @@
 The text (Lincoln's Gettysburg Address, public domain) is read as bytes;
 every step each rank takes its share of a global batch of random windows.
 Rank 0 prints one line per step: loss, tokens per second over all ranks, and
-each rank's resident memory. The memory report and the schedule trace of
-the compiled step are written next to --out.
+each rank's resident memory. The compiled step's memory report and a trace
+of the last step as it ran on every rank are written to --out.
 """
 
 import argparse
+import json
 import resource
 import time
 from pathlib import Path
@@ -49,13 +50,16 @@ def main() -> None:
         mine = windows[rank * local:(rank + 1) * local]
         return mine[:, :-1].contiguous(), mine[:, 1:].contiguous()
 
-    reports = f"memory-report={out}/memory.txt trace={out}/trace.json" if rank == 0 else ""
-    step = compile_step(model, next_batch(), next_token_loss, pipeline=f"strategy=full-shard {reports}")
+    step = compile_step(model, next_batch(), next_token_loss, pipeline="strategy=full-shard")
+    if rank == 0:
+        (out / "memory.json").write_text(json.dumps(step.memory_report, indent=1))
+        phases = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in step.compile_seconds.items())
+        print(f"compiled: {phases}", flush=True)
     optimizer = torch.optim.AdamW(step.parameters(), lr=args.lr)
     tokens = args.global_batch * args.seq
     for i in range(1, args.steps + 1):
         start = time.perf_counter()
-        loss = step(*next_batch())
+        loss = step(*next_batch(), trace=i == args.steps)
         optimizer.step()
         optimizer.zero_grad()
         elapsed = time.perf_counter() - start
@@ -67,8 +71,12 @@ def main() -> None:
             rss = ", ".join(f"{float(s[1]):.0f}" for s in everyone)
             print(f"step {i:4d}/{args.steps}  loss {mean_loss:7.4f}  tokens/s {tokens / elapsed:9.0f}  "
                   f"max RSS per rank (MiB) [{rss}]", flush=True)
+    summary = step.write_trace(out / "trace.json")
     if rank == 0:
-        print(f"memory report: {out}/memory.txt; schedule trace: {out}/trace.json")
+        predicted = step.memory_report["train_step"]["peak"]["above_step_start"] / 2**20
+        print(f"memory report: {out}/memory.json (peak above the step's start: {predicted:.1f} MiB); "
+              f"measured trace of the last step: {out}/trace.json "
+              f"({summary['exposed_comm_share'] * 100:.0f}% of it waiting on communication)")
     dist.destroy_process_group()
 
 

@@ -118,7 +118,10 @@ def PrefetchPass : Pass<"fsdp-prefetch", "::mlir::ModuleOp"> {
     backward) to right after the wait of unit k-depth, as FSDP2's prefetch
     does (depth 1 is its default; 0 turns prefetching off). The memory budget
     bounds the bytes of gathered parameters alive at any point; a start that
-    would exceed it is prefetched less deep.
+    would exceed it is prefetched less deep. Backward's first units are not
+    started early (backward begins at the loss gradient's memory peak), and
+    in backward a gather still in flight is waited for before a reduction
+    starts, so that two collectives never hold staging buffers at once.
   }];
   let options = [
     Option<"forwardDepth", "forward-depth", "int64_t", "1", "Units to prefetch ahead in forward">,
@@ -191,7 +194,7 @@ def MemoryReportPass : Pass<"fsdp-memory-report", "::mlir::ModuleOp"> {
     Option<"format", "format", "std::string", "\"table\"", "table | json">,
     Option<"output", "output", "std::string", "\"-\"", "Report file; - for stdout">,
     Option<"backend", "backend", "std::string", "\"gloo\"",
-           "Collective library whose temporaries to count: gloo (CPU) | nccl (GPU)">,
+           "Collective library the runtime uses, which sets its staging buffers: gloo (CPU) | nccl (GPU)">,
   ];
 }
 

@@ -90,13 +90,14 @@ Persistent persistentState(ModuleOp module, Step &step, int64_t statesPerElement
   return state;
 }
 
-/// Bytes of a collective's staging buffers (send and receive), which the
-/// runtime allocates at the start and frees at the wait: an all-gather packs
-/// the shards and receives every rank's; a reduce-scatter packs the padded
-/// full tensors and receives one shard of each; an all-reduce works in place.
-/// Gloo (the CPU backend) also flattens through a temporary as large as the
-/// larger buffer for all-gathers and reduce-scatters (measured with
-/// allocator events); NCCL works in the buffers it is given.
+/// Bytes of a collective's staging buffers, which the runtime allocates at
+/// the start and frees at the wait. With NCCL an all-gather packs the shards
+/// and receives every rank's; a reduce-scatter packs the padded full
+/// tensors and receives one shard of each. With Gloo the runtime reduces in
+/// place instead (Gloo's own all-gather and reduce-scatter copy through
+/// temporaries): an all-gather has only its receive buffer, a reduce-scatter
+/// only its packed buffer (its row is kept at the wait, as the gradients).
+/// An all-reduce works in place on its packed buffer either way.
 int64_t stagingBytes(Operation *start, bool gloo) {
   auto grid = SymbolTable::lookupNearestSymbolFrom<shard::GridOp>(
       start, start->getAttrOfType<FlatSymbolRefAttr>("grid"));
@@ -106,20 +107,15 @@ int64_t stagingBytes(Operation *start, bool gloo) {
     int64_t sent = 0;
     for (Value input : gather.getInputs())
       sent += cast<RankedTensorType>(input.getType()).getNumElements() * elementBytes(wire);
-    return sent * (1 + ranks) + (gloo ? sent * ranks : 0);
+    return sent * ranks + (gloo ? 0 : sent);
   }
   Type reduce = start->getAttrOfType<TypeAttr>("reduce_dtype").getValue();
-  int64_t sent = 0, received = 0;
-  for (Type result : futureTypes(start)) {
-    auto out = cast<RankedTensorType>(result);
-    if (isa<ReduceScatterStartOp>(start)) {
-      sent += ranks * out.getNumElements() * elementBytes(reduce);
-      received += out.getNumElements() * elementBytes(reduce);
-    } else {
-      sent += out.getNumElements() * elementBytes(reduce);
-    }
-  }
-  return sent + received + (gloo && isa<ReduceScatterStartOp>(start) ? sent : 0);
+  int64_t shards = 0;
+  for (Type result : futureTypes(start))
+    shards += cast<RankedTensorType>(result).getNumElements() * elementBytes(reduce);
+  if (isa<AllReduceStartOp>(start))
+    return shards;
+  return shards * ranks + (gloo ? 0 : shards);
 }
 
 /// Walks the schedule in program order, tracking the storage the step

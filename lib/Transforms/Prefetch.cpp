@@ -10,7 +10,8 @@
 //   ... compute of u1 ...
 //
 // After: u1's gather starts as soon as u0's has arrived, and overlaps u0's
-// compute.
+// compute. In backward, a gather in flight is waited for before a reduction
+// starts, so that the two never hold staging buffers at once.
 //
 //   %f0 = fsdp.all_gather_start %a on ... unit @u0
 //   %a0 = fsdp.wait %f0 ...
@@ -71,6 +72,27 @@ public:
         }
       }
     }
+  }
+
+  /// In backward, a gather still in flight when a reduction starts is waited
+  /// for first: its receive buffers (with the collective library's
+  /// temporaries) turn into the smaller gathered parameters before the
+  /// reduction's staging buffers are allocated, at the point where
+  /// backward's memory peaks. The gather has overlapped all the compute
+  /// before; only its overlap with the reduction's start is given up.
+  void waitBeforeReductions() {
+    SmallVector<Operation *> reductions;
+    for (Operation &op : step.body())
+      if (isa<ReduceScatterStartOp, AllReduceStartOp>(op) && step.isBackward(&op))
+        reductions.push_back(&op);
+    for (Operation *reduction : reductions)
+      for (auto gather : step.body().getOps<AllGatherStartOp>()) {
+        if (!gather->isBeforeInBlock(reduction))
+          continue;
+        WaitOp wait = waitOf(gather);
+        if (wait && reduction->isBeforeInBlock(wait))
+          wait->moveBefore(reduction);
+      }
   }
 
 private:
@@ -140,6 +162,7 @@ struct PrefetchPass : public fsdp::impl::PrefetchPassBase<PrefetchPass> {
       Prefetcher prefetcher(step, memoryBudgetMb * 1024 * 1024);
       prefetcher.run(/*backward=*/false, forwardDepth);
       prefetcher.run(/*backward=*/true, backwardDepth);
+      prefetcher.waitBeforeReductions();
     }
   }
 };

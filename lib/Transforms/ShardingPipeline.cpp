@@ -69,7 +69,7 @@ struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOpti
                                  llvm::cl::desc("Write the communication report here (- for stdout)"),
                                  llvm::cl::init("")};
   Option<std::string> backend{*this, "backend",
-                              llvm::cl::desc("Collective library the memory report models: gloo | nccl"),
+                              llvm::cl::desc("Collective library the runtime uses (memory report): gloo | nccl"),
                               llvm::cl::init("gloo")};
   Option<std::string> reportFormat{*this, "report-format", llvm::cl::desc("table | json"),
                                    llvm::cl::init("table")};

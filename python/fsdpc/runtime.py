@@ -65,6 +65,13 @@ class CompiledStep:
             self.compile_seconds[phase] = now - clock
             clock = now
 
+        for option in pipeline.split():
+            name, _, value = option.partition("=")
+            if name in ("memory-report", "report-format"):
+                raise StepError(f"pipeline option '{option}': the driver keeps the memory report itself "
+                                "(step.memory_report); leave it out")
+            if name in ("comm-report", "trace") and value in ("", "-"):
+                raise StepError(f"pipeline option '{option}': give a file; stdout carries the IR")
         options = pipeline if "ranks=" in pipeline else f"ranks={self._shard_ranks(pipeline)} {pipeline}"
         key = cache.step_key(model, batch, loss_fn, world=self.world, options={
             "pipeline": options, "wrap": wrap, "mixed_precision": mixed_precision})

@@ -24,6 +24,21 @@ def global_batches(name: str, global_batch: int, steps: int, seed: int):
     return [factory(batch=global_batch)[1] for _ in range(steps)]
 
 
+def peak_allocated(fn):
+    """(peak bytes allocated above the start of fn, fn's result), from the
+    profiler's memory events in time order."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    live = peak = 0
+    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                            if e.name() == "[memory]"):
+        live += nbytes
+        peak = max(peak, live)
+    return peak, result
+
+
 def micro_rows(rank: int, micro: int, world: int, global_batch: int, accumulate: int) -> slice:
     """Rank `rank`'s rows of microbatch `micro` within a global batch."""
     local = global_batch // world // accumulate
@@ -45,6 +60,8 @@ def main() -> None:
     parser.add_argument("--check-reshard-frees", action="store_true",
                         help="fail if a gathered parameter outlives its reshard")
     parser.add_argument("--trace", default=None, help="record the last step as a Chrome trace here")
+    parser.add_argument("--measure-memory", action="store_true",
+                        help="profile the last step's allocations (peak above its start, every rank)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     dist.init_process_group("gloo")
@@ -74,8 +91,14 @@ def main() -> None:
         total = 0.0
         for micro in range(args.accumulate):
             batch = my_part(batches[i], micro)
-            traced = args.trace is not None and i == args.steps - 1
-            loss = step(*batch, sync=micro == args.accumulate - 1, trace=traced)
+            last = i == args.steps - 1
+            traced = args.trace is not None and last
+            if args.measure_memory and last:
+                peak, loss = peak_allocated(lambda: step(*batch, sync=micro == args.accumulate - 1))
+                measured_peaks = [None] * world
+                dist.all_gather_object(measured_peaks, peak)
+            else:
+                loss = step(*batch, sync=micro == args.accumulate - 1, trace=traced)
             total += float(loss)
         optimizer.step()
         optimizer.zero_grad()
@@ -86,7 +109,10 @@ def main() -> None:
     params = step.full_parameters()
     if rank == 0:
         torch.save({"losses": losses, "params": params, "trace_summary": summary,
-                    "compile_phases": step.compile_seconds}, args.out)
+                    "compile_phases": step.compile_seconds,
+                    "measured_peaks": measured_peaks if args.measure_memory else None,
+                    "predicted_peak": step.memory_report["train_step"]["peak"]["above_step_start"]},
+                   args.out)
     dist.destroy_process_group()
 
 

@@ -18,6 +18,7 @@ from fsdpc.export import load_factory
 
 SCRIPT = Path(__file__).with_name("e2e_train.py")
 HOSTILE = f"{Path(__file__).with_name('hostile_names.py')}:make"
+MEMORY_GPT = f"{Path(__file__).with_name('memory_gpt.py')}:make"
 PYTHON_DIR = Path(__file__).resolve().parents[1]
 STEPS, GLOBAL_BATCH = 5, 12
 
@@ -101,6 +102,15 @@ def test_hostile_parameter_names_train_and_come_back_unchanged(tmp_path):
     check(result, eager(HOSTILE))
 
 
+def test_the_memory_report_predicts_the_measured_peak(tmp_path):
+    """The report's peak above the step's start against the allocator's
+    (profiler memory events), on every rank of a 1.6M-parameter GPT."""
+    result = launch(tmp_path, MEMORY_GPT, 2, "--measure-memory")
+    predicted = result["predicted_peak"]
+    for rank, measured in enumerate(result["measured_peaks"]):
+        assert abs(measured - predicted) <= 0.10 * predicted, (rank, measured, predicted)
+
+
 def test_a_second_run_loads_the_cached_program(tmp_path, monkeypatch):
     monkeypatch.setenv("FSDPC_CACHE", str(tmp_path / "cache"))
     first = launch(tmp_path, "mlp", 2)
@@ -116,7 +126,7 @@ def test_measured_trace_has_every_rank_and_names_user_lines(tmp_path):
     ranks = {e["pid"] for e in events if e.get("ph") == "X"}
     assert ranks == {0, 1}
     categories = {e["cat"] for e in events if e.get("ph") == "X"}
-    assert {"compute", "copy-in", "wait", "collective"} <= categories
+    assert {"compute", "copy-in", "wait", "copy-out", "collective"} <= categories
     assert any("gpt.py" in e["args"].get("where", "") for e in events if e.get("cat") == "compute")
     # Spans are real: collectives last from their start to their wait, and
     # the time blocked in waits is a share of the step.

@@ -5,7 +5,9 @@
 // straight into one flat send buffer, casting as it copies; the wait copies
 // an all-gather's result out once per parameter, and a reduction's results
 // are views of its receive buffer (a cast copies only when the result dtype
-// differs). Staging buffers are dropped at the wait.
+// differs). Staging buffers are dropped at the wait. On Gloo, whose own
+// all-gather and reduce-scatter copy through temporaries, both are done as an
+// in-place all-reduce (see startAllGather).
 //
 //===----------------------------------------------------------------------===//
 
@@ -51,13 +53,28 @@ c10d::ReduceOp toReduceOp(Reduction reduction) {
   return c10d::ReduceOp::SUM;
 }
 
+bool isGloo(const c10d::ProcessGroup &pg) { return pg.getBackendName() == "gloo"; }
+
+/// Frees a finished collective's staging buffer now. The process group may
+/// keep its own reference to the tensor for a while after the wait returns
+/// (until its worker thread lets go of the work), which would keep the
+/// memory alive at a moment nobody planned; the data is no longer read.
+void freeStagingNow(at::Tensor &buffer) {
+  if (!buffer.defined())
+    return;
+  c10::StorageImpl *storage = buffer.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, buffer.device()));
+  storage->set_nbytes(0);
+  buffer = at::Tensor();
+}
+
 /// A collective between its start and its wait.
 struct InFlight {
   const Instruction *inst = nullptr;
   c10::intrusive_ptr<c10d::Work> work;
   at::Tensor send, recv;
   std::vector<int64_t> offsets; // element offset of each input in the per-rank block
-  int64_t ranks = 1, total = 0, startUs = 0;
+  int64_t ranks = 1, rank = 0, total = 0, startUs = 0;
   bool started = false;
 };
 
@@ -225,6 +242,7 @@ private:
     c10d::ProcessGroup &pg = group(inst.group);
     InFlight pending{&inst};
     pending.ranks = pg.getSize();
+    pending.rank = pg.getRank();
     std::vector<at::Tensor> shards;
     for (size_t i = 0; i < inst.inputs.size(); ++i) {
       const at::Tensor &shard = tensor(inst.inputs[i]);
@@ -239,11 +257,24 @@ private:
       shards.push_back(shard);
     }
     at::TensorOptions options = shards.front().options().dtype(inst.dtypes.front());
-    pending.send = at::empty({pending.total}, options);
-    for (size_t i = 0; i < shards.size(); ++i) // the one copy in, cast included
-      pending.send.narrow(0, pending.offsets[i], shards[i].numel()).view(shards[i].sizes()).copy_(shards[i]);
-    pending.recv = at::empty({pending.ranks * pending.total}, options);
-    pending.work = pg._allgather_base(pending.recv, pending.send);
+    if (isGloo(pg)) {
+      // Gloo's all-gather flattens through a temporary as large as its
+      // output, allocated on its own thread; summing in place into a buffer
+      // of negative zeros (x + -0 is exactly x, also for +0, -0, inf, NaN)
+      // needs no send buffer and no temporary, and Gloo runs it faster.
+      pending.recv = at::empty({pending.ranks, pending.total}, options).fill_(-0.0);
+      at::Tensor mine = pending.recv.select(0, pg.getRank());
+      for (size_t i = 0; i < shards.size(); ++i) // the one copy in, cast included
+        mine.narrow(0, pending.offsets[i], shards[i].numel()).view(shards[i].sizes()).copy_(shards[i]);
+      std::vector<at::Tensor> tensors{pending.recv.view(-1)};
+      pending.work = pg.allreduce(tensors, c10d::AllreduceOptions());
+    } else {
+      pending.send = at::empty({pending.total}, options);
+      for (size_t i = 0; i < shards.size(); ++i) // the one copy in, cast included
+        pending.send.narrow(0, pending.offsets[i], shards[i].numel()).view(shards[i].sizes()).copy_(shards[i]);
+      pending.recv = at::empty({pending.ranks * pending.total}, options);
+      pending.work = pg._allgather_base(pending.recv, pending.send);
+    }
     launch(inst, std::move(pending));
   }
 
@@ -252,6 +283,7 @@ private:
     c10d::ProcessGroup &pg = group(inst.group);
     InFlight pending{&inst};
     pending.ranks = pg.getSize();
+    pending.rank = pg.getRank();
     for (const std::vector<int64_t> &shape : inst.shapes) {
       pending.offsets.push_back(pending.total);
       pending.total += c10::multiply_integers(shape);
@@ -276,7 +308,15 @@ private:
     if (inst.preDivide != 1.0)
       pending.send.div_(inst.preDivide);
     at::Tensor flat = pending.send.view(-1);
-    if (scatter) {
+    if (scatter && isGloo(pg)) {
+      // As for all-gathers: Gloo's reduce-scatter copies through a temporary
+      // as large as its input; reducing the packed buffer in place and
+      // keeping this rank's row (at the wait) needs none.
+      c10d::AllreduceOptions opts;
+      opts.reduceOp = toReduceOp(inst.reduction);
+      std::vector<at::Tensor> tensors{flat};
+      pending.work = pg.allreduce(tensors, opts);
+    } else if (scatter) {
       pending.recv = at::empty({pending.total}, options);
       c10d::ReduceScatterOptions opts;
       opts.reduceOp = toReduceOp(inst.reduction);
@@ -337,6 +377,7 @@ private:
     if (!pending.started)
       throw std::runtime_error("future " + std::to_string(inst.future) + " was not started or is waited twice");
     const Instruction &start = *pending.inst;
+    int64_t blockedFrom = in.trace ? nowUs() : 0;
     try {
       if (!pending.work->wait(in.timeout))
         throw std::runtime_error("did not complete");
@@ -344,6 +385,7 @@ private:
       throw std::runtime_error(describe(start) + " failed or timed out after " +
                                std::to_string(in.timeout.count()) + " ms: " + error.what());
     }
+    int64_t arrived = in.trace ? nowUs() : 0;
     pending.work.reset();
     if (inst.results.size() != start.shapes.size())
       throw std::runtime_error("the wait takes " + std::to_string(inst.results.size()) +
@@ -352,8 +394,12 @@ private:
       copyOutGathered(start, pending, inst.results);
     else
       takeReduced(start, pending, inst.results);
-    if (in.trace)
-      out.trace.push_back({describe(start), "collective", "", pending.startUs, nowUs() - pending.startUs});
+    if (in.trace) {
+      // Blocked time is exposed communication; the copy-out is compute.
+      out.trace.push_back({describe(start), "collective", "", pending.startUs, arrived - pending.startUs});
+      out.trace.push_back({"wait " + describe(start), "wait", "", blockedFrom, arrived - blockedFrom});
+      out.trace.push_back({"copy-out " + describe(start), "copy-out", "", arrived, nowUs() - arrived});
+    }
   }
 
   /// Copies each parameter out of the gathered buffer (rank-major blocks of
@@ -379,9 +425,16 @@ private:
       if (results[i] >= 0)
         slots[results[i]] = std::move(full);
     }
+    byRank = at::Tensor();
+    freeStagingNow(pending.recv);
+    freeStagingNow(pending.send);
   }
 
   void takeReduced(const Instruction &start, InFlight &pending, const std::vector<int> &results) {
+    if (!pending.recv.defined()) { // reduced in place: keep this rank's row, drop the rest
+      pending.recv = pending.send.select(0, pending.rank).clone();
+      freeStagingNow(pending.send);
+    }
     double divide = start.postDivide * (start.reduction == Reduction::Average ? pending.ranks : 1);
     if (divide != 1.0)
       pending.recv.div_(divide);
@@ -438,10 +491,7 @@ private:
     case Kind::AllReduce:
       out.trace.push_back({"start " + describe(inst), "copy-in", "", start, nowUs() - start});
       return;
-    case Kind::Wait:
-      out.trace.push_back({"wait", "wait", "", start, nowUs() - start});
-      return;
-    default:
+    default: // waits record themselves: blocked time, then the copy-out
       return;
     }
   }
