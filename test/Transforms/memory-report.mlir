@@ -26,11 +26,10 @@ func.func @train_step(%x: tensor<1x4xf32>) -> tensor<f32> {
 }
 
 // The shared step on 4 ranks: padded shards (l0.w's 10 rows take 3 per rank),
-// a frozen head without gradient or optimizer state. The peak is the
-// reduce-scatter of l0's gradients: its staging buffers (send: 4 padded
-// shards of 12 + 3 elements = 240 B, receive: one of each = 60 B, and Gloo's
-// flattening temporary as large as the send buffer = 240 B) next to the
-// gradients it packs and l1's gradient shard, made earlier by the step.
+// a frozen head without gradient or optimizer state. The peak is l1's
+// reduce-scatter: its packed buffer (4 padded shards of 10 elements, reduced
+// in place on Gloo) next to the gradient it packs and the activations that
+// backward still needs.
 // TABLE:      memory per rank: @train_step (optimizer adamw)
 // TABLE-NEXT:   parameter shards                    116 B
 // TABLE-NEXT:   gradient shards                     100 B
@@ -38,21 +37,21 @@ func.func @train_step(%x: tensor<1x4xf32>) -> tensor<f32> {
 // TABLE-NEXT:   buffers                               0 B
 // TABLE-NEXT:   batch                                32 B
 // TABLE-NEXT:   gradient accumulation                 0 B
-// TABLE-NEXT:   peak (persistent + live)           1132 B
-// TABLE-NEXT:     above the step's start            784 B
+// TABLE-NEXT:   peak (persistent + live)            832 B
+// TABLE-NEXT:     above the step's start            484 B
 // TABLE-NEXT:     gathered parameters                 0 B
-// TABLE-NEXT:     activations                       204 B
-// TABLE-NEXT:     collective staging                540 B
-// TABLE-NEXT:     gradient shards                    40 B
+// TABLE-NEXT:     activations                       324 B
+// TABLE-NEXT:     collective staging                160 B
+// TABLE-NEXT:     gradient shards                     0 B
 // TABLE-NEXT:     at fsdp.reduce_scatter_start loc(
-// TABLE-NEXT:              160 B  fsdp.aten aten::mm in 'l0' tensor<10x4xf32>
+// TABLE-NEXT:              160 B  fsdp.aten aten::mm in 'l1' tensor<4x10xf32>
 // TABLE:        most gathered at once               200 B
 // TABLE-NEXT:   saved for backward                   84 B
 
 // JSON:      "function": "train_step",
 // JSON:      "most_gathered_params": 200,
 // JSON:      "gathered_params": 0,
-// JSON:      "staging": 540,
+// JSON:      "staging": 160,
 // JSON:      "persistent": {
 // JSON-NEXT:   "at_step_start": 348,
 // JSON-NEXT:   "batch": 32,
