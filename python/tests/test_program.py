@@ -104,3 +104,22 @@ def test_the_reshard_check_catches_a_view_that_outlives_its_buffer():
     out = runtime.run("leak", {"w": weight}, {}, {}, [], {"g": group}, 10.0, check_reshard_frees=True)
     assert out["reshard_leaks"] and "references left" in out["reshard_leaks"][0]
     torch.testing.assert_close(out["returned"][0], weight.t())
+
+
+def test_capture_prints_only_element_types_the_runtime_knows():
+    """One table of element types crosses the boundary: every dtype the
+    capture can print is in the runtime's (fsdp_rt/ElementTypes.h) and the
+    runtime maps each to the torch dtype capture meant."""
+    from fsdpc.emit import _ELEMENT_TYPES
+    from fsdpc.program import runtime_extension
+
+    runtime = set(runtime_extension().element_types())
+    assert set(_ELEMENT_TYPES.values()) <= runtime
+    for dtype, name in _ELEMENT_TYPES.items():
+        text = json.dumps({
+            "format": "fsdpc.program", "version": 1, "groups": [], "params": [], "buffers": [],
+            "functions": [{"name": "f", "step": False, "inputs": [0], "input_types": [{"shape": [2], "dtype": name}],
+                           "slots": 1, "futures": 0, "instructions": [{"op": "return", "values": [0]}]}]})
+        value = torch.zeros(2, dtype=dtype)
+        out = runtime_extension().Program(text, "cpu").run("f", {}, {}, {}, [value], {}, 10.0)
+        assert out["returned"][0].dtype == dtype

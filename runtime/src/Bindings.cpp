@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "fsdp_rt/ElementTypes.h"
 #include "fsdp_rt/Executor.h"
 #include "fsdp_rt/Program.h"
 
@@ -57,6 +58,12 @@ py::dict run(const fsdp_rt::Program &program, const std::string &name, TensorMap
 
 PYBIND11_MODULE(_fsdp_rt, m) {
   m.doc() = "fsdpc runtime: loads compiled programs and runs their steps";
+  m.def("element_types", [] {
+    std::vector<std::string> names;
+    for (const fsdp_rt::ElementTypeInfo &info : fsdp_rt::kElementTypes)
+      names.emplace_back(info.name);
+    return names;
+  }, "The element types a program may use (their MLIR spellings)");
   py::class_<fsdp_rt::Program, std::shared_ptr<fsdp_rt::Program>>(m, "Program")
       .def(py::init([](const std::string &text, const std::string &device) {
              return std::make_shared<fsdp_rt::Program>(fsdp_rt::Program::load(text, c10::Device(device)));

@@ -1,8 +1,9 @@
 //===- NcclCommunicator.h - the CUDA backend's collectives -------*- C++ -*-===//
 //
-// NCCL called directly, on one CUDA stream: the collectives the CUDA backend
-// of StepContext will issue on packed flat buffers (packing, padding and
-// casts stay in the step runtime, shared with the CPU backend). Failures
+// NCCL called directly, on one CUDA stream: the collectives the executor's
+// CUDA backend (runtime/src/Executor.cpp) will issue on packed flat buffers
+// (packing, padding and casts stay in the executor, shared with the CPU
+// backend). Failures
 // come back as a Status naming the rank, the collective and NCCL's reason;
 // nothing throws, so this builds with or without C++ exceptions.
 //
