@@ -3,9 +3,9 @@
 // NCCL called directly, on one CUDA stream: the collectives the executor's
 // CUDA backend (runtime/src/Executor.cpp) will issue on packed flat buffers
 // (packing, padding and casts stay in the executor, shared with the CPU
-// backend). Failures
-// come back as a Status naming the rank, the collective and NCCL's reason;
-// nothing throws, so this builds with or without C++ exceptions.
+// backend). Failures come back as a Status naming the rank, the collective
+// and NCCL's reason; nothing throws, so this builds with or without C++
+// exceptions.
 //
 //===----------------------------------------------------------------------===//
 
