@@ -92,7 +92,7 @@ class CompiledStep:
         self.buffers = {name: buffer for name, buffer in model.named_buffers()}
         self.accumulated: dict[str, torch.Tensor] = {}
         self.last_trace: list[tuple] = []
-        lap("shard")
+        lap("groups and shards")
 
     @staticmethod
     def _compile(model, batch, loss_fn, options, wrap, mixed_precision, lap) -> dict:

@@ -123,3 +123,19 @@ def test_capture_prints_only_element_types_the_runtime_knows():
         value = torch.zeros(2, dtype=dtype)
         out = runtime_extension().Program(text, "cpu").run("f", {}, {}, {}, [value], {}, 10.0)
         assert out["returned"][0].dtype == dtype
+
+
+@pytest.mark.parametrize("option, message", [
+    ("memory-report=/tmp/m.txt", "keeps the memory report itself"),
+    ("report-format=table", "keeps the memory report itself"),
+    ("comm-report=-", "stdout carries the IR"),
+])
+def test_pipeline_options_that_would_clash_with_the_driver_are_refused(option, message):
+    import torch.distributed as dist
+    from fsdpc.runtime import StepError, compile_step
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    model, batch, loss_fn = load_factory("mlp")()
+    with pytest.raises(StepError, match=message):
+        compile_step(model, batch, loss_fn, pipeline=f"strategy=full-shard {option}")
