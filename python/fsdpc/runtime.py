@@ -8,12 +8,14 @@ On every rank of a `torch.distributed` job (launched by torchrun):
         loss = step(*batch)          # forward + backward, gradients on the shards
         optimizer.step(); optimizer.zero_grad()
 
-`compile_step` captures the step, runs fsdp-opt's sharding pipeline for the
-job's world size, lowers it with fsdp-translate to a program, and loads the
-program into the prebuilt runtime (libfsdp_rt): no C++ is compiled per model.
-It checks that every rank compiled the same collective schedule, creates the
-process groups the program lists, and keeps this rank's parameter shards as
-plain tensors that any torch.optim optimizer can update.
+`compile_step` checks that every rank sets up the same step, then rank 0
+captures it (or finds it in the program cache), runs fsdp-opt's sharding
+pipeline for the job's world size, lowers it with fsdp-translate to a
+program and hands the program to every rank, which loads it into the
+prebuilt runtime (libfsdp_rt): no C++ is compiled per model. Every rank
+checks the collective hash, creates the process groups the program lists,
+and keeps its parameter shards as plain tensors that any torch.optim
+optimizer can update.
 """
 
 from __future__ import annotations
@@ -75,11 +77,10 @@ class CompiledStep:
         options = pipeline if "ranks=" in pipeline else f"ranks={self._shard_ranks(pipeline)} {pipeline}"
         key = cache.step_key(model, batch, loss_fn, world=self.world, options={
             "pipeline": options, "wrap": wrap, "mixed_precision": mixed_precision})
-        entry = cache.load(key)
+        self._check_same_step(key)
         lap("cache lookup")
-        if entry is None:
-            entry = self._compile(model, batch, loss_fn, options, wrap, mixed_precision, lap)
-            cache.store(key, entry)
+        entry = self._compile_on_rank_0(key, lambda: self._compile(
+            model, batch, loss_fn, options, wrap, mixed_precision, lap))
         self.sharded_ir = entry["sharded_ir"]
         self.memory_report = entry["memory_report"]
         self.program = Program.parse(entry["program"])
@@ -117,6 +118,40 @@ class CompiledStep:
         if self.world % replicas:
             raise StepError(f"replicas={replicas} does not divide the world size {self.world}")
         return self.world // replicas
+
+    def _check_same_step(self, key: str) -> None:
+        """Every rank must compile the same step: the cache keys (model
+        structure and code, batch shapes, options) agree, or nothing runs."""
+        everyone: list = [None] * self.world
+        dist.all_gather_object(everyone, key)
+        differing = [rank for rank, theirs in enumerate(everyone) if theirs != everyone[0]]
+        if differing:
+            raise StepError(
+                f"rank {self.rank}: ranks {differing} set up a different step from rank 0 (model, batch "
+                "shapes or options differ) and would compile a different collective schedule; every "
+                "rank must capture the same model, batch shapes and options")
+
+    def _compile_on_rank_0(self, key: str, compile_entry: Callable[[], dict]) -> dict:
+        """Rank 0 loads the program from its cache or compiles it, and hands
+        it to every rank (the program does not depend on the rank): one
+        capture per job. A failure there reaches every rank as an error."""
+        message: list = [None]
+        if self.rank == 0:
+            try:
+                entry = cache.load(key)
+                if entry is None:
+                    entry = compile_entry()
+                    cache.store(key, entry)
+                message[0] = ("ok", entry)
+            except Exception as error:  # every rank must hear of it, not hang
+                message[0] = ("error", f"{type(error).__name__}: {error}")
+        dist.broadcast_object_list(message, src=0)
+        status, payload = message[0]
+        if status == "error":
+            if self.rank == 0:
+                raise StepError(f"rank 0 could not compile the step: {payload}")
+            raise StepError(f"rank {self.rank}: rank 0 could not compile the step: {payload}")
+        return payload
 
     def _check_same_schedule(self) -> None:
         mine = {name: f.collective_hash for name, f in self.program.functions.items() if f.step}

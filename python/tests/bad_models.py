@@ -53,3 +53,8 @@ def batch_norm():
 
 def vector_loss():
     return nn.Linear(4, 4), (torch.randn(2, 4),), lambda model, x: model(x).sum(0)
+
+
+def branchy_for_training(batch: int = 4, **_options):
+    """Branchy as a training factory (for the end-to-end failure test)."""
+    return Branchy(), (torch.randn(batch, 4),), _sum_loss

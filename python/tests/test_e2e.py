@@ -170,7 +170,14 @@ def test_bf16_compute_with_fp32_reduction_is_close_to_eager(tmp_path):
           rtol=2e-2, atol=2e-2, param_atol=2e-2)
 
 
+def test_a_step_that_cannot_compile_stops_every_rank_with_its_reason(tmp_path):
+    spec = f"{Path(__file__).with_name('bad_models.py')}:branchy_for_training"
+    output = launch(tmp_path, spec, 2, expect_failure=True)
+    assert "rank 1: rank 0 could not compile the step" in output
+    assert "bad_models.py" in output and "control flow depends on data" in output
+
+
 def test_ranks_with_different_schedules_stop_before_communicating(tmp_path):
     output = launch(tmp_path, "mlp", 2, "--rank1-pipeline", "strategy=shard-grad-op",
                     expect_failure=True)
-    assert "compiled a different collective schedule" in output
+    assert "would compile a different collective schedule" in output
