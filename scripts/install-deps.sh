@@ -7,7 +7,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 APT_PACKAGES=(
   llvm-22-dev libmlir-22-dev mlir-22-tools llvm-22-tools llvm-22-linker-tools
-  cmake ninja-build g++ libgtest-dev
+  cmake ninja-build g++ libgtest-dev python3-dev
 )
 
 missing=()
