@@ -25,10 +25,10 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.profiler import ProfilerActivity, profile
 
 from fsdpc.models.gpt import GPT, GPT_23M, Block
 from fsdpc.models.language import next_token_loss, token_batch
+from fsdpc.profiling import peak_allocated_above_start
 
 
 def rss_mib() -> float:
@@ -36,20 +36,6 @@ def rss_mib() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def peak_allocated_above_start(fn) -> tuple[int, object]:
-    """Runs fn under the profiler; the running sum of its [memory] events'
-    bytes, in time order, peaks at the step's peak allocation above its start."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = fn()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                    if e.name() == "[memory]")
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return peak, result
 
 
 def batches(steps, global_batch, seq, rank, world):
@@ -62,7 +48,7 @@ def batches(steps, global_batch, seq, rank, world):
     return out
 
 
-def build(system: str, model: GPT, example, mesh_world: int, trace_path: str | None):
+def build(system: str, model: GPT, example, mesh_world: int):
     """Returns (forward_backward(batch) -> loss, trainable parameters, extras)."""
     extras = {}
     if system == "fsdpc":
@@ -118,7 +104,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = GPT(GPT_23M)
     start = time.perf_counter()
-    forward_backward, params, extras = build(args.system, model, data[0], world, args.trace)
+    forward_backward, params, extras = build(args.system, model, data[0], world)
     optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1)
 
     def train_step(batch):

@@ -679,16 +679,32 @@ SmallVector<Value> mlir::fsdp::viewClosure(Value value) {
   return closure;
 }
 
+bool mlir::fsdp::isGatheredBuffer(Value value) {
+  auto wait = value.getDefiningOp<WaitOp>();
+  return wait && isa_and_nonnull<AllGatherStartOp>(wait.getFuture().getDefiningOp());
+}
+
+namespace {
+/// Where a use stands against an op that ends a value's lifetime, in that
+/// op's block; a use inside a nested region counts at its enclosing op.
+enum class UseOrder { Before, NotBefore, OutsideTheBlock };
+
+UseOrder useOrder(Operation *end, Operation *user) {
+  Operation *ancestor = end->getBlock()->findAncestorOpInBlock(*user);
+  if (!ancestor)
+    return UseOrder::OutsideTheBlock;
+  return ancestor->isBeforeInBlock(end) ? UseOrder::Before : UseOrder::NotBefore;
+}
+} // namespace
+
 LogicalResult ReshardOp::verify() {
   if (getBuffers().empty())
     return emitOpError("frees nothing; it needs at least one gathered buffer");
-  Block *block = (*this)->getBlock();
   llvm::SmallPtrSet<Value, 8> listed;
   for (auto [index, buffer] : llvm::enumerate(getBuffers())) {
     if (!listed.insert(buffer).second)
       return emitOpError() << "lists buffer " << index << " twice";
-    auto wait = buffer.getDefiningOp<WaitOp>();
-    if (!wait || !isa_and_nonnull<AllGatherStartOp>(wait.getFuture().getDefiningOp()))
+    if (!isGatheredBuffer(buffer))
       return emitOpError() << "operand " << index
                            << " is not a gathered buffer (a result of fsdp.wait "
                               "on fsdp.all_gather_start)";
@@ -697,15 +713,15 @@ LogicalResult ReshardOp::verify() {
       for (Operation *user : alias.getUsers()) {
         if (user == getOperation())
           continue;
-        Operation *ancestor = block->findAncestorOpInBlock(*user);
-        if (!ancestor) {
+        UseOrder order = useOrder(getOperation(), user);
+        if (order == UseOrder::OutsideTheBlock) {
           InFlightDiagnostic diag = emitOpError()
                                     << "frees buffer " << index
                                     << ", which is used outside the block that frees it";
           diag.attachNote(user->getLoc()) << "used here";
           return diag;
         }
-        if (!ancestor->isBeforeInBlock(getOperation())) {
+        if (order == UseOrder::NotBefore) {
           InFlightDiagnostic diag =
               isa<ReshardOp>(user) && !isView
                   ? emitOpError() << "buffer " << index << " is freed again later"
@@ -717,9 +733,7 @@ LogicalResult ReshardOp::verify() {
         if (!isCollectiveStart(user))
           continue;
         Operation *inFlightUntil = waitOf(user);
-        Operation *waitAncestor =
-            inFlightUntil ? block->findAncestorOpInBlock(*inFlightUntil) : nullptr;
-        if (waitAncestor && !waitAncestor->isBeforeInBlock(getOperation())) {
+        if (inFlightUntil && useOrder(getOperation(), inFlightUntil) == UseOrder::NotBefore) {
           InFlightDiagnostic diag = emitOpError()
                                     << "frees buffer " << index
                                     << " while a collective reading it is in flight";
@@ -739,27 +753,25 @@ LogicalResult ReshardOp::verify() {
 LogicalResult ReleaseOp::verify() {
   if (getValues().empty())
     return emitOpError("releases nothing; it needs at least one value");
-  Block *block = (*this)->getBlock();
   llvm::SmallPtrSet<Value, 8> listed;
   for (auto [index, value] : llvm::enumerate(getValues())) {
     if (!listed.insert(value).second)
       return emitOpError() << "lists value " << index << " twice";
-    if (auto wait = value.getDefiningOp<WaitOp>())
-      if (isa_and_nonnull<AllGatherStartOp>(wait.getFuture().getDefiningOp()))
-        return emitOpError() << "value " << index
-                             << " is a gathered buffer; fsdp.reshard frees gathered buffers";
+    if (isGatheredBuffer(value))
+      return emitOpError() << "value " << index
+                           << " is a gathered buffer; fsdp.reshard frees gathered buffers";
     for (Operation *user : value.getUsers()) {
       if (user == getOperation())
         continue;
-      Operation *ancestor = block->findAncestorOpInBlock(*user);
-      if (!ancestor) {
+      UseOrder order = useOrder(getOperation(), user);
+      if (order == UseOrder::OutsideTheBlock) {
         InFlightDiagnostic diag = emitOpError()
                                   << "releases value " << index
                                   << ", which is used outside the block that releases it";
         diag.attachNote(user->getLoc()) << "used here";
         return diag;
       }
-      if (!ancestor->isBeforeInBlock(getOperation())) {
+      if (order == UseOrder::NotBefore) {
         InFlightDiagnostic diag = isa<ReleaseOp>(user)
                                       ? emitOpError() << "value " << index << " is released again later"
                                       : emitOpError() << "releases value " << index

@@ -42,11 +42,6 @@ using namespace mlir::fsdp;
 
 namespace {
 
-bool isGatheredBuffer(Value value) {
-  auto wait = value.getDefiningOp<WaitOp>();
-  return wait && isa_and_nonnull<AllGatherStartOp>(wait.getFuture().getDefiningOp());
-}
-
 /// Places the releases of one function body.
 class LifetimePlanner {
 public:

@@ -13,9 +13,8 @@ captures it (or finds it in the program cache), runs fsdp-opt's sharding
 pipeline for the job's world size, lowers it with fsdp-translate to a
 program and hands the program to every rank, which loads it into the
 prebuilt runtime (libfsdp_rt): no C++ is compiled per model. Every rank
-checks the collective hash, creates the process groups the program lists,
-and keeps its parameter shards as plain tensors that any torch.optim
-optimizer can update.
+creates the process groups the program lists and keeps its parameter shards
+as plain tensors that any torch.optim optimizer can update.
 """
 
 from __future__ import annotations
@@ -86,7 +85,6 @@ class CompiledStep:
         self.program = Program.parse(entry["program"])
         self.runtime = self.program.load("cpu")
         lap("load")
-        self._check_same_schedule()
         self.groups = self._make_groups()
         self.layout = {spec.name: spec for spec in self.program.params}
         self.shards = self._make_shards(model)
@@ -152,17 +150,6 @@ class CompiledStep:
                 raise StepError(f"rank 0 could not compile the step: {payload}")
             raise StepError(f"rank {self.rank}: rank 0 could not compile the step: {payload}")
         return payload
-
-    def _check_same_schedule(self) -> None:
-        mine = {name: f.collective_hash for name, f in self.program.functions.items() if f.step}
-        everyone: list = [None] * self.world
-        dist.all_gather_object(everyone, mine)
-        for rank, theirs in enumerate(everyone):
-            if theirs != mine:
-                raise StepError(
-                    f"rank {self.rank}: rank {rank} compiled a different collective schedule "
-                    f"({theirs} vs {mine}); every rank must capture the same model, batch shapes "
-                    "and options, or the collectives would hang")
 
     def _make_groups(self) -> dict:
         groups = {}

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from fsdpc.capture import MixedPrecision
 from fsdpc.export import load_factory
+from fsdpc.profiling import peak_allocated_above_start
 from fsdpc.runtime import compile_step
 
 # Some gradients are zero up to rounding (a key bias cannot change a softmax);
@@ -22,21 +23,6 @@ def global_batches(name: str, global_batch: int, steps: int, seed: int):
     torch.manual_seed(seed + 1)
     factory = load_factory(name)
     return [factory(batch=global_batch)[1] for _ in range(steps)]
-
-
-def peak_allocated(fn):
-    """(peak bytes allocated above the start of fn, fn's result), from the
-    profiler's memory events in time order."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = fn()
-    live = peak = 0
-    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                            if e.name() == "[memory]"):
-        live += nbytes
-        peak = max(peak, live)
-    return peak, result
 
 
 def micro_rows(rank: int, micro: int, world: int, global_batch: int, accumulate: int) -> slice:
@@ -94,7 +80,7 @@ def main() -> None:
             last = i == args.steps - 1
             traced = args.trace is not None and last
             if args.measure_memory and last:
-                peak, loss = peak_allocated(lambda: step(*batch, sync=micro == args.accumulate - 1))
+                peak, loss = peak_allocated_above_start(lambda: step(*batch, sync=micro == args.accumulate - 1))
                 measured_peaks = [None] * world
                 dist.all_gather_object(measured_peaks, peak)
             else:

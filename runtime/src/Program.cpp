@@ -370,15 +370,19 @@ Instruction loadInstruction(const Value &json, c10::Device device) {
 /// Checks that every slot and future an instruction names is in range, so
 /// that a damaged program fails at load rather than while running.
 void checkRanges(const Function &function, const Instruction &inst) {
-  auto check = [&](int slot, const char *what, int limit) {
-    if (slot < -1 || slot >= limit)
-      throw std::runtime_error(std::string(what) + " " + std::to_string(slot) + " out of range (" +
+  auto check = [](int index, const char *what, int lowest, int limit) {
+    if (index < lowest || index >= limit)
+      throw std::runtime_error(std::string(what) + " " + std::to_string(index) + " out of range (" +
                                std::to_string(limit) + ")");
   };
-  for (int slot : inst.inputs) check(slot, "slot", function.slots);
-  for (int slot : inst.results) check(slot, "slot", function.slots);
-  if (inst.future != -1 || inst.kind == Instruction::Kind::Wait)
-    check(inst.future < 0 ? function.futures : inst.future, "future", function.futures);
+  for (int slot : inst.inputs)
+    check(slot, "slot", 0, function.slots);
+  for (int slot : inst.results) // -1: a `none` result, not kept
+    check(slot, "slot", -1, function.slots);
+  using Kind = Instruction::Kind;
+  if (inst.kind == Kind::AllGather || inst.kind == Kind::ReduceScatter ||
+      inst.kind == Kind::AllReduce || inst.kind == Kind::Wait)
+    check(inst.future, "future", 0, function.futures);
 }
 
 } // namespace

@@ -39,6 +39,9 @@ bool isViewOf(Operation *op);
 /// `value` and every ATen view derived from it, transitively (`value` first):
 /// the values that keep its storage alive.
 SmallVector<Value> viewClosure(Value value);
+/// Whether `value` is a gathered buffer: a result of fsdp.wait on an
+/// fsdp.all_gather_start, which only fsdp.reshard frees.
+bool isGatheredBuffer(Value value);
 
 } // namespace mlir::fsdp
 
