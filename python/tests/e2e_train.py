@@ -11,7 +11,7 @@ import torch.distributed as dist
 from fsdpc.capture import MixedPrecision
 from fsdpc.export import load_factory
 from fsdpc.profiling import peak_allocated_above_start
-from fsdpc.runtime import compile_step
+import fsdpc
 
 # Some gradients are zero up to rounding (a key bias cannot change a softmax);
 # Adam's normalization would turn that rounding noise into full-size steps,
@@ -69,8 +69,8 @@ def main() -> None:
     pipeline = args.pipeline + (" gradient-accumulation=true" if args.accumulate > 1 else "")
     if rank == 1 and args.rank1_pipeline is not None:
         pipeline = args.rank1_pipeline
-    step = compile_step(model, my_part(batches[0], 0), loss_fn, pipeline=pipeline, mixed_precision=policy,
-                        check_reshard_frees=args.check_reshard_frees)
+    step = fsdpc.shard(model, my_part(batches[0], 0), loss_fn, pipeline=pipeline, mp_policy=policy,
+                       check_reshard_frees=args.check_reshard_frees)
     optimizer = torch.optim.AdamW(step.parameters(), lr=1e-2, weight_decay=0.1, eps=ADAM_EPS)
     losses = []
     for i in range(args.steps):
@@ -92,7 +92,8 @@ def main() -> None:
         dist.all_reduce(reported)
         losses.append(float(reported) / world)
     summary = step.write_trace(args.trace) if args.trace else None
-    params = step.full_parameters()
+    full = step.full_state_dict()
+    params = {name: full[name] for name, _ in step.named_parameters()}
     if rank == 0:
         torch.save({"losses": losses, "params": params, "trace_summary": summary,
                     "compile_phases": step.compile_seconds,

@@ -27,8 +27,15 @@ class CausalSelfAttention(nn.Module):
         self.n_heads = config.n_heads
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
         self.proj = nn.Linear(config.d_model, config.d_model)
-        mask = torch.tril(torch.ones(config.max_seq, config.max_seq, dtype=torch.bool))
-        self.register_buffer("causal_mask", mask, persistent=False)
+        self.register_buffer("causal_mask", torch.empty(config.max_seq, config.max_seq, dtype=torch.bool),
+                             persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Fills the causal mask (also after a model built on the meta
+        device is materialized)."""
+        with torch.no_grad():
+            self.causal_mask.copy_(torch.tril(torch.ones_like(self.causal_mask)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, width = x.shape

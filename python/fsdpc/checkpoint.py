@@ -1,0 +1,135 @@
+"""Sharded checkpoints through torch.distributed.checkpoint (DCP).
+
+    fsdpc.checkpoint.save("ckpt/step-200", sharded, optimizer, extra={"step": 200})
+    extra = fsdpc.checkpoint.load("ckpt/step-200", sharded, optimizer)
+
+A checkpoint is a DCP directory holding {"model": ..., "optim": ...} (and
+`extra`, any picklable training state, in fsdpc_extra.pt), the model and optimizer state under the model's FQNs as
+`torch.distributed.checkpoint.state_dict.get_state_dict` gives them: the
+layout FSDP2 jobs save, so either loads the other's, and DCP reshards on
+load (saved on N ranks, loaded on M). Padding never reaches it: the DTensors
+have the parameters' true shapes.
+
+Saves are atomic: every rank writes into a hidden `.<name>.partial-<id>`
+directory beside the target, and rank 0 renames it into place only after
+DCP has written its metadata (moving a previous checkpoint of the same name
+aside first, and deleting it last). A process killed during a save leaves
+the previous checkpoint (if the kill hit between the two renames, `load`
+finds it under its `.<name>.previous-<id>` name) and a partial directory
+that `load` refuses and the next save removes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
+
+EXTRA_FILE = "fsdpc_extra.pt"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be saved or loaded."""
+
+
+def _state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optim": optim_state}
+
+
+def _fsync_directory(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def save(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+         extra: dict | None = None) -> Path:
+    """Collective: saves `model` (and `optimizer`, and the picklable
+    `extra`) to the directory `path`, replacing a checkpoint there only
+    once the new one is complete."""
+    target = Path(path).absolute()
+    if ".partial-" in target.name or ".previous-" in target.name:
+        raise CheckpointError(f"{target}: names with '.partial-' or '.previous-' are fsdpc's own temporaries")
+    name: list = [None]
+    if dist.get_rank() == 0:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        for stale in target.parent.glob(f".{target.name}.partial-*"):  # left by a killed save
+            shutil.rmtree(stale, ignore_errors=True)
+        name[0] = f".{target.name}.partial-{uuid.uuid4().hex[:12]}"
+    dist.broadcast_object_list(name, src=0)
+    partial = target.parent / name[0]
+    dcp.save(_state(model, optimizer), checkpoint_id=partial)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        torch.save(dict(extra or {}), partial / EXTRA_FILE)
+        previous = None
+        if target.exists():
+            previous = target.parent / f".{target.name}.previous-{uuid.uuid4().hex[:12]}"
+            target.rename(previous)
+        partial.rename(target)
+        _fsync_directory(target.parent)
+        if previous is not None:
+            shutil.rmtree(previous)
+    dist.barrier()
+    return target
+
+
+def _readable(target: Path) -> Path:
+    if ".partial-" in target.name:
+        raise CheckpointError(f"{target} is a save that did not finish; load a complete checkpoint")
+    if (target / ".metadata").is_file():
+        return target
+    previous = sorted(target.parent.glob(f".{target.name}.previous-*"), key=lambda p: p.stat().st_mtime)
+    if not target.exists() and previous and (previous[-1] / ".metadata").is_file():
+        return previous[-1]  # a save was killed between its two renames
+    raise CheckpointError(f"{target} is not a checkpoint (no DCP metadata there)")
+
+
+def load(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
+    """Collective: loads a checkpoint saved on any number of ranks (by fsdpc
+    or by an FSDP2 job with the same layout) into `model` and `optimizer`;
+    returns the saved `extra`."""
+    source = _readable(Path(path).absolute())
+    state = _state(model, optimizer)
+    metadata = dcp.FileSystemReader(source).read_metadata()
+    if optimizer is not None and not any(key.startswith("optim") for key in metadata.state_dict_metadata):
+        raise CheckpointError(f"{source} holds no optimizer state; load it without the optimizer")
+    dcp.load(state, checkpoint_id=source)
+    if optimizer is None:
+        set_model_state_dict(model, state["model"])
+    else:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    extra = source / EXTRA_FILE
+    return torch.load(extra, weights_only=False) if extra.is_file() else {}
+
+
+def save_full(path: str | os.PathLike, model: nn.Module) -> None:
+    """Collective: gathers the unsharded, unpadded model state and rank 0
+    writes it with torch.save (for inference or a single-process load),
+    one tensor at a time in memory on the other ranks."""
+    from torch.distributed.tensor import DTensor
+
+    full = {}
+    for name, value in model.state_dict().items():
+        value = value.full_tensor() if isinstance(value, DTensor) else value
+        if dist.get_rank() == 0:
+            full[name] = value.detach().clone()
+    if dist.get_rank() == 0:
+        target = Path(path)
+        partial = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex[:12]}")
+        torch.save(full, partial)
+        os.replace(partial, target)
+    dist.barrier()

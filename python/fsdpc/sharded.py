@@ -1,0 +1,586 @@
+"""The torch.compile-style API: `fsdpc.shard` and the module it returns.
+
+    sharded = fsdpc.shard(model, example_batch, loss_fn)        # on every rank
+    optimizer = torch.optim.AdamW(sharded.parameters(), lr=1e-3)
+    for batch in data:
+        loss = sharded(*batch)                                   # forward + backward
+        sharded.clip_grad_norm_(1.0)
+        optimizer.step(); optimizer.zero_grad()
+
+The returned `ShardedModule` takes over the model's module tree, so its
+parameters keep the model's FQNs. Each is an `nn.Parameter` holding a
+`DTensor` (placements `Shard(0)` on the mesh, `Replicate()` on a replica
+dimension or for replicated parameters) whose local tensor is a view of this
+rank's padded shard, the buffer the compiled program reads: optimizers,
+parameter groups, LR schedulers, `state_dict` and
+`torch.distributed.checkpoint` see what they see under FSDP2, padding never.
+
+One program is compiled per kind of call (training, or forward only under
+`torch.no_grad()`/`eval()`) and batch signature; a new shape compiles (or
+loads from the cache) another program on every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+import weakref
+from datetime import timedelta
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from fsdpc.capture import MixedPrecision
+from fsdpc.program import ParamSpec, Program
+from fsdpc.runtime import NO_SYNC_STEP, STEP, CompiledProgram, StepError, compile_program, pipeline_options
+from fsdpc.units import WrapPolicy
+
+# Parameters of models handed to `shard`, by object: an optimizer that still
+# holds one would train nothing, so its step raises (see _refuse_retired).
+# Keyed by id with a weak reference (tensors compare elementwise, so they
+# cannot be dictionary keys by value).
+_RETIRED: dict[int, tuple[weakref.ref, str]] = {}
+_optimizer_hook = None
+
+
+def _retire(param: torch.Tensor, fqn: str) -> None:
+    key = id(param)
+    _RETIRED[key] = (weakref.ref(param, lambda _: _RETIRED.pop(key, None)), fqn)
+
+
+def _refuse_retired(optimizer, args, kwargs) -> None:
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            entry = _RETIRED.get(id(param))
+            if entry is not None and entry[0]() is param:
+                raise StepError(
+                    f"this optimizer holds '{entry[1]}' of the model as it was before fsdpc.shard; "
+                    "its shards live in the sharded module now: build the optimizer over "
+                    "sharded.parameters()")
+
+
+def _install_optimizer_check() -> None:
+    global _optimizer_hook
+    if _optimizer_hook is None:
+        _optimizer_hook = register_optimizer_step_pre_hook(_refuse_retired)
+
+
+def _mixed_precision(policy) -> MixedPrecision | None:
+    """fsdpc's MixedPrecision from ours or from FSDP2's MixedPrecisionPolicy."""
+    if policy is None or isinstance(policy, MixedPrecision):
+        return policy
+    fields = ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs")
+    if all(hasattr(policy, name) for name in fields):
+        return MixedPrecision(*(getattr(policy, name) for name in fields))
+    raise StepError(f"mp_policy must be fsdpc.MixedPrecision or torch.distributed.fsdp.MixedPrecisionPolicy, "
+                    f"got {type(policy).__name__}")
+
+
+_REDUCE_DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_after_forward,
+                  policy: MixedPrecision | None, gradient_accumulation: bool) -> str:
+    """The sharding pipeline's options from fully_shard's vocabulary; the
+    same knob given twice with different values is an error."""
+    given = dict(option.partition("=")[::2] for option in pipeline.split())
+    wanted: dict[str, str] = {}
+    if mesh is not None:
+        if mesh.ndim == 1:
+            if mesh.size() != world:
+                raise StepError(f"the mesh has {mesh.size()} ranks, the job {world}: fsdpc shards over "
+                                "the whole job (a 2-D mesh (replicate, shard) for hybrid sharding)")
+        elif mesh.ndim == 2:
+            wanted.update(strategy="hybrid-shard", replicas=str(mesh.size(0)), ranks=str(mesh.size(1)))
+        else:
+            raise StepError(f"a {mesh.ndim}-D mesh: fsdpc takes a 1-D (shard) or 2-D (replicate, shard) mesh")
+    if reshard_after_forward is not None:
+        wanted["reshard-after-forward"] = (str(reshard_after_forward).lower()
+                                           if isinstance(reshard_after_forward, bool)
+                                           else str(int(reshard_after_forward)))
+    if gradient_accumulation:
+        wanted["gradient-accumulation"] = "true"
+    checked = dict(wanted)
+    if policy is not None and policy.reduce_dtype is not None:  # capture applies it; the pipeline must agree
+        if policy.reduce_dtype not in _REDUCE_DTYPE_NAMES:
+            raise StepError(f"mp_policy.reduce_dtype {policy.reduce_dtype} is not a float type fsdpc reduces in")
+        checked["reduce-dtype"] = _REDUCE_DTYPE_NAMES[policy.reduce_dtype]
+    for name, value in checked.items():
+        if name in given and given[name] != value:
+            raise StepError(f"conflicting settings: pipeline option '{name}={given[name]}' and "
+                            f"'{name}={value}' from shard()'s arguments; give it once")
+    merged = {**given, **wanted}
+    return pipeline_options(" ".join(f"{k}={v}" if v else k for k, v in merged.items()), world)
+
+
+def _owner(root: nn.Module, fqn: str) -> tuple[nn.Module, str]:
+    path, _, leaf = fqn.rpartition(".")
+    return (root.get_submodule(path) if path else root), leaf
+
+
+class ShardedModule(nn.Module):
+    """A model whose training step fsdpc compiled; see `fsdpc.shard`."""
+
+    def __init__(self, model: nn.Module, example_batch: Sequence[torch.Tensor], loss_fn: Callable, *,
+                 mesh: DeviceMesh | None = None, reshard_after_forward: bool | int | None = None,
+                 mp_policy=None, offload_policy=None, wrap: WrapPolicy = None,
+                 gradient_accumulation: bool = False, pipeline: str = "",
+                 timeout: timedelta = timedelta(minutes=5), check_reshard_frees: bool = False):
+        if not dist.is_initialized():
+            raise StepError("fsdpc.shard needs torch.distributed initialized (run under torchrun)")
+        if isinstance(model, ShardedModule):
+            raise StepError("this model is already sharded by fsdpc")
+        super().__init__()
+        rank, world = dist.get_rank(), dist.get_world_size()
+        policy = _mixed_precision(mp_policy)
+        self._offload = self._check_offload(offload_policy)
+        options = _pipeline_for(pipeline, mesh, world, reshard_after_forward, policy, gradient_accumulation)
+        self._config = dict(loss_fn=loss_fn, options=options, wrap=wrap, mixed_precision=policy)
+        self._timeout, self._check_reshard_frees = timeout, check_reshard_frees
+        object.__setattr__(self, "_original", model)  # not a submodule: its FQNs are ours
+        self._capturing = _Flag()
+        self._example = tuple(example_batch)
+        self._programs: dict[tuple, CompiledProgram] = {}
+        self._groups: dict[str, dist.ProcessGroup] = {}
+        self._accumulated: dict[str, torch.Tensor] = {}
+        self._gradient_sync = True
+        self._failed: str | None = None
+        self.last_trace: list[tuple] = []
+        # Adopt the model's tree: the same submodules, parameters and buffers
+        # under the same names.
+        for name, child in model.named_children():
+            self.add_module(name, child)
+        for name, param in model.named_parameters(recurse=False):
+            self.register_parameter(name, param)
+        for name, buffer in model.named_buffers(recurse=False):
+            self.register_buffer(name, buffer, persistent=name not in model._non_persistent_buffers_set)
+        self.training = model.training
+
+        first = self._program_for(self._example, train=True)
+        self.layout: dict[str, ParamSpec] = {spec.name: spec for spec in first.program.params}
+        self.mesh = mesh if mesh is not None else self._mesh_of(first.program)
+        self._on_meta = any(p.is_meta for p in model.parameters())
+        self._meta_buffers = {name for name, b in self.named_buffers() if b.is_meta}
+        self._storage: dict[str, torch.Tensor] = {}
+        self._place_shards(model, rank)
+        # The hook holds the flag, not the module: a cycle through the model
+        # would keep the process groups alive until interpreter shutdown.
+        model.register_forward_pre_hook(_refuse_call(self._capturing))
+        self.register_load_state_dict_post_hook(ShardedModule._loaded)
+        _install_optimizer_check()
+
+    # -- construction ------------------------------------------------------
+
+    @staticmethod
+    def _check_offload(offload_policy) -> bool:
+        if offload_policy is None or type(offload_policy).__name__ == "OffloadPolicy":
+            return False
+        if type(offload_policy).__name__ != "CPUOffloadPolicy":
+            raise StepError(f"offload_policy must be torch.distributed.fsdp.CPUOffloadPolicy, "
+                            f"got {type(offload_policy).__name__}")
+        if getattr(offload_policy, "pin_memory", False) and not torch.cuda.is_available():
+            raise StepError("CPUOffloadPolicy(pin_memory=True) pins host memory for copies to a GPU, and this "
+                            "machine has none; use CPUOffloadPolicy(pin_memory=False)")
+        return True
+
+    def _mesh_of(self, program: Program) -> DeviceMesh:
+        shapes = {spec.grid_shape for spec in program.groups.values()}
+        shape = max(shapes, key=len) if shapes else (dist.get_world_size(),)
+        return init_device_mesh("cpu", shape)
+
+    def _placements(self, spec: ParamSpec) -> tuple:
+        if spec.group is None:
+            return tuple(Replicate() for _ in range(self.mesh.ndim))
+        group = self._programs_any().program.groups[spec.group]
+        if tuple(self.mesh.shape) != group.grid_shape:
+            raise StepError(f"the mesh {tuple(self.mesh.shape)} is not the compiled grid {group.grid_shape}")
+        return tuple(Shard(0) if dim in group.axes else Replicate() for dim in range(self.mesh.ndim))
+
+    def _programs_any(self) -> CompiledProgram:
+        return next(iter(self._programs.values()))
+
+    def _shard_rows(self, spec: ParamSpec) -> tuple[int, int]:
+        """(first logical row, real rows) of this rank's shard."""
+        if spec.group is None:
+            return 0, spec.shard_rows
+        members = self._programs_any().program.groups[spec.group].members_of(dist.get_rank())
+        begin = min(members.index(dist.get_rank()) * spec.shard_rows, spec.shape[0])
+        return begin, min(begin + spec.shard_rows, spec.shape[0]) - begin
+
+    def _place_shards(self, model: nn.Module, rank: int) -> None:
+        originals = dict(model.named_parameters(remove_duplicate=False))
+        missing = set(self.layout) - set(originals)
+        if missing or {n for n in originals if n not in self.layout and
+                       not any(n in spec.tied for spec in self.layout.values())}:
+            raise StepError(f"the compiled step's parameters {sorted(self.layout)} are not the model's "
+                            f"{sorted(originals)}")
+        for name, spec in self.layout.items():
+            original = originals[name]
+            storage = torch.zeros((spec.shard_rows, *spec.shape[1:]), dtype=original.dtype)
+            begin, real = self._shard_rows(spec)
+            if not original.is_meta:
+                storage[:real] = original.detach()[begin:begin + real]
+            self._storage[name] = storage
+            local = storage[:real]
+            value = DTensor.from_local(local, self.mesh, self._placements(spec), run_check=False,
+                                       shape=torch.Size(spec.shape), stride=_contiguous_strides(spec.shape))
+            param = nn.Parameter(value, requires_grad=spec.trainable)
+            for fqn in (name, *spec.tied):
+                owner, leaf = _owner(self, fqn)
+                setattr(owner, leaf, param)
+                if owner is self:  # a parameter of the root: the model's own slot too
+                    setattr(self._original, leaf, param)
+                if fqn in originals:
+                    _retire(originals[fqn], fqn)
+            if not original.is_meta:  # the whole tensor is no longer needed
+                original.data = torch.empty(0, dtype=original.dtype)
+
+    # -- misuse ------------------------------------------------------------
+
+    def _loaded(self, incompatible_keys) -> None:
+        self._on_meta = False
+        persistent = {name for name, _ in self.state_dict().items()}
+        self._meta_buffers -= persistent
+
+    # -- programs ----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _capture_view(self, train: bool) -> Iterator[nn.Module]:
+        """The original model with meta tensors of every parameter and buffer
+        in place of the shards (capture needs shapes only), in the mode of
+        the call: training, or forward only."""
+        slots = []
+        meta_of: dict[int, nn.Parameter] = {}
+        for fqn, param in self.named_parameters(remove_duplicate=False):
+            owner, leaf = _owner(self._original, fqn)
+            shape, dtype = tuple(param.shape), param.dtype
+            if id(param) not in meta_of:
+                meta_of[id(param)] = nn.Parameter(torch.empty(shape, dtype=dtype, device="meta"),
+                                                  requires_grad=param.requires_grad and train)
+            slots.append((owner, leaf, "param", param, meta_of[id(param)]))
+        for fqn, buffer in self.named_buffers(remove_duplicate=False):
+            owner, leaf = _owner(self._original, fqn)
+            slots.append((owner, leaf, "buffer", buffer, torch.empty(buffer.shape, dtype=buffer.dtype, device="meta")))
+        model = self._original
+        mode = model.training
+        try:
+            for owner, leaf, kind, _, meta in slots:
+                (owner._parameters if kind == "param" else owner._buffers)[leaf] = meta
+            model.train(self.training if train else False)
+            self._capturing.on = True
+            yield model
+        finally:
+            self._capturing.on = False
+            model.train(mode)
+            for owner, leaf, kind, real, _ in slots:
+                (owner._parameters if kind == "param" else owner._buffers)[leaf] = real
+
+    def _program_for(self, batch: Sequence[torch.Tensor], *, train: bool) -> CompiledProgram:
+        signature = (train, self.training, tuple((tuple(t.shape), t.dtype) for t in batch))
+        found = self._programs.get(signature)
+        if found is not None:
+            return found
+        config = self._config
+        options = config["options"]
+        if not train:  # nothing to reduce, nothing to accumulate
+            options = " ".join(o for o in options.split() if not o.startswith("gradient-accumulation"))
+        try:
+            with self._capture_view(train) as model:
+                shapes = [torch.empty_like(t, device="meta") for t in batch]
+                compiled = compile_program(model, shapes, config["loss_fn"], options=options, wrap=config["wrap"],
+                                           mixed_precision=config["mixed_precision"])
+        except StepError as error:
+            if not self._programs:
+                raise
+            raise StepError(f"{error}\n(the batch {_describe(batch)} is new: the step was compiled for "
+                            f"{_describe(self._example)})") from error
+        if self._programs:
+            self._check_same_layout(compiled.program)
+        self._make_groups(compiled.program)
+        self._programs[signature] = compiled
+        return compiled
+
+    def _check_same_layout(self, program: Program) -> None:
+        def layout(spec: ParamSpec):
+            return spec.shape, spec.dtype, spec.group, spec.shard_rows, spec.padding
+
+        for spec in program.params:
+            known = self.layout.get(spec.name)
+            if known is None or layout(known) != layout(spec):
+                raise StepError(f"parameter '{spec.name}' is laid out differently in the new step's program")
+
+    def _make_groups(self, program: Program) -> None:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        for key, spec in program.groups.items():
+            if key in self._groups:
+                continue
+            if len(spec.members) * spec.size != world:
+                raise StepError(f"group '{key}' spans {len(spec.members) * spec.size} ranks, the job has {world}")
+            for members in spec.members:  # every rank creates every group, in one order
+                group = dist.new_group(list(members), timeout=self._timeout)
+                if rank in members:
+                    self._groups[key] = group
+
+    # -- the step ----------------------------------------------------------
+
+    @property
+    def memory_report(self) -> dict:
+        """The memory report of the first compiled training step."""
+        return self._programs_any().memory_report
+
+    @property
+    def compile_seconds(self) -> dict[str, float]:
+        return self._programs_any().compile_seconds
+
+    @property
+    def sharded_ir(self) -> str:
+        return self._programs_any().sharded_ir
+
+    def set_requires_gradient_sync(self, requires_gradient_sync: bool) -> None:
+        """FSDP2's switch: False makes the next calls accumulate gradients
+        locally, unreduced; the first call after setting True again reduces
+        everything accumulated. Needs `gradient_accumulation=True`."""
+        if not requires_gradient_sync and NO_SYNC_STEP not in self._programs_any().program.functions:
+            raise StepError("set_requires_gradient_sync(False) needs a step compiled for it: "
+                            "fsdpc.shard(..., gradient_accumulation=True)")
+        self._gradient_sync = requires_gradient_sync
+
+    def forward(self, *batch: torch.Tensor, sync: bool | None = None, trace: bool = False) -> torch.Tensor:
+        """Forward and backward on this rank's batch; returns the loss and
+        leaves the gradients on the parameters. Under `torch.no_grad()` or in
+        eval mode, forward only: the loss, no gradients, no communication of
+        gradients. `sync` overrides set_requires_gradient_sync for one call;
+        `trace` records every instruction as it ran (see `write_trace`)."""
+        if self._failed:
+            raise StepError(f"an earlier call failed mid-step ({self._failed}); collectives may be left "
+                            "in flight: rebuild the sharded module (and load a checkpoint) to go on")
+        self._check_ready()
+        self._check_batch(batch)
+        train = torch.is_grad_enabled() and self.training
+        compiled = self._program_for(batch, train=train)
+        sync = self._gradient_sync if sync is None else sync
+        name = STEP if (sync or not train) else NO_SYNC_STEP
+        if name not in compiled.program.functions:
+            raise StepError(f"the step was compiled without '{name}': fsdpc.shard(..., gradient_accumulation=True)")
+        params = {fqn: self._padded(fqn) for fqn in self.layout}
+        accumulated = {}
+        if train and sync and NO_SYNC_STEP in compiled.program.functions:
+            accumulated = {fqn: self._accumulated.get(fqn, torch.zeros(spec.shape))
+                           for fqn, spec in self.layout.items() if spec.trainable}
+        buffers = dict(self.named_buffers())
+        try:
+            out = compiled.runtime.run(name, params, buffers, accumulated, list(batch), self._groups,
+                                       self._timeout.total_seconds(), trace=trace,
+                                       check_reshard_frees=self._check_reshard_frees)
+        except Exception as error:
+            self._failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            raise
+        del params, accumulated
+        if out["reshard_leaks"]:
+            raise StepError(f"rank {dist.get_rank()}: gathered parameters outlived their reshard: "
+                            f"{', '.join(out['reshard_leaks'])}")
+        if trace:
+            self.last_trace = out["trace"]
+        if not train:
+            return out["loss"]
+        if not sync:
+            for fqn, grad in out["grads"].items():
+                self._accumulated[fqn] = self._accumulated[fqn] + grad if fqn in self._accumulated else grad
+            return out["loss"]
+        self._accumulated.clear()
+        named = dict(self.named_parameters())
+        for fqn, grad in out["grads"].items():
+            param = named[fqn]
+            local = grad[:self._shard_rows(self.layout[fqn])[1]]
+            if param.grad is None:
+                param.grad = DTensor.from_local(local, self.mesh, param.placements, run_check=False,
+                                                shape=param.shape, stride=param.stride())
+            else:
+                param.grad.to_local().add_(local)
+        return out["loss"]
+
+    def _check_ready(self) -> None:
+        if self._on_meta:
+            raise StepError("the parameters were created on the meta device and hold no values yet: call "
+                            "init_weights() or load a checkpoint (fsdpc.checkpoint.load) first")
+        if self._meta_buffers:
+            raise StepError(f"buffers {sorted(self._meta_buffers)} were created on the meta device and hold no "
+                            "values yet: call init_weights(), which runs reset_parameters() or your init")
+
+    def _check_batch(self, batch: Sequence[torch.Tensor]) -> None:
+        if len(batch) != len(self._example):
+            raise StepError(f"the step takes {len(self._example)} batch tensors "
+                            f"({_describe(self._example)}), got {len(batch)}")
+        for index, (given, example) in enumerate(zip(batch, self._example)):
+            if not isinstance(given, torch.Tensor):
+                raise StepError(f"batch argument {index} is a {type(given).__name__}, not a tensor")
+            if given.device.type != "cpu":
+                raise StepError(f"batch argument {index} is on {given.device}; fsdpc's runtime computes on CPU")
+            if given.dim() != example.dim() or given.dtype != example.dtype:
+                raise StepError(f"batch argument {index} is {_describe([given])}, the step was compiled for "
+                                f"{_describe([example])}: only sizes may change between calls")
+
+    def _padded(self, fqn: str) -> torch.Tensor:
+        """The padded shard the program reads, holding the parameter's
+        current values (a load that replaced the local tensor is copied in)."""
+        storage = self._storage[fqn]
+        local = self.get_parameter(fqn).to_local().detach()
+        if local.numel() and local.data_ptr() != storage.data_ptr():
+            storage[:local.shape[0]].copy_(local)
+        return storage
+
+    # -- initialization ----------------------------------------------------
+
+    def init_weights(self, init: Callable[[nn.Module], None] | None = None, *, seed: int | None = None) -> None:
+        """Fills the shards of a model built on the meta device, each rank
+        only its own rows: `init(module)` for every module (default: its
+        `reset_parameters()`, children before parents). Shards are drawn
+        from a stream per shard index, so replicas of a shard agree;
+        replicated parameters and buffers are broadcast from rank 0."""
+        for name, buffer in list(self.named_buffers()):
+            if buffer.is_meta:
+                owner, leaf = _owner(self, name)
+                owner._buffers[leaf] = torch.zeros(buffer.shape, dtype=buffer.dtype)
+                if owner is self:
+                    self._original._buffers[leaf] = owner._buffers[leaf]
+        base = int(torch.randint(0, 2**31, (1,))) if seed is None else seed
+        shard_index = self.mesh.get_local_rank(self.mesh.ndim - 1)
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(base + shard_index)
+            for module in reversed([self._original, *list(self.modules())[1:]]):
+                if init is not None:
+                    init(module)
+                elif callable(getattr(type(module), "reset_parameters", None)):
+                    module.reset_parameters()
+        self._broadcast_replicated()
+        self._on_meta = False
+        self._meta_buffers = set()
+
+    def _broadcast_replicated(self) -> None:
+        for fqn, spec in self.layout.items():
+            tensor = self._padded(fqn)
+            if spec.group is None:
+                dist.broadcast(tensor, src=0)
+            elif self.mesh.ndim == 2:  # replicas of a shard: from the first replica
+                dist.broadcast(tensor, group=self.mesh.get_group(0), group_src=0)
+        for _, buffer in self.named_buffers():
+            dist.broadcast(buffer, src=0)
+
+    # -- gradients ---------------------------------------------------------
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, *,
+                        error_if_nonfinite: bool = True) -> torch.Tensor:
+        """Scales every gradient so that their global norm (over all ranks,
+        padding excluded) is at most `max_norm`; returns the norm before
+        clipping. A non-finite norm raises (or, with
+        `error_if_nonfinite=False`, is returned with a warning and nothing
+        is scaled)."""
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        p = float(norm_type)
+        sharded, replicated = [], []
+        for grad in grads:
+            (sharded if any(isinstance(pl, Shard) for pl in grad.placements) else replicated).append(
+                grad.to_local())
+        group = self.mesh.get_group(self.mesh.ndim - 1)
+
+        def partial(tensors: list[torch.Tensor]) -> torch.Tensor:
+            if not tensors:
+                return torch.zeros((), dtype=torch.float64)
+            norms = torch.stack([t.detach().double().norm(p) for t in tensors])
+            return norms.max() if math.isinf(p) else (norms ** p).sum()
+
+        local = partial(sharded)
+        dist.all_reduce(local, op=dist.ReduceOp.MAX if math.isinf(p) else dist.ReduceOp.SUM, group=group)
+        rest = partial(replicated)
+        total = torch.maximum(local, rest) if math.isinf(p) else (local + rest) ** (1.0 / p)
+        total = total.float()
+        if not torch.isfinite(total):
+            message = f"the gradients' global {norm_type}-norm is {float(total)}; nothing was clipped"
+            if error_if_nonfinite:
+                raise StepError(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            return total
+        scale = max_norm / (float(total) + 1e-6)
+        if scale < 1.0:
+            for grad in grads:
+                grad.to_local().mul_(scale)
+        return total
+
+    # -- state -------------------------------------------------------------
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every entry of the state dict unsharded and unpadded (a collective;
+        every rank gets the whole dict): for checks, export and inference."""
+        return {name: (value.full_tensor() if isinstance(value, DTensor) else value).detach().clone()
+                for name, value in self.state_dict().items()}
+
+    def write_trace(self, path: str | Path | None) -> dict:
+        """Gathers the last traced call from every rank; rank 0 writes one
+        Chrome/Perfetto trace (a process per rank) to `path`. Returns this
+        rank's summary: step time, time blocked in waits (exposed
+        communication) and its share of the step."""
+        import json
+
+        events = self.last_trace
+        if not events:
+            raise StepError("no traced call: call the step with trace=True first")
+        everyone: list = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, events)
+        if dist.get_rank() == 0 and path is not None:
+            origin = min(e[3] for rank_events in everyone for e in rank_events)
+            trace = [{"name": name, "cat": category, "ph": "X", "pid": rank, "tid": 1 if category == "collective" else 0,
+                      "ts": start - origin, "dur": duration, "args": {"where": detail} if detail else {}}
+                     for rank, rank_events in enumerate(everyone)
+                     for name, category, detail, start, duration in rank_events]
+            trace += [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}}
+                      for rank in range(len(everyone))]
+            Path(path).write_text(json.dumps({"traceEvents": trace, "displayTimeUnit": "ms"}))
+        begin = min(e[3] for e in events)
+        end = max(e[3] + e[4] for e in events)
+        waited = sum(e[4] for e in events if e[1] == "wait")
+        return {"step_us": end - begin, "wait_us": waited, "exposed_comm_share": waited / max(end - begin, 1)}
+
+
+class _Flag:
+    on = False
+
+
+def _refuse_call(capturing: _Flag) -> Callable:
+    def refuse(module, args) -> None:
+        if not capturing.on:
+            raise StepError(f"{type(module).__name__} was handed to fsdpc.shard, which took over its "
+                            "parameters; call the sharded module it returned instead")
+    return refuse
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= max(dim, 1)
+    return tuple(reversed(strides))
+
+
+def _describe(batch: Sequence[torch.Tensor]) -> str:
+    return ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in batch)
+
+
+def shard(model: nn.Module, example_batch: Sequence[torch.Tensor], loss_fn: Callable, **options) -> ShardedModule:
+    """Compiles `loss_fn(model, *batch)` with its backward into a sharded
+    training step on every rank of the job and returns the module that runs
+    it. Options (FSDP2's names where FSDP2 has the knob): `mesh` (1-D, or
+    2-D (replicate, shard) for hybrid sharding), `reshard_after_forward`
+    (bool or an inner group size), `mp_policy` (MixedPrecisionPolicy),
+    `offload_policy` (CPUOffloadPolicy), `wrap` (a predicate
+    `(fqn, module) -> bool` choosing the units), `gradient_accumulation`
+    (compile the step set_requires_gradient_sync(False) uses), `pipeline`
+    (further fsdp-sharding-pipeline options, e.g. "strategy=shard-grad-op"),
+    `timeout` (of every collective)."""
+    return ShardedModule(model, example_batch, loss_fn, **options)

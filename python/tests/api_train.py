@@ -1,0 +1,388 @@
+"""One rank of an fsdpc.shard scenario (launched by test_api.py through
+torchrun). Every scenario checks itself against single-process eager PyTorch
+on the same global batches and exits non-zero with the reason if it differs;
+rank 0 writes what the test compares across jobs to --out."""
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import fsdpc
+from fsdpc import checkpoint
+from fsdpc.models.gpt import GPT, GPTConfig
+from fsdpc.models.language import next_token_loss
+
+CONFIG = GPTConfig(vocab_size=257, max_seq=32, d_model=32, n_heads=2, n_layers=2)
+GLOBAL_BATCH, SEQ = 12, 16
+
+
+def batches(steps: int, seq: int = SEQ, seed: int = 1):
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, CONFIG.vocab_size, (GLOBAL_BATCH, seq), generator=generator),
+             torch.randint(0, CONFIG.vocab_size, (GLOBAL_BATCH, seq), generator=generator))
+            for _ in range(steps)]
+
+
+def mine(batch):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = GLOBAL_BATCH // world
+    return tuple(t[rank * local:(rank + 1) * local] for t in batch)
+
+
+def reference_model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(CONFIG)
+
+
+def optimizer_for(model: nn.Module) -> torch.optim.Optimizer:
+    """AdamW with two parameter groups (no decay for biases and norms), as real jobs have."""
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    rest = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                             lr=3e-3, eps=1e-4)
+
+
+def close(a, b, what, rtol=1e-5, atol=1e-6):
+    try:
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+    except AssertionError as error:
+        raise AssertionError(f"{what}: {error}") from None
+
+
+def eager_losses(model, data, *, clip=None, schedule=True):
+    optimizer = optimizer_for(model)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9) if schedule else None
+    losses, norms = [], []
+    for batch in data:
+        loss = next_token_loss(model, *batch)
+        loss.backward()
+        if clip is not None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+        if scheduler:
+            scheduler.step()
+        losses.append(float(loss))
+    return losses, norms
+
+
+def train(sharded, optimizer, data, *, clip=None, scheduler=None):
+    losses, norms = [], []
+    for batch in data:
+        loss = sharded(*mine(batch))
+        if clip is not None:
+            norms.append(float(sharded.clip_grad_norm_(clip)))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+        if scheduler:
+            scheduler.step()
+        losses.append(mean_over_ranks(loss))
+    return losses, norms
+
+
+def mean_over_ranks(loss) -> float:
+    value = torch.tensor([float(loss)])
+    dist.all_reduce(value)
+    return float(value) / dist.get_world_size()
+
+
+def scenario_train(args):
+    """FQNs, DTensors, parameter groups, LR scheduler, zero_grad(set_to_none=False),
+    clipping, eval without gradient communication; equal to eager."""
+    data = batches(4)
+    model = reference_model()
+    names = [n for n, _ in model.named_parameters()]
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    sharded = fsdpc.shard(model, mine(data[0]), next_token_loss)
+    assert [n for n, _ in sharded.named_parameters()] == names, "FQNs differ from the model's"
+    for name, param in sharded.named_parameters():
+        assert isinstance(param.data, torch.distributed.tensor.DTensor), name
+        assert tuple(param.shape) == shapes[name], (name, param.shape)
+    optimizer = optimizer_for(sharded)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+    losses, norms = train(sharded, optimizer, data, clip=0.5, scheduler=scheduler)
+    expected, expected_norms = eager_losses(reference_model(), data, clip=0.5)
+    close(torch.tensor(losses), torch.tensor(expected), "losses")
+    close(torch.tensor(norms), torch.tensor(expected_norms), "clipped norms", rtol=1e-6, atol=0)
+    reference = reference_model()
+    eager_losses(reference, data, clip=0.5)
+    full = sharded.full_state_dict()
+    for name, value in reference.state_dict().items():
+        close(full[name], value, name, atol=5e-6)
+    # Evaluation: forward only, no gradients, no reduce-scatter.
+    sharded.eval()
+    with torch.no_grad():
+        loss = sharded(*mine(data[0]), trace=True)
+    kinds = {event[0] for event in sharded.last_trace if event[1] == "collective"}
+    assert not any("reduce" in kind for kind in kinds), kinds
+    assert all(p.grad is None or not p.grad.to_local().any() for p in sharded.parameters())
+    with torch.no_grad():
+        expected = next_token_loss(reference.eval(), *data[0])
+    close(torch.tensor(mean_over_ranks(loss)), expected, "eval loss", rtol=1e-4, atol=1e-5)
+    sharded.train()
+
+
+def scenario_meta(args):
+    """Build on meta, shard, initialize only the local shards; no rank holds the whole model."""
+    with torch.device("meta"):
+        model = GPT(CONFIG)
+    data = batches(2)
+    example = tuple(torch.empty_like(t, device="meta") for t in mine(data[0]))
+    sharded = fsdpc.shard(model, example, next_token_loss)
+    try:
+        sharded(*mine(data[0]))
+        raise AssertionError("a step on uninitialized meta parameters ran")
+    except fsdpc.StepError as error:
+        assert "init_weights" in str(error), error
+    torch.manual_seed(3)
+    sharded.init_weights()
+    full = sharded.full_state_dict()
+    world = dist.get_world_size()
+    total = sum(p.numel() for _, p in sharded.named_parameters())
+    local = sum(p.to_local().numel() for _, p in sharded.named_parameters())
+    assert local <= total / world * 1.05 + 1024, f"{local} local elements of {total} on {world} ranks"
+    # Replicated state agrees across ranks, and shards are not copies of each other.
+    everyone = [None] * world
+    dist.all_gather_object(everyone, {k: v.sum().item() for k, v in full.items()})
+    assert all(e == everyone[0] for e in everyone)
+    weight = full["tok_emb.weight"]
+    rows = weight.shape[0] // world
+    if world > 1:
+        assert not torch.equal(weight[:rows], weight[rows:2 * rows]), "every rank drew the same shard"
+    assert torch.equal(sharded.get_buffer("blocks.0.attn.causal_mask"),
+                       torch.tril(torch.ones(CONFIG.max_seq, CONFIG.max_seq, dtype=torch.bool)))
+    std = weight.std().item()
+    assert 0.015 < std < 0.025, f"tok_emb std {std}: GPT-2 init wants 0.02"
+    reference = reference_model()
+    reference.load_state_dict(full, strict=False)
+    optimizer = optimizer_for(sharded)
+    losses, _ = train(sharded, optimizer, data)
+    expected, _ = eager_losses(reference, data, schedule=False)
+    close(torch.tensor(losses), torch.tensor(expected), "losses after meta init")
+
+
+def scenario_checkpoint(args):
+    """Train, save at --save-at (model, optimizer, extra), train on; or load and continue."""
+    data = batches(args.steps)
+    model = reference_model()
+    sharded = fsdpc.shard(model, mine(data[0]), next_token_loss)
+    optimizer = optimizer_for(sharded)
+    start = 0
+    if args.load:
+        extra = checkpoint.load(args.load, sharded, optimizer)
+        start = extra["step"]
+    losses = []
+    for i in range(start, args.steps):
+        loss = sharded(*mine(data[i]))
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(mean_over_ranks(loss))
+        if args.save and i + 1 == args.save_at:
+            checkpoint.save(args.save, sharded, optimizer, extra={"step": i + 1})
+    if dist.get_rank() == 0:
+        torch.save({"losses": losses, "start": start}, args.out)
+
+
+def scenario_fsdp2(args):
+    """fsdpc's checkpoint loads into FSDP2 and FSDP2's into fsdpc (model and optimizer)."""
+    from torch.distributed.fsdp import fully_shard
+
+    data = batches(3)
+
+    def fsdp2_model():
+        model = reference_model()
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        return model
+
+    def fsdp2_train(model, optimizer, batch):
+        loss = next_token_loss(model, *mine(batch))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return mean_over_ranks(loss)
+
+    directory = Path(args.save)
+    # fsdpc -> FSDP2
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)
+    optimizer = optimizer_for(sharded)
+    train(sharded, optimizer, data[:1])
+    checkpoint.save(directory / "from-fsdpc", sharded, optimizer)
+    ours = train(sharded, optimizer, data[1:2])[0][0]
+    theirs_model = fsdp2_model()
+    theirs_opt = optimizer_for(theirs_model)
+    checkpoint.load(directory / "from-fsdpc", theirs_model, theirs_opt)
+    theirs = fsdp2_train(theirs_model, theirs_opt, data[1])
+    close(torch.tensor(theirs), torch.tensor(ours), "FSDP2 after loading fsdpc's checkpoint")
+    # FSDP2 -> fsdpc, saved with plain DCP as an FSDP2 job does
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(theirs_model, theirs_opt)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=directory / "from-fsdp2")
+    expected = fsdp2_train(theirs_model, theirs_opt, data[2])
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)
+    optimizer = optimizer_for(sharded)
+    checkpoint.load(directory / "from-fsdp2", sharded, optimizer)
+    got = train(sharded, optimizer, data[2:3])[0][0]
+    close(torch.tensor(got), torch.tensor(expected), "fsdpc after loading FSDP2's checkpoint")
+    checkpoint.save_full(directory / "full.pt", sharded)
+    if dist.get_rank() == 0:
+        full = torch.load(directory / "full.pt")
+        assert full["tok_emb.weight"].shape == (CONFIG.vocab_size, CONFIG.d_model)
+        single = reference_model()
+        single.load_state_dict(full, strict=False)
+
+
+def scenario_slow_save(args):
+    """Saves once, then starts a second save that the test kills half-way."""
+    data = batches(2)
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)
+    optimizer = optimizer_for(sharded)
+    train(sharded, optimizer, data[:1])
+    checkpoint.save(args.save, sharded, optimizer, extra={"step": 1})
+    if dist.get_rank() == 0:
+        Path(args.out).write_text("first save done\n")
+    train(sharded, optimizer, data[1:])
+    import torch.distributed.checkpoint.filesystem as filesystem
+
+    original = filesystem._write_item
+
+    def slow_write(*a, **k):  # a large model's write, stretched so the test can kill it
+        time.sleep(0.5)
+        return original(*a, **k)
+
+    filesystem._write_item = slow_write
+    checkpoint.save(args.save, sharded, optimizer, extra={"step": 2})
+
+
+def scenario_accumulate(args):
+    """set_requires_gradient_sync(False) for all but the last microbatch equals eager on the whole batch."""
+    data = batches(3)
+    world, micro = dist.get_world_size(), 2
+    local = GLOBAL_BATCH // world // micro
+    sharded = fsdpc.shard(reference_model(), tuple(t[:local] for t in mine(data[0])), next_token_loss,
+                          gradient_accumulation=True)
+    optimizer = optimizer_for(sharded)
+    losses = []
+    for batch in data:
+        rows = mine(batch)
+        total = 0.0
+        for m in range(micro):
+            sharded.set_requires_gradient_sync(m == micro - 1)
+            total += float(sharded(*(t[m * local:(m + 1) * local] for t in rows))) / micro
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(mean_over_ranks(total))
+    reference = reference_model()
+    optimizer = optimizer_for(reference)
+    expected = []
+    for batch in data:
+        total = 0.0
+        for m in range(micro):
+            part = [r for rank in range(world) for r in range(rank * local * micro + m * local,
+                                                              rank * local * micro + (m + 1) * local)]
+            loss = next_token_loss(reference, *(t[part] for t in batch))
+            loss.backward()  # the compiled step sums microbatch gradients, unscaled
+            total += float(loss) / micro
+        optimizer.step()
+        optimizer.zero_grad()
+        expected.append(total)
+    close(torch.tensor(losses), torch.tensor(expected), "accumulated losses")
+
+
+def scenario_shapes(args):
+    """A shorter sequence compiles another step; a dtype change names the argument and both types."""
+    data = batches(2) + batches(2, seq=8, seed=5)
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)
+    optimizer = optimizer_for(sharded)
+    losses, _ = train(sharded, optimizer, data)
+    expected, _ = eager_losses(reference_model(), data, schedule=False)
+    close(torch.tensor(losses), torch.tensor(expected), "losses across two sequence lengths")
+    assert len(sharded._programs) == 2
+    tokens, targets = mine(data[0])
+    try:
+        sharded(tokens.float(), targets)
+        raise AssertionError("a float token batch ran")
+    except fsdpc.StepError as error:
+        text = str(error)
+        assert "argument 0" in text and "float32" in text and "int64" in text, text
+    try:
+        sharded(tokens)
+        raise AssertionError("one batch tensor ran")
+    except fsdpc.StepError as error:
+        assert "takes 2 batch tensors" in str(error), error
+
+
+def scenario_misuse(args):
+    data = batches(1)
+    model = reference_model()
+    stale = torch.optim.AdamW(model.parameters())
+    sharded = fsdpc.shard(model, mine(data[0]), next_token_loss)
+    sharded(*mine(data[0]))
+    for attempt, expected in [
+        (lambda: stale.step(), "build the optimizer over sharded.parameters()"),
+        (lambda: model(mine(data[0])[0]), "call the sharded module it returned"),
+        (lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
+                             mp_policy=fsdpc.MixedPrecision(reduce_dtype=torch.bfloat16),
+                             pipeline="reduce-dtype=f32"), "conflicting settings"),
+        (lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
+                             offload_policy=torch.distributed.fsdp.CPUOffloadPolicy(pin_memory=True)),
+         "pin_memory"),
+        (lambda: sharded.set_requires_gradient_sync(False), "gradient_accumulation=True"),
+    ]:
+        try:
+            attempt()
+        except fsdpc.StepError as error:
+            assert expected in str(error), f"{expected!r} not in {error}"
+        else:
+            raise AssertionError(f"no error; expected one saying {expected!r}")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bad_models import Branchy
+
+    try:
+        fsdpc.shard(Branchy(), (torch.randn(2, 4),), lambda m, x: m(x).sum())
+        raise AssertionError("data-dependent control flow compiled")
+    except fsdpc.StepError as error:
+        assert "bad_models.py:14" in str(error), error
+    # CPU offload on a CPU-only machine: the shards, gradients and optimizer
+    # state are on the CPU already; training is unchanged.
+    offloaded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
+                            offload_policy=torch.distributed.fsdp.CPUOffloadPolicy(pin_memory=False))
+    optimizer = optimizer_for(offloaded)
+    losses, _ = train(offloaded, optimizer, data)
+    expected, _ = eager_losses(reference_model(), data, schedule=False)
+    close(torch.tensor(losses), torch.tensor(expected), "losses with CPU offload")
+
+
+SCENARIOS = {name.removeprefix("scenario_"): value for name, value in globals().items()
+             if name.startswith("scenario_")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scenario", choices=sorted(SCENARIOS))
+    parser.add_argument("--out", default=os.devnull)
+    parser.add_argument("--save")
+    parser.add_argument("--save-at", type=int, default=0)
+    parser.add_argument("--load")
+    parser.add_argument("--steps", type=int, default=4)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    dist.init_process_group("gloo")
+    SCENARIOS[args.scenario](args)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

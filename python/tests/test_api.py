@@ -1,0 +1,93 @@
+"""fsdpc.shard end to end: torchrun launches CPU ranks that run a scenario of
+api_train.py, each of which checks itself against eager PyTorch; the
+checkpoint tests compare losses across jobs of different sizes."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fsdpc import find_fsdp_opt
+
+SCRIPT = Path(__file__).with_name("api_train.py")
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON_DIR = ROOT / "python"
+
+
+def environment() -> dict:
+    return {**os.environ, "PYTHONPATH": str(PYTHON_DIR), "FSDP_OPT": str(find_fsdp_opt()), "OMP_NUM_THREADS": "1"}
+
+
+def torchrun(ranks: int, *arguments, port_offset: int = 0) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+            "--master-port", str(29300 + (os.getpid() + port_offset) % 250), *map(str, arguments)]
+
+
+def run(ranks: int, scenario: str, *extra, port_offset: int = 0) -> subprocess.CompletedProcess:
+    done = subprocess.run(torchrun(ranks, SCRIPT, scenario, *extra, port_offset=port_offset),
+                          capture_output=True, text=True, env=environment(), timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return done
+
+
+@pytest.mark.parametrize("scenario, ranks", [
+    ("train", 2), ("train", 3), ("meta", 2), ("accumulate", 2), ("shapes", 2), ("misuse", 2), ("fsdp2", 2),
+])
+def test_scenario(scenario, ranks, tmp_path):
+    run(ranks, scenario, "--save", tmp_path)
+
+
+@pytest.mark.parametrize("saved_on, loaded_on", [(2, 3), (4, 2), (3, 1)])
+def test_checkpoint_resumes_on_another_rank_count_with_the_same_losses(saved_on, loaded_on, tmp_path):
+    whole, resumed = tmp_path / "whole.pt", tmp_path / "resumed.pt"
+    run(saved_on, "checkpoint", "--steps", 5, "--save", tmp_path / "ckpt", "--save-at", 2, "--out", whole)
+    run(loaded_on, "checkpoint", "--steps", 5, "--load", tmp_path / "ckpt", "--out", resumed)
+    whole, resumed = torch.load(whole), torch.load(resumed)
+    assert resumed["start"] == 2
+    torch.testing.assert_close(torch.tensor(resumed["losses"]), torch.tensor(whole["losses"][2:]),
+                               rtol=1e-5, atol=1e-6)
+    assert not any(".partial-" in p.name for p in tmp_path.iterdir())
+
+
+def test_a_save_killed_half_way_leaves_the_previous_checkpoint(tmp_path):
+    target, marker = tmp_path / "ckpt", tmp_path / "first-save-done"
+    job = subprocess.Popen(torchrun(2, SCRIPT, "slow_save", "--save", target, "--out", marker),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environment(),
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(tmp_path.glob(".ckpt.partial-*/*.distcp")):
+            assert job.poll() is None, "the job ended before its second save began"
+            assert time.monotonic() < deadline, "the second save never started"
+            time.sleep(0.05)
+        assert marker.exists()
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    assert (target / ".metadata").is_file()
+    assert torch.load(target / "fsdpc_extra.pt")["step"] == 1
+    partial = next(tmp_path.glob(".ckpt.partial-*"))
+    assert not (partial / ".metadata").exists(), "the killed save looks complete"
+    # The previous checkpoint loads and training goes on from it.
+    resumed = tmp_path / "resumed.pt"
+    run(2, "checkpoint", "--steps", 3, "--load", target, "--out", resumed, port_offset=7)
+    assert torch.load(resumed)["start"] == 1
+
+
+def test_the_readme_training_loop_runs_as_written(tmp_path):
+    """The README's first Python block, extracted and run under torchrun."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## Training with fsdpc\n.*?```python\n(.*?)```", readme, re.S)
+    assert block, "README has no training example under '## Training with fsdpc'"
+    script = tmp_path / "readme_train.py"
+    script.write_text(block.group(1))
+    done = subprocess.run(torchrun(2, script), capture_output=True, text=True, env=environment(),
+                          cwd=tmp_path, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert "loss" in done.stdout
