@@ -52,13 +52,13 @@ def build(system: str, model: GPT, example, mesh_world: int):
     """Returns (forward_backward(batch) -> loss, trainable parameters, extras)."""
     extras = {}
     if system == "fsdpc":
-        from fsdpc.runtime import compile_step
+        import fsdpc
 
-        step = compile_step(model, example, next_token_loss)
-        extras["compile_phases_s"] = step.compile_seconds
-        extras["predicted_peak_mib"] = step.memory_report["train_step"]["peak"]["above_step_start"] / 2**20
-        extras["step"] = step
-        return (lambda batch: step(*batch)), step.parameters(), extras
+        sharded = fsdpc.shard(model, example, next_token_loss)
+        extras["compile_phases_s"] = sharded.compile_seconds
+        extras["predicted_peak_mib"] = sharded.memory_report["train_step"]["peak"]["above_step_start"] / 2**20
+        extras["step"] = sharded
+        return (lambda batch: sharded(*batch)), list(sharded.parameters()), extras
     if system in ("fsdp2", "fsdp2-compile"):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard

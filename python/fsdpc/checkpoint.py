@@ -21,6 +21,7 @@ that `load` refuses and the next save removes.
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import uuid
@@ -113,6 +114,11 @@ def load(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optim
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     extra = source / EXTRA_FILE
+    # DCP's load leaves reference cycles holding tensors that Gloo's workers
+    # also reference; collected at interpreter shutdown, they made a worker
+    # wait for the GIL while Python finalized, which aborts the process
+    # ("terminate called without an active exception", 1 run in 6).
+    gc.collect()
     return torch.load(extra, weights_only=False) if extra.is_file() else {}
 
 

@@ -87,16 +87,19 @@ def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Ca
         "pipeline": options, "wrap": wrap, "mixed_precision": mixed_precision})
     _check_same_step(key, rank, world)
     lap("cache lookup")
-    entry = _compile_on_rank_0(key, rank, lambda: _compile(model, batch, loss_fn, options, wrap,
-                                                           mixed_precision, lap))
+    entry = _compile_on_rank_0(key, rank, lambda: compile_entry(model, batch, loss_fn, options=options, wrap=wrap,
+                                                                mixed_precision=mixed_precision, lap=lap))
     program = Program.parse(entry["program"])
     runtime = program.load("cpu")
     lap("load")
     return CompiledProgram(program, runtime, entry["sharded_ir"], entry["memory_report"], seconds)
 
 
-def _compile(model, batch, loss_fn, options, wrap, mixed_precision, lap) -> dict:
-    """Capture, shard and lower: the cache entry of this step."""
+def compile_entry(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *, options: str,
+                  wrap: WrapPolicy = None, mixed_precision: MixedPrecision | None = None,
+                  lap: Callable[[str], None] = lambda phase: None) -> dict:
+    """Capture, shard and lower, in this process (no job needed): the cache
+    entry of a step, its program for `ranks=` in `options`."""
     exported = export_training_step(model, batch, loss_fn, wrap=wrap, mixed_precision=mixed_precision)
     lap("capture")
     with tempfile.TemporaryDirectory() as scratch:
@@ -125,7 +128,7 @@ def _check_same_step(key: str, rank: int, world: int) -> None:
             "rank must capture the same model, batch shapes and options")
 
 
-def _compile_on_rank_0(key: str, rank: int, compile_entry: Callable[[], dict]) -> dict:
+def _compile_on_rank_0(key: str, rank: int, build: Callable[[], dict]) -> dict:
     """Rank 0 loads the program from its cache or compiles it, and hands it
     to every rank (the program does not depend on the rank): one capture per
     job. A failure there reaches every rank as an error."""
@@ -134,7 +137,7 @@ def _compile_on_rank_0(key: str, rank: int, compile_entry: Callable[[], dict]) -
         try:
             entry = cache.load(key)
             if entry is None:
-                entry = compile_entry()
+                entry = build()
                 cache.store(key, entry)
             message[0] = ("ok", entry)
         except Exception as error:  # every rank must hear of it, not hang

@@ -152,6 +152,7 @@ class ShardedModule(nn.Module):
         self._accumulated: dict[str, torch.Tensor] = {}
         self._gradient_sync = True
         self._failed: str | None = None
+        self._warned_eval = False
         self.last_trace: list[tuple] = []
         # Adopt the model's tree: the same submodules, parameters and buffers
         # under the same names.
@@ -161,7 +162,9 @@ class ShardedModule(nn.Module):
             self.register_parameter(name, param)
         for name, buffer in model.named_buffers(recurse=False):
             self.register_buffer(name, buffer, persistent=name not in model._non_persistent_buffers_set)
-        self.training = model.training
+        # A training step is what is compiled: the model trains until .eval()
+        # (Hugging Face's from_pretrained hands models over in eval mode).
+        model.train()
 
         first = self._program_for(self._example, train=True)
         self.layout: dict[str, ParamSpec] = {spec.name: spec for spec in first.program.params}
@@ -201,18 +204,19 @@ class ShardedModule(nn.Module):
         group = self._programs_any().program.groups[spec.group]
         if tuple(self.mesh.shape) != group.grid_shape:
             raise StepError(f"the mesh {tuple(self.mesh.shape)} is not the compiled grid {group.grid_shape}")
+        if len(group.axes) == 1:  # the DTensor's shard dimension must hold the program's shard group
+            ranks = dist.get_process_group_ranks(self.mesh.get_group(group.axes[0]))
+            if tuple(ranks) != group.members_of(dist.get_rank()):
+                raise StepError(f"mesh dimension {group.axes[0]} groups ranks {ranks}, the program's group "
+                                f"'{group.key}' {group.members_of(dist.get_rank())}: give the mesh as "
+                                "(replicate, shard) in row-major rank order")
         return tuple(Shard(0) if dim in group.axes else Replicate() for dim in range(self.mesh.ndim))
 
     def _programs_any(self) -> CompiledProgram:
         return next(iter(self._programs.values()))
 
     def _shard_rows(self, spec: ParamSpec) -> tuple[int, int]:
-        """(first logical row, real rows) of this rank's shard."""
-        if spec.group is None:
-            return 0, spec.shard_rows
-        members = self._programs_any().program.groups[spec.group].members_of(dist.get_rank())
-        begin = min(members.index(dist.get_rank()) * spec.shard_rows, spec.shape[0])
-        return begin, min(begin + spec.shard_rows, spec.shape[0]) - begin
+        return shard_extent(self._programs_any().program, spec, dist.get_rank())
 
     def _place_shards(self, model: nn.Module, rank: int) -> None:
         originals = dict(model.named_parameters(remove_duplicate=False))
@@ -223,7 +227,7 @@ class ShardedModule(nn.Module):
                             f"{sorted(originals)}")
         for name, spec in self.layout.items():
             original = originals[name]
-            storage = torch.zeros((spec.shard_rows, *spec.shape[1:]), dtype=original.dtype)
+            storage = new_shard(spec, original.dtype)
             begin, real = self._shard_rows(spec)
             if not original.is_meta:
                 storage[:real] = original.detach()[begin:begin + real]
@@ -293,7 +297,7 @@ class ShardedModule(nn.Module):
             options = " ".join(o for o in options.split() if not o.startswith("gradient-accumulation"))
         try:
             with self._capture_view(train) as model:
-                shapes = [torch.empty_like(t, device="meta") for t in batch]
+                shapes = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in batch]
                 compiled = compile_program(model, shapes, config["loss_fn"], options=options, wrap=config["wrap"],
                                            mixed_precision=config["mixed_precision"])
         except StepError as error:
@@ -363,7 +367,12 @@ class ShardedModule(nn.Module):
                             "in flight: rebuild the sharded module (and load a checkpoint) to go on")
         self._check_ready()
         self._check_batch(batch)
+        batch = tuple(t.contiguous() for t in batch)  # the program was compiled for dense row-major inputs
         train = torch.is_grad_enabled() and self.training
+        if torch.is_grad_enabled() and not self.training and not self._warned_eval:
+            self._warned_eval = True
+            warnings.warn("the sharded module is in eval mode: calls run forward only and leave no gradients "
+                          "(call .train() to train)", stacklevel=2)
         compiled = self._program_for(batch, train=train)
         sync = self._gradient_sync if sync is None else sync
         name = STEP if (sync or not train) else NO_SYNC_STEP
@@ -546,6 +555,23 @@ class ShardedModule(nn.Module):
         end = max(e[3] + e[4] for e in events)
         waited = sum(e[4] for e in events if e[1] == "wait")
         return {"step_us": end - begin, "wait_us": waited, "exposed_comm_share": waited / max(end - begin, 1)}
+
+
+def shard_extent(program: Program, spec: ParamSpec, rank: int) -> tuple[int, int]:
+    """(first logical row, real rows) of `rank`'s shard of a parameter: the
+    program's layout (ceil(rows / group size) rows per rank, the last ones
+    padded)."""
+    if spec.group is None:
+        return 0, spec.shard_rows
+    members = program.groups[spec.group].members_of(rank)
+    begin = min(members.index(rank) * spec.shard_rows, spec.shape[0])
+    return begin, min(begin + spec.shard_rows, spec.shape[0]) - begin
+
+
+def new_shard(spec: ParamSpec, dtype: torch.dtype) -> torch.Tensor:
+    """A rank's padded shard of a parameter, zeroed (padding stays zero):
+    the only memory a parameter takes on a rank."""
+    return torch.zeros((spec.shard_rows, *spec.shape[1:]), dtype=dtype)
 
 
 class _Flag:

@@ -129,6 +129,23 @@ def scenario_train(args):
     sharded.train()
 
 
+def scenario_hybrid(args):
+    """A 2-D (replicate, shard) mesh: hybrid sharding with (Replicate(), Shard(0)) parameters, equal to eager."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+
+    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2), mesh_dim_names=("replicate", "shard"))
+    data = batches(3)
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, mesh=mesh)
+    placements = tuple(sharded.get_parameter("tok_emb.weight").placements)
+    assert placements == (Replicate(), Shard(0)), placements
+    optimizer = optimizer_for(sharded)
+    losses, norms = train(sharded, optimizer, data, clip=0.5)
+    expected, expected_norms = eager_losses(reference_model(), data, clip=0.5, schedule=False)
+    close(torch.tensor(losses), torch.tensor(expected), "hybrid losses")
+    close(torch.tensor(norms), torch.tensor(expected_norms), "hybrid clipped norms", rtol=1e-6, atol=0)
+
+
 def scenario_meta(args):
     """Build on meta, shard, initialize only the local shards; no rank holds the whole model."""
     with torch.device("meta"):
@@ -345,6 +362,20 @@ def scenario_misuse(args):
             assert expected in str(error), f"{expected!r} not in {error}"
         else:
             raise AssertionError(f"no error; expected one saying {expected!r}")
+    # A non-finite gradient norm is reported, never applied.
+    grad = sharded.get_parameter("ln_f.weight").grad.to_local()
+    grad[0] = float("inf")
+    before = {n: p.grad.to_local().clone() for n, p in sharded.named_parameters()}
+    try:
+        sharded.clip_grad_norm_(1.0)
+        raise AssertionError("an infinite gradient norm was not reported")
+    except fsdpc.StepError as error:
+        assert "nothing was clipped" in str(error), error
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert torch.isinf(sharded.clip_grad_norm_(1.0, error_if_nonfinite=False))
+    for n, p in sharded.named_parameters():
+        assert torch.equal(p.grad.to_local(), before[n]), f"{n}'s gradient changed"
     sys.path.insert(0, str(Path(__file__).parent))
     from bad_models import Branchy
 

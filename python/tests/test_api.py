@@ -37,7 +37,7 @@ def run(ranks: int, scenario: str, *extra, port_offset: int = 0) -> subprocess.C
 
 
 @pytest.mark.parametrize("scenario, ranks", [
-    ("train", 2), ("train", 3), ("meta", 2), ("accumulate", 2), ("shapes", 2), ("misuse", 2), ("fsdp2", 2),
+    ("train", 2), ("train", 3), ("hybrid", 4), ("meta", 2), ("accumulate", 2), ("shapes", 2), ("misuse", 2), ("fsdp2", 2),
 ])
 def test_scenario(scenario, ranks, tmp_path):
     run(ranks, scenario, "--save", tmp_path)
@@ -53,6 +53,12 @@ def test_checkpoint_resumes_on_another_rank_count_with_the_same_losses(saved_on,
     torch.testing.assert_close(torch.tensor(resumed["losses"]), torch.tensor(whole["losses"][2:]),
                                rtol=1e-5, atol=1e-6)
     assert not any(".partial-" in p.name for p in tmp_path.iterdir())
+    # The checkpoint holds true shapes: padding never reaches it (257 rows do not divide by 2, 3 or 4).
+    import torch.distributed.checkpoint as dcp
+
+    saved = dcp.FileSystemReader(tmp_path / "ckpt").read_metadata().state_dict_metadata
+    assert tuple(saved["model.tok_emb.weight"].size) == (257, 32)
+    assert tuple(saved["optim.state.tok_emb.weight.exp_avg"].size) == (257, 32)
 
 
 def test_a_save_killed_half_way_leaves_the_previous_checkpoint(tmp_path):
@@ -62,11 +68,10 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint(tmp_path):
                            start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        while not list(tmp_path.glob(".ckpt.partial-*/*.distcp")):
+        while not (marker.exists() and list(tmp_path.glob(".ckpt.partial-*/*.distcp"))):
             assert job.poll() is None, "the job ended before its second save began"
             assert time.monotonic() < deadline, "the second save never started"
             time.sleep(0.05)
-        assert marker.exists()
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
@@ -91,3 +96,31 @@ def test_the_readme_training_loop_runs_as_written(tmp_path):
                           cwd=tmp_path, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert "loss" in done.stdout
+
+
+def demo_losses(output: str) -> dict[int, str]:
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r"step +(\d+)/\d+ +loss +(\S+)", output)}
+
+
+def test_the_demo_resumes_from_its_checkpoint_with_the_same_losses(tmp_path):
+    trainer = ROOT / "examples" / "train_gpt.py"
+    first = subprocess.run(torchrun(2, trainer, "--steps", 6, "--save-at", 3, "--out", tmp_path),
+                           capture_output=True, text=True, env=environment(), timeout=600, check=False)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-6000:]
+    second = subprocess.run(torchrun(2, trainer, "--steps", 6, "--resume", tmp_path / "checkpoint",
+                                     "--out", tmp_path / "resumed", port_offset=3),
+                            capture_output=True, text=True, env=environment(), timeout=600, check=False)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-6000:]
+    whole, resumed = demo_losses(first.stdout), demo_losses(second.stdout)
+    assert sorted(whole) == [1, 2, 3, 4, 5, 6] and sorted(resumed) == [4, 5, 6]
+    assert all(resumed[i] == whole[i] for i in (4, 5, 6)), (whole, resumed)
+
+
+def test_the_hugging_face_fine_tuning_example_trains_with_the_models_own_loss(tmp_path):
+    pytest.importorskip("transformers")
+    done = subprocess.run(torchrun(2, ROOT / "examples" / "finetune_hf.py", "--steps", 8, "--out", tmp_path),
+                          capture_output=True, text=True, env=environment(), timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    losses = [float(m) for m in re.findall(r"loss (\d+\.\d+)\n", done.stdout)]
+    assert len(losses) == 8 and losses[-1] < losses[0], losses
+    assert "in a plain LlamaForCausalLM" in done.stdout
