@@ -5,7 +5,7 @@ sharded IR), under a key computed without capturing: everything that can
 change the result. That is the model's structure (every module's class,
 plain attributes, parameter and buffer names, shapes, dtypes, ties), the
 batch's shapes and dtypes, the options and world size, the versions of
-Python, torch and fsdpc (its compiler binaries), and the content of every
+Python (and its ABI), torch, the program format and fsdpc (its compiler binaries), and the content of every
 Python source file the job has loaded from outside the standard library and
 installed packages (the model's and the loss's code, and what they call),
 plus the files that define the model's classes and the loss wherever they
@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from fsdpc.compiler import find_fsdp_opt
+from fsdpc.program import PROGRAM_VERSION
 
 ENTRY_VERSION = 1
 _SIMPLE = (bool, int, float, str, type(None))
@@ -126,7 +127,8 @@ def step_key(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable,
         loss.append(_file_digest(loss[2], digests))
     tools = find_fsdp_opt()
     key = {
-        "entry": ENTRY_VERSION, "python": sys.version, "torch": torch.__version__, "world": world,
+        "entry": ENTRY_VERSION, "python": sys.version, "abi": sysconfig.get_config_var("SOABI"),
+        "torch": torch.__version__, "program": PROGRAM_VERSION, "world": world,
         "options": {k: (_code_of(v) if callable(v) else repr(v)) for k, v in sorted(options.items())},
         "modules": modules, "params": params, "buffers": buffers, "loss": loss,
         "batch": [[list(t.shape), str(t.dtype)] for t in batch],

@@ -18,7 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,7 @@ from fsdpc.program import Program, translate
 from fsdpc.units import WrapPolicy
 
 STEP, NO_SYNC_STEP = "train_step", "train_step_no_sync"
+T = TypeVar("T")
 
 
 class StepError(RuntimeError):
@@ -83,16 +84,44 @@ def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Ca
         seconds[phase] = now - clock
         clock = now
 
-    key = cache.step_key(model, batch, loss_fn, world=world, options={
-        "pipeline": options, "wrap": wrap, "mixed_precision": mixed_precision})
-    _check_same_step(key, rank, world)
+    keys = on_every_rank("setting up the step", lambda: cache.step_key(
+        model, batch, loss_fn, world=world, options={"pipeline": options, "wrap": wrap,
+                                                     "mixed_precision": mixed_precision}), share_result=True)
+    _check_same_step(keys, rank)
     lap("cache lookup")
-    entry = _compile_on_rank_0(key, rank, lambda: compile_entry(model, batch, loss_fn, options=options, wrap=wrap,
-                                                                mixed_precision=mixed_precision, lap=lap))
-    program = Program.parse(entry["program"])
-    runtime = program.load("cpu")
+    entry = _compile_on_rank_0(keys[0], rank, lambda: compile_entry(model, batch, loss_fn, options=options,
+                                                                    wrap=wrap, mixed_precision=mixed_precision,
+                                                                    lap=lap))
+
+    def load() -> CompiledProgram:
+        program = Program.parse(entry["program"])
+        return CompiledProgram(program, program.load("cpu"), entry["sharded_ir"], entry["memory_report"], seconds)
+
+    compiled = on_every_rank("loading the program", load)
     lap("load")
-    return CompiledProgram(program, runtime, entry["sharded_ir"], entry["memory_report"], seconds)
+    return compiled
+
+
+def on_every_rank(stage: str, attempt: Callable[[], T], *, share_result: bool = False):
+    """Collective: runs `attempt` on every rank, then every rank learns every
+    outcome before anything else is communicated, so that a rank that fails
+    makes all raise at once (with its error) instead of leaving the others
+    in the next collective until it times out. Returns this rank's result,
+    or every rank's with `share_result` (it must pickle)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    failure = None
+    try:
+        result = attempt()
+    except Exception as error:  # every rank must hear of it
+        failure, result = error, None
+    outcome = (f"{type(failure).__name__}: {failure}" if failure else None, result if share_result else None)
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, outcome)
+    failed = [(other, error) for other, (error, _) in enumerate(everyone) if error is not None]
+    if failed:
+        reasons = "; ".join(f"rank {other}: {error}" for other, error in failed)
+        raise StepError(f"rank {rank}: {stage} failed on {len(failed)} of {world} ranks: {reasons}") from failure
+    return [value for _, value in everyone] if share_result else result
 
 
 def compile_entry(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *, options: str,
@@ -115,11 +144,9 @@ def compile_entry(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Call
     return {"sharded_ir": sharded_ir, "memory_report": memory_report, "program": program.text}
 
 
-def _check_same_step(key: str, rank: int, world: int) -> None:
+def _check_same_step(everyone: list[str], rank: int) -> None:
     """Every rank must compile the same step: the cache keys (model structure
     and code, batch shapes, options) agree, or nothing runs."""
-    everyone: list = [None] * world
-    dist.all_gather_object(everyone, key)
     differing = [other for other, theirs in enumerate(everyone) if theirs != everyone[0]]
     if differing:
         raise StepError(

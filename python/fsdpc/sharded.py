@@ -23,7 +23,10 @@ loads from the cache) another program on every rank.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import itertools
 import math
+import time
 import warnings
 import weakref
 from datetime import timedelta
@@ -39,7 +42,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from fsdpc.capture import MixedPrecision
 from fsdpc.program import ParamSpec, Program
-from fsdpc.runtime import NO_SYNC_STEP, STEP, CompiledProgram, StepError, compile_program, pipeline_options
+from fsdpc.runtime import (NO_SYNC_STEP, STEP, CompiledProgram, StepError, compile_program, on_every_rank,
+                           pipeline_options)
 from fsdpc.units import WrapPolicy
 
 # Parameters of models handed to `shard`, by object: an optimizer that still
@@ -48,6 +52,7 @@ from fsdpc.units import WrapPolicy
 # cannot be dictionary keys by value).
 _RETIRED: dict[int, tuple[weakref.ref, str]] = {}
 _optimizer_hook = None
+_SERIALS = itertools.count()
 
 
 def _retire(param: torch.Tensor, fqn: str) -> None:
@@ -138,11 +143,20 @@ class ShardedModule(nn.Module):
         if isinstance(model, ShardedModule):
             raise StepError("this model is already sharded by fsdpc")
         super().__init__()
-        rank, world = dist.get_rank(), dist.get_world_size()
-        policy = _mixed_precision(mp_policy)
-        self._offload = self._check_offload(offload_policy)
-        options = _pipeline_for(pipeline, mesh, world, reshard_after_forward, policy, gradient_accumulation)
+        world = dist.get_world_size()
+
+        def check_arguments():
+            self._check_offload(offload_policy)
+            policy = _mixed_precision(mp_policy)
+            return policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, policy, gradient_accumulation)
+
+        policy, options = on_every_rank("checking fsdpc.shard's arguments", check_arguments)
         self._config = dict(loss_fn=loss_fn, options=options, wrap=wrap, mixed_precision=policy)
+        # Per-call agreement runs here, under the step's timeout (the default
+        # group's may be 30 minutes).
+        self._control = dist.new_group(backend="gloo", timeout=timeout)
+        self._serial = next(_SERIALS)  # the same on every rank: modules are built collectively
+        self._calls = 0
         self._timeout, self._check_reshard_frees = timeout, check_reshard_frees
         object.__setattr__(self, "_original", model)  # not a submodule: its FQNs are ours
         self._capturing = _Flag()
@@ -172,7 +186,9 @@ class ShardedModule(nn.Module):
         self._on_meta = any(p.is_meta for p in model.parameters())
         self._meta_buffers = {name for name, b in self.named_buffers() if b.is_meta}
         self._storage: dict[str, torch.Tensor] = {}
-        self._place_shards(model, rank)
+        on_every_rank("placing the parameter shards", lambda: self._place_shards(model))
+        if not self._on_meta:  # every rank starts from rank 0's replicated state
+            self._broadcast_replicated()
         # The hook holds the flag, not the module: a cycle through the model
         # would keep the process groups alive until interpreter shutdown.
         model.register_forward_pre_hook(_refuse_call(self._capturing))
@@ -182,16 +198,17 @@ class ShardedModule(nn.Module):
     # -- construction ------------------------------------------------------
 
     @staticmethod
-    def _check_offload(offload_policy) -> bool:
+    def _check_offload(offload_policy) -> None:
+        """The runtime computes on CPU, where shards, gradients and optimizer
+        state already live: offloading them is what happens anyway."""
         if offload_policy is None or type(offload_policy).__name__ == "OffloadPolicy":
-            return False
+            return
         if type(offload_policy).__name__ != "CPUOffloadPolicy":
             raise StepError(f"offload_policy must be torch.distributed.fsdp.CPUOffloadPolicy, "
                             f"got {type(offload_policy).__name__}")
         if getattr(offload_policy, "pin_memory", False) and not torch.cuda.is_available():
             raise StepError("CPUOffloadPolicy(pin_memory=True) pins host memory for copies to a GPU, and this "
                             "machine has none; use CPUOffloadPolicy(pin_memory=False)")
-        return True
 
     def _mesh_of(self, program: Program) -> DeviceMesh:
         shapes = {spec.grid_shape for spec in program.groups.values()}
@@ -218,7 +235,7 @@ class ShardedModule(nn.Module):
     def _shard_rows(self, spec: ParamSpec) -> tuple[int, int]:
         return shard_extent(self._programs_any().program, spec, dist.get_rank())
 
-    def _place_shards(self, model: nn.Module, rank: int) -> None:
+    def _place_shards(self, model: nn.Module) -> None:
         originals = dict(model.named_parameters(remove_duplicate=False))
         missing = set(self.layout) - set(originals)
         if missing or {n for n in originals if n not in self.layout and
@@ -245,8 +262,6 @@ class ShardedModule(nn.Module):
                     _retire(originals[fqn], fqn)
             if not original.is_meta:  # the whole tensor is no longer needed
                 original.data = torch.empty(0, dtype=original.dtype)
-
-    # -- misuse ------------------------------------------------------------
 
     def _loaded(self, incompatible_keys) -> None:
         self._on_meta = False
@@ -365,17 +380,27 @@ class ShardedModule(nn.Module):
         if self._failed:
             raise StepError(f"an earlier call failed mid-step ({self._failed}); collectives may be left "
                             "in flight: rebuild the sharded module (and load a checkpoint) to go on")
-        self._check_ready()
-        self._check_batch(batch)
-        batch = tuple(t.contiguous() for t in batch)  # the program was compiled for dense row-major inputs
+        try:
+            self._check_ready()
+            self._check_batch(batch)
+            problem = None
+        except StepError as error:
+            problem = error
         train = torch.is_grad_enabled() and self.training
         if torch.is_grad_enabled() and not self.training and not self._warned_eval:
             self._warned_eval = True
             warnings.warn("the sharded module is in eval mode: calls run forward only and leave no gradients "
                           "(call .train() to train)", stacklevel=2)
-        compiled = self._program_for(batch, train=train)
         sync = self._gradient_sync if sync is None else sync
         name = STEP if (sync or not train) else NO_SYNC_STEP
+        kind = ("a forward-only" if not train else "a synchronizing" if sync else
+                "an accumulating (no gradient sync)")
+        # A call that is wrong on one rank is refused on all, before any collective.
+        self._agree_on_call(f"a call refused with: {problem}" if problem else f"{kind} step on {_describe(batch)}")
+        if problem:
+            raise problem
+        batch = tuple(t.contiguous() for t in batch)  # the program was compiled for dense row-major inputs
+        compiled = self._program_for(batch, train=train)
         if name not in compiled.program.functions:
             raise StepError(f"the step was compiled without '{name}': fsdpc.shard(..., gradient_accumulation=True)")
         params = {fqn: self._padded(fqn) for fqn in self.layout}
@@ -389,8 +414,9 @@ class ShardedModule(nn.Module):
                                        self._timeout.total_seconds(), trace=trace,
                                        check_reshard_frees=self._check_reshard_frees)
         except Exception as error:
-            self._failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            raise
+            first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+            self._failed = first_line
+            raise StepError(f"{first_line}{self._absentees()}; this module refuses further calls") from error
         del params, accumulated
         if out["reshard_leaks"]:
             raise StepError(f"rank {dist.get_rank()}: gathered parameters outlived their reshard: "
@@ -414,6 +440,58 @@ class ShardedModule(nn.Module):
             else:
                 param.grad.to_local().add_(local)
         return out["loss"]
+
+    def _agree_on_call(self, description: str) -> None:
+        """Before any collective of a call, every rank checks that all run the
+        same kind of step on the same shapes (one small all-gather)."""
+        self._calls += 1
+        digest = int.from_bytes(hashlib.sha256(description.encode()).digest()[:7], "little")
+        mine = torch.tensor([digest, self._calls], dtype=torch.int64)
+        everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        try:
+            dist.all_gather(everyone, mine, group=self._control)
+        except Exception as error:
+            self._failed = "the per-call agreement failed"
+            raise StepError(f"rank {dist.get_rank()}: call {self._calls} could not agree with the other ranks "
+                            f"within {self._timeout.total_seconds():g} s (the per-call all-gather on group "
+                            f"'fsdpc control': {str(error).splitlines()[0]})"
+                            f"{self._absentees()}; this module refuses further calls") from error
+        if all(torch.equal(other, mine) for other in everyone):
+            return
+        descriptions: list = [None] * dist.get_world_size()
+        dist.all_gather_object(descriptions, f"call {self._calls}: {description}", group=self._control)
+        raise StepError("the ranks disagree about this call, and nothing was communicated for it: " +
+                        "; ".join(f"rank {rank} runs {text}" for rank, text in enumerate(descriptions)))
+
+    def _absentees(self) -> str:
+        """After a failed collective: the ranks that did not report within the
+        step's timeout plus 3 s (dead, or stalled outside the step), found
+        through the job's rendezvous store, as text for the error. A live
+        rank blocked in a collective reports when its own wait times out,
+        at most one timeout after this rank's, hence the window."""
+        rank, world = dist.get_rank(), dist.get_world_size()
+        prefix = f"fsdpc/module-{self._serial}/failure-{self._calls}"
+        try:
+            window = self._timeout.total_seconds() + 3.0
+            # A client of its own, whose operations time out with the window:
+            # over a lost link the job's store client would block for the
+            # job's timeout.
+            job_store = dist.distributed_c10d._get_default_store()
+            while hasattr(job_store, "underlying_store"):
+                job_store = job_store.underlying_store
+            store = dist.TCPStore(job_store.host, job_store.port, is_master=False,
+                                  timeout=timedelta(seconds=window))
+            store.set(f"{prefix}/{rank}", "here")
+            deadline = time.monotonic() + window
+            keys = [f"{prefix}/{other}" for other in range(world)]
+            while time.monotonic() < deadline and not store.check(keys):
+                time.sleep(0.1)
+            absent = [other for other, key in enumerate(keys) if not store.check([key])]
+        except Exception as error:  # the store lives in rank 0's process
+            return f"; the rendezvous store is unreachable too ({str(error).splitlines()[0]}): rank 0 may be gone"
+        if not absent:
+            return ""
+        return f"; rank(s) {absent} did not take part (dead, or stalled outside the step)"
 
     def _check_ready(self) -> None:
         if self._on_meta:

@@ -1,0 +1,108 @@
+"""Failures across ranks: every rank ends, fast, with an error that names what
+failed and where; no rank hangs and no process is left behind. Ranks are
+started by hand (MASTER_ADDR/PORT, RANK, WORLD_SIZE) as separate processes,
+without torchrun's agent, which would kill the survivors itself."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fsdpc import find_fsdp_opt
+
+WORKER = Path(__file__).with_name("failure_worker.py")
+PYTHON_DIR = Path(__file__).resolve().parents[1]
+STEP_TIMEOUT = 5
+
+
+def start(scenario: str, world: int, victim: int, port: int) -> list[subprocess.Popen]:
+    ranks = []
+    for rank in range(world):
+        env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR), "FSDP_OPT": str(find_fsdp_opt()),
+               "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+               "STEP_TIMEOUT": str(STEP_TIMEOUT)}
+        ranks.append(subprocess.Popen([sys.executable, str(WORKER), scenario, str(victim)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return ranks
+
+
+def finish(ranks: list[subprocess.Popen], within: float, spare: set[int] = frozenset()) -> dict[int, tuple]:
+    """Waits for every rank not in `spare` to exit within `within` seconds;
+    returns {rank: (exit code, output, seconds)}; kills whatever is left."""
+    began = time.monotonic()
+    results = {}
+    try:
+        for rank, process in enumerate(ranks):
+            if rank in spare:
+                continue
+            try:
+                output, _ = process.communicate(timeout=max(0.1, within - (time.monotonic() - began)))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                output, _ = process.communicate()
+                pytest.fail(f"rank {rank} still ran {within:.0f} s after the job started:\n{output[-4000:]}")
+            results[rank] = (process.returncode, output, time.monotonic() - began)
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    return results
+
+
+def port() -> int:
+    return 29100 + os.getpid() % 150
+
+
+def test_a_rank_that_cannot_set_up_its_step_stops_every_rank_with_its_reason():
+    results = finish(start("arguments", 2, victim=1, port=port()), within=60)
+    for rank, (code, output, _) in results.items():
+        assert code != 0
+        assert "checking fsdpc.shard's arguments failed on 1 of 2 ranks: rank 1: StepError: mp_policy must be" \
+            in output, output[-3000:]
+
+
+@pytest.mark.parametrize("scenario, says", [
+    ("kinds", "rank 1 runs call 3: an accumulating (no gradient sync) step"),
+    ("shapes", "rank 1 runs call 3: a synchronizing step on (2, 64) int64"),
+])
+def test_ranks_that_disagree_about_a_call_stop_before_communicating(scenario, says):
+    results = finish(start(scenario, 2, victim=1, port=port() + 1), within=90)
+    for rank, (code, output, _) in results.items():
+        assert code != 0
+        assert "the ranks disagree about this call" in output and says in output, output[-3000:]
+        assert "rank 0 runs call 3: a synchronizing step on (4, 64) int64" in output
+
+
+def failure_times(output: str) -> tuple[float, float]:
+    started = float(output.split("call 3 at ")[1].split()[0])
+    failed = float(output.split("failed at ")[1].split(":")[0])
+    return started, failed
+
+
+def check_survivor(rank: int, code: int, output: str, absent: str = "[1]") -> None:
+    """A rank that outlived another's failure raised in time, naming it."""
+    assert code != 0, output[-3000:]
+    started, failed = failure_times(output)
+    # Its own wait times out (at most one timeout), then the roll call waits
+    # one more timeout plus 3 s for live ranks still blocked in a wait.
+    assert failed - started <= 2 * STEP_TIMEOUT + 5, f"rank {rank} took {failed - started:.1f} s"
+    assert f"rank(s) {absent} did not take part" in output, output[-3000:]
+
+
+@pytest.mark.parametrize("scenario", ["die", "stall"])
+def test_a_dead_or_stalled_rank_makes_the_others_raise_in_time_naming_it(scenario):
+    ranks = start(scenario, 3, victim=1, port=port() + 2)
+    results = finish(ranks, within=120, spare={1})
+    if scenario == "die":
+        assert ranks[1].wait(timeout=10) == -9
+    for rank in (0, 2):
+        code, output, _ = results[rank]
+        check_survivor(rank, code, output)
+        if scenario == "die":  # the collective it was in, and its group
+            assert "on group '" in output, output[-3000:]
+        assert f"rank {rank} second call: an earlier call failed mid-step" in output, output[-3000:]
