@@ -146,6 +146,25 @@ def scenario_hybrid(args):
     close(torch.tensor(norms), torch.tensor(expected_norms), "hybrid clipped norms", rtol=1e-6, atol=0)
 
 
+def scenario_replicated(args):
+    """Ranks that built their model from different seeds start from rank 0's
+    replicated parameters and buffers (no-shard strategy: every parameter is
+    replicated)."""
+    torch.manual_seed(100 + dist.get_rank())
+    model = GPT(CONFIG)
+    with torch.no_grad():
+        model.blocks[0].attn.causal_mask.fill_(dist.get_rank() == 0)
+    data = batches(1)
+    sharded = fsdpc.shard(model, mine(data[0]), next_token_loss, pipeline="strategy=no-shard")
+    state = {name: value.to_local() if hasattr(value, "to_local") else value
+             for name, value in sharded.state_dict().items()}
+    state["mask"] = sharded.get_buffer("blocks.0.attn.causal_mask")
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, {name: value.double().sum().item() for name, value in state.items()})
+    assert all(other == everyone[0] for other in everyone), "replicated state differs across ranks"
+    assert bool(state["mask"].all()), "the mask is not rank 0's"
+
+
 def scenario_meta(args):
     """Build on meta, shard, initialize only the local shards; no rank holds the whole model."""
     with torch.device("meta"):
