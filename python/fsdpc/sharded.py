@@ -146,6 +146,9 @@ class ShardedModule(nn.Module):
         world = dist.get_world_size()
 
         def check_arguments():
+            if not isinstance(timeout, timedelta) or timeout < timedelta(milliseconds=1):
+                # c10d reads a zero timeout (what a sub-millisecond one rounds to) as none at all.
+                raise StepError(f"timeout must be a timedelta of at least 1 ms, got {timeout!r}")
             self._check_offload(offload_policy)
             policy = _mixed_precision(mp_policy)
             return policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, policy, gradient_accumulation)
@@ -471,6 +474,8 @@ class ShardedModule(nn.Module):
         at most one timeout after this rank's, hence the window."""
         rank, world = dist.get_rank(), dist.get_world_size()
         prefix = f"fsdpc/module-{self._serial}/failure-{self._calls}"
+        keys = [f"{prefix}/{other}" for other in range(world)]
+        reported: set[int] = set()
         try:
             window = self._timeout.total_seconds() + 3.0
             # A client of its own, whose operations time out with the window:
@@ -481,14 +486,18 @@ class ShardedModule(nn.Module):
                 job_store = job_store.underlying_store
             store = dist.TCPStore(job_store.host, job_store.port, is_master=False,
                                   timeout=timedelta(seconds=window))
-            store.set(f"{prefix}/{rank}", "here")
+            store.set(keys[rank], "here")
             deadline = time.monotonic() + window
-            keys = [f"{prefix}/{other}" for other in range(world)]
-            while time.monotonic() < deadline and not store.check(keys):
+            while len(reported) < world and time.monotonic() < deadline:
+                reported = {other for other, key in enumerate(keys) if store.check([key])}
                 time.sleep(0.1)
-            absent = [other for other, key in enumerate(keys) if not store.check([key])]
         except Exception as error:  # the store lives in rank 0's process
-            return f"; the rendezvous store is unreachable too ({str(error).splitlines()[0]}): rank 0 may be gone"
+            if 0 not in reported:
+                return (f"; the rendezvous store is unreachable too ({str(error).splitlines()[0]}): "
+                        "rank 0 may be gone")
+            # Rank 0 reported, then its process (the store's host) ended: what
+            # was seen until then stands.
+        absent = sorted(set(range(world)) - reported)
         if not absent:
             return ""
         return f"; rank(s) {absent} did not take part (dead, or stalled outside the step)"

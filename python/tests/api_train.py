@@ -4,6 +4,7 @@ on the same global batches and exits non-zero with the reason if it differs;
 rank 0 writes what the test compares across jobs to --out."""
 
 import argparse
+import datetime
 import os
 import sys
 import time
@@ -374,6 +375,8 @@ def scenario_misuse(args):
                              offload_policy=torch.distributed.fsdp.CPUOffloadPolicy(pin_memory=True)),
          "pin_memory"),
         (lambda: sharded.set_requires_gradient_sync(False), "gradient_accumulation=True"),
+        (lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
+                             timeout=datetime.timedelta(microseconds=500)), "at least 1 ms"),
     ]:
         try:
             attempt()
