@@ -51,11 +51,14 @@ def main() -> None:
     data = torch.tensor(list(TEXT.read_bytes()), dtype=torch.long)
     local = args.global_batch // world
 
-    def batch_of_step(i: int):
+    def windows_of_step(i: int) -> torch.Tensor:
+        """Step i's global batch: every rank's windows, rank by rank."""
         generator = torch.Generator().manual_seed(i)
         starts = torch.randint(0, len(data) - args.seq, (args.global_batch,), generator=generator)
-        windows = torch.stack([data[s:s + args.seq] for s in starts.tolist()])
-        return (windows[rank * local:(rank + 1) * local],)
+        return torch.stack([data[s:s + args.seq] for s in starts.tolist()])
+
+    def batch_of_step(i: int):
+        return (windows_of_step(i)[rank * local:(rank + 1) * local],)
 
     model = fsdpc.shard(model, batch_of_step(0), causal_lm_loss)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
@@ -78,9 +81,7 @@ def main() -> None:
         plain = LlamaForCausalLM.from_pretrained(pretrained, attn_implementation="eager")
         plain.load_state_dict(torch.load(out / "finetuned.pt"))
         with torch.no_grad():
-            whole = torch.stack([data[s:s + args.seq] for s in torch.randint(
-                0, len(data) - args.seq, (args.global_batch,),
-                generator=torch.Generator().manual_seed(args.steps)).tolist()])
+            whole = windows_of_step(args.steps)
             expected = sum(float(causal_lm_loss(plain, whole[r * local:(r + 1) * local])) for r in range(world))
         sharded = sum(losses) / world
         print(f"fine-tuned weights: {out / 'finetuned.pt'}; held-out loss {sharded:.4f} sharded, "

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
                                                      set_state_dict)
 
@@ -122,17 +123,23 @@ def load(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optim
     return torch.load(extra, weights_only=False) if extra.is_file() else {}
 
 
-def save_full(path: str | os.PathLike, model: nn.Module) -> None:
-    """Collective: gathers the unsharded, unpadded model state and rank 0
-    writes it with torch.save (for inference or a single-process load),
-    one tensor at a time in memory on the other ranks."""
-    from torch.distributed.tensor import DTensor
-
+def full_state_dict(model: nn.Module, *, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+    """Collective: the model's state dict unsharded and unpadded (DTensors
+    gathered one at a time), on every rank or, with `rank0_only`, on rank 0
+    (the others get {} and hold one tensor at a time)."""
+    keep = not rank0_only or dist.get_rank() == 0
     full = {}
     for name, value in model.state_dict().items():
         value = value.full_tensor() if isinstance(value, DTensor) else value
-        if dist.get_rank() == 0:
+        if keep:
             full[name] = value.detach().clone()
+    return full
+
+
+def save_full(path: str | os.PathLike, model: nn.Module) -> None:
+    """Collective: gathers the unsharded, unpadded model state and rank 0
+    writes it with torch.save (for inference or a single-process load)."""
+    full = full_state_dict(model, rank0_only=True)
     if dist.get_rank() == 0:
         target = Path(path)
         partial = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex[:12]}")

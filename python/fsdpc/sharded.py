@@ -41,6 +41,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from fsdpc.capture import MixedPrecision
+from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.program import ParamSpec, Program
 from fsdpc.runtime import (NO_SYNC_STEP, STEP, CompiledProgram, StepError, compile_program, on_every_rank,
                            pipeline_options)
@@ -406,7 +407,8 @@ class ShardedModule(nn.Module):
         compiled = self._program_for(batch, train=train)
         if name not in compiled.program.functions:
             raise StepError(f"the step was compiled without '{name}': fsdpc.shard(..., gradient_accumulation=True)")
-        params = {fqn: self._padded(fqn) for fqn in self.layout}
+        named = dict(self.named_parameters())
+        params = {fqn: self._padded(fqn, named[fqn]) for fqn in self.layout}
         accumulated = {}
         if train and sync and NO_SYNC_STEP in compiled.program.functions:
             accumulated = {fqn: self._accumulated.get(fqn, torch.zeros(spec.shape))
@@ -433,7 +435,6 @@ class ShardedModule(nn.Module):
                 self._accumulated[fqn] = self._accumulated[fqn] + grad if fqn in self._accumulated else grad
             return out["loss"]
         self._accumulated.clear()
-        named = dict(self.named_parameters())
         for fqn, grad in out["grads"].items():
             param = named[fqn]
             local = grad[:self._shard_rows(self.layout[fqn])[1]]
@@ -523,11 +524,11 @@ class ShardedModule(nn.Module):
                 raise StepError(f"batch argument {index} is {_describe([given])}, the step was compiled for "
                                 f"{_describe([example])}: only sizes may change between calls")
 
-    def _padded(self, fqn: str) -> torch.Tensor:
+    def _padded(self, fqn: str, param: nn.Parameter) -> torch.Tensor:
         """The padded shard the program reads, holding the parameter's
         current values (a load that replaced the local tensor is copied in)."""
         storage = self._storage[fqn]
-        local = self.get_parameter(fqn).to_local().detach()
+        local = param.to_local().detach()
         if local.numel() and local.data_ptr() != storage.data_ptr():
             storage[:local.shape[0]].copy_(local)
         return storage
@@ -560,8 +561,9 @@ class ShardedModule(nn.Module):
         self._meta_buffers = set()
 
     def _broadcast_replicated(self) -> None:
+        named = dict(self.named_parameters())
         for fqn, spec in self.layout.items():
-            tensor = self._padded(fqn)
+            tensor = self._padded(fqn, named[fqn])
             if spec.group is None:
                 dist.broadcast(tensor, src=0)
             elif self.mesh.ndim == 2:  # replicas of a shard: from the first replica
@@ -614,8 +616,7 @@ class ShardedModule(nn.Module):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every entry of the state dict unsharded and unpadded (a collective;
         every rank gets the whole dict): for checks, export and inference."""
-        return {name: (value.full_tensor() if isinstance(value, DTensor) else value).detach().clone()
-                for name, value in self.state_dict().items()}
+        return gather_full_state_dict(self)
 
     def write_trace(self, path: str | Path | None) -> dict:
         """Gathers the last traced call from every rank; rank 0 writes one

@@ -57,35 +57,39 @@ def close(a, b, what, rtol=1e-5, atol=1e-6):
         raise AssertionError(f"{what}: {error}") from None
 
 
+def run_steps(step, clip_norm, optimizer, scheduler, data, *, clip=None):
+    """The training loop both sides share: `step(batch)` runs forward and
+    backward and returns the loss; `clip_norm(max_norm)` clips and returns
+    the norm."""
+    losses, norms = [], []
+    for batch in data:
+        loss = step(batch)
+        if clip is not None:
+            norms.append(float(clip_norm(clip)))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+        if scheduler:
+            scheduler.step()
+        losses.append(loss)
+    return losses, norms
+
+
 def eager_losses(model, data, *, clip=None, schedule=True):
     optimizer = optimizer_for(model)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9) if schedule else None
-    losses, norms = [], []
-    for batch in data:
+
+    def step(batch):
         loss = next_token_loss(model, *batch)
         loss.backward()
-        if clip is not None:
-            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=False)
-        if scheduler:
-            scheduler.step()
-        losses.append(float(loss))
-    return losses, norms
+        return float(loss)
+
+    return run_steps(step, lambda limit: torch.nn.utils.clip_grad_norm_(model.parameters(), limit), optimizer,
+                     scheduler, data, clip=clip)
 
 
 def train(sharded, optimizer, data, *, clip=None, scheduler=None):
-    losses, norms = [], []
-    for batch in data:
-        loss = sharded(*mine(batch))
-        if clip is not None:
-            norms.append(float(sharded.clip_grad_norm_(clip)))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=False)
-        if scheduler:
-            scheduler.step()
-        losses.append(mean_over_ranks(loss))
-    return losses, norms
+    return run_steps(lambda batch: mean_over_ranks(sharded(*mine(batch))), sharded.clip_grad_norm_, optimizer,
+                     scheduler, data, clip=clip)
 
 
 def mean_over_ranks(loss) -> float:
@@ -109,11 +113,10 @@ def scenario_train(args):
     optimizer = optimizer_for(sharded)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
     losses, norms = train(sharded, optimizer, data, clip=0.5, scheduler=scheduler)
-    expected, expected_norms = eager_losses(reference_model(), data, clip=0.5)
+    reference = reference_model()
+    expected, expected_norms = eager_losses(reference, data, clip=0.5)
     close(torch.tensor(losses), torch.tensor(expected), "losses")
     close(torch.tensor(norms), torch.tensor(expected_norms), "clipped norms", rtol=1e-6, atol=0)
-    reference = reference_model()
-    eager_losses(reference, data, clip=0.5)
     full = sharded.full_state_dict()
     for name, value in reference.state_dict().items():
         close(full[name], value, name, atol=5e-6)
