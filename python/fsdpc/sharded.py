@@ -26,7 +26,6 @@ import contextlib
 import hashlib
 import itertools
 import math
-import time
 import warnings
 import weakref
 from datetime import timedelta
@@ -40,6 +39,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from fsdpc import liveness
 from fsdpc.capture import MixedPrecision
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.program import ParamSpec, Program
@@ -161,6 +161,7 @@ class ShardedModule(nn.Module):
         self._control = dist.new_group(backend="gloo", timeout=timeout)
         self._serial = next(_SERIALS)  # the same on every rank: modules are built collectively
         self._calls = 0
+        self._heartbeat = liveness.start_heartbeat()  # tells the roll call after a failure who is alive
         self._timeout, self._check_reshard_frees = timeout, check_reshard_frees
         object.__setattr__(self, "_original", model)  # not a submodule: its FQNs are ours
         self._capturing = _Flag()
@@ -449,6 +450,8 @@ class ShardedModule(nn.Module):
         """Before any collective of a call, every rank checks that all run the
         same kind of step on the same shapes (one small all-gather)."""
         self._calls += 1
+        if self._heartbeat:
+            self._heartbeat.entered_call(self._serial, self._calls)
         digest = int.from_bytes(hashlib.sha256(description.encode()).digest()[:7], "little")
         mine = torch.tensor([digest, self._calls], dtype=torch.int64)
         everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
@@ -468,40 +471,9 @@ class ShardedModule(nn.Module):
                         "; ".join(f"rank {rank} runs {text}" for rank, text in enumerate(descriptions)))
 
     def _absentees(self) -> str:
-        """After a failed collective: the ranks that did not report within the
-        step's timeout plus 3 s (dead, or stalled outside the step), found
-        through the job's rendezvous store, as text for the error. A live
-        rank blocked in a collective reports when its own wait times out,
-        at most one timeout after this rank's, hence the window."""
-        rank, world = dist.get_rank(), dist.get_world_size()
-        prefix = f"fsdpc/module-{self._serial}/failure-{self._calls}"
-        keys = [f"{prefix}/{other}" for other in range(world)]
-        reported: set[int] = set()
-        try:
-            window = self._timeout.total_seconds() + 3.0
-            # A client of its own, whose operations time out with the window:
-            # over a lost link the job's store client would block for the
-            # job's timeout.
-            job_store = dist.distributed_c10d._get_default_store()
-            while hasattr(job_store, "underlying_store"):
-                job_store = job_store.underlying_store
-            store = dist.TCPStore(job_store.host, job_store.port, is_master=False,
-                                  timeout=timedelta(seconds=window))
-            store.set(keys[rank], "here")
-            deadline = time.monotonic() + window
-            while len(reported) < world and time.monotonic() < deadline:
-                reported = {other for other, key in enumerate(keys) if store.check([key])}
-                time.sleep(0.1)
-        except Exception as error:  # the store lives in rank 0's process
-            if 0 not in reported:
-                return (f"; the rendezvous store is unreachable too ({str(error).splitlines()[0]}): "
-                        "rank 0 may be gone")
-            # Rank 0 reported, then its process (the store's host) ended: what
-            # was seen until then stands.
-        absent = sorted(set(range(world)) - reported)
-        if not absent:
-            return ""
-        return f"; rank(s) {absent} did not take part (dead, or stalled outside the step)"
+        """After a failed collective: the ranks that did not take part in this
+        call and why, as text for the error."""
+        return liveness.roll_call(self._serial, self._calls)
 
     def _check_ready(self) -> None:
         if self._on_meta:

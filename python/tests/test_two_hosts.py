@@ -79,7 +79,7 @@ def test_a_rank_killed_on_the_other_host_is_named(hosts):
     results = finish(ranks, within=180, spare={1})
     for rank in (0, 2):
         code, output, _ = results[rank]
-        check_survivor(rank, code, output)
+        check_survivor(rank, code, output, STEP_TIMEOUT, why="dead or hung")
 
 
 def test_dropping_the_link_mid_step_ends_every_rank_in_a_named_error(hosts):
