@@ -48,13 +48,13 @@ def batches(steps, global_batch, seq, rank, world):
     return out
 
 
-def build(system: str, model: GPT, example, mesh_world: int):
+def build(system: str, model: GPT, example, mesh_world: int, pipeline: str = ""):
     """Returns (forward_backward(batch) -> loss, trainable parameters, extras)."""
     extras = {}
     if system == "fsdpc":
         import fsdpc
 
-        sharded = fsdpc.shard(model, example, next_token_loss)
+        sharded = fsdpc.shard(model, example, next_token_loss, pipeline=pipeline)
         extras["compile_phases_s"] = sharded.compile_seconds
         extras["predicted_peak_mib"] = sharded.memory_report["train_step"]["peak"]["above_step_start"] / 2**20
         extras["step"] = sharded
@@ -92,6 +92,7 @@ def main() -> None:
     parser.add_argument("--local-batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--trace", default=None, help="fsdpc: write a measured Chrome trace here")
+    parser.add_argument("--pipeline", default="", help="fsdpc: extra fsdp-sharding-pipeline options")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -104,7 +105,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = GPT(GPT_23M)
     start = time.perf_counter()
-    forward_backward, params, extras = build(args.system, model, data[0], world)
+    forward_backward, params, extras = build(args.system, model, data[0], world, args.pipeline)
     optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1)
 
     def train_step(batch):

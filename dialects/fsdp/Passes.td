@@ -2,7 +2,7 @@
 //
 // The sharding pipeline, in order: shard-parameters, fuse-casts,
 // activation-checkpoint, reshard-after-forward, bucket-collectives, prefetch,
-// verify-schedule; then the reports. `fsdp-sharding-pipeline` runs them all
+// overlap-reductions, verify-schedule, plan-lifetimes; then the reports. `fsdp-sharding-pipeline` runs them all
 // with one set of FSDP2-style options.
 //
 //===----------------------------------------------------------------------===//
@@ -128,6 +128,23 @@ def PrefetchPass : Pass<"fsdp-prefetch", "::mlir::ModuleOp"> {
     Option<"backwardDepth", "backward-depth", "int64_t", "1", "Units to prefetch ahead in backward">,
     Option<"memoryBudgetMb", "memory-budget-mb", "int64_t", "0",
            "Most MiB of gathered parameters alive at once (0: no limit)">,
+  ];
+}
+
+def OverlapReductionsPass : Pass<"fsdp-overlap-reductions", "::mlir::ModuleOp"> {
+  let summary = "Wait for gradient reductions later so that they overlap backward.";
+  let description = [{
+    Moves the wait of each gradient reduction (reduce-scatter or all-reduce)
+    down to the start of the reduction `depth` places later in the step, or
+    to the first reader of its results if that comes first: up to `depth`
+    reductions run while backward computes the next units. Depth 1 is what
+    FSDP2 does (it waits for the previous reduce-scatter before issuing the
+    next); 0 waits for each reduction right after it starts. Starts do not
+    move, so the collective sequence is unchanged. A reduction's staging
+    buffers live until its wait, which the memory report counts.
+  }];
+  let options = [
+    Option<"depth", "depth", "int64_t", "1", "Reductions in flight while backward computes (0: none)">,
   ];
 }
 

@@ -44,6 +44,10 @@ struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOpti
   Option<int64_t> backwardPrefetch{*this, "backward-prefetch",
                                    llvm::cl::desc("Units to prefetch ahead in backward"),
                                    llvm::cl::init(1)};
+  Option<int64_t> overlapReductions{
+      *this, "overlap-reductions",
+      llvm::cl::desc("Gradient reductions in flight while backward computes (0: wait at once)"),
+      llvm::cl::init(1)};
   Option<int64_t> memoryBudgetMb{*this, "memory-budget-mb",
                                  llvm::cl::desc("Most MiB of gathered parameters alive (0: no limit)"),
                                  llvm::cl::init(0)};
@@ -114,6 +118,9 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
   prefetch.backwardDepth = options.backwardPrefetch;
   prefetch.memoryBudgetMb = options.memoryBudgetMb;
   pm.addPass(createPrefetchPass(prefetch));
+  OverlapReductionsPassOptions overlap;
+  overlap.depth = options.overlapReductions;
+  pm.addPass(createOverlapReductionsPass(overlap));
   pm.addPass(createVerifySchedulePass());
   pm.addPass(createPlanLifetimesPass());
   if (!options.memoryReport.empty()) {
