@@ -412,7 +412,10 @@ class ShardedModule(nn.Module):
         params = {fqn: self._padded(fqn, named[fqn]) for fqn in self.layout}
         accumulated = {}
         if train and sync and NO_SYNC_STEP in compiled.program.functions:
-            accumulated = {fqn: self._accumulated.get(fqn, torch.zeros(spec.shape))
+            # Nothing accumulated reads as a zero broadcast to the gradient's
+            # shape: one element, not a full-size unsharded gradient.
+            accumulated = {fqn: self._accumulated[fqn] if fqn in self._accumulated
+                           else torch.zeros((), dtype=named[fqn].dtype).expand(spec.shape)
                            for fqn, spec in self.layout.items() if spec.trainable}
         buffers = dict(self.named_buffers())
         try:

@@ -19,6 +19,7 @@ import fsdpc
 from fsdpc import checkpoint
 from fsdpc.models.gpt import GPT, GPTConfig
 from fsdpc.models.language import next_token_loss
+from fsdpc.profiling import peak_allocated_above_start
 
 CONFIG = GPTConfig(vocab_size=257, max_seq=32, d_model=32, n_heads=2, n_layers=2)
 GLOBAL_BATCH, SEQ = 12, 16
@@ -305,34 +306,43 @@ def scenario_slow_save(args):
 
 
 def scenario_accumulate(args):
-    """set_requires_gradient_sync(False) for all but the last microbatch equals eager on the whole batch."""
+    """set_requires_gradient_sync(False) for all but the last microbatch equals eager on the whole batch;
+    the second step is one synchronizing microbatch with nothing accumulated."""
     data = batches(3)
     world, micro = dist.get_world_size(), 2
+    microbatches = [micro, 1, micro]
     local = GLOBAL_BATCH // world // micro
     sharded = fsdpc.shard(reference_model(), tuple(t[:local] for t in mine(data[0])), next_token_loss,
                           gradient_accumulation=True)
     optimizer = optimizer_for(sharded)
     losses = []
-    for batch in data:
+    for batch, count in zip(data, microbatches):
         rows = mine(batch)
         total = 0.0
-        for m in range(micro):
-            sharded.set_requires_gradient_sync(m == micro - 1)
-            total += float(sharded(*(t[m * local:(m + 1) * local] for t in rows))) / micro
+        for m in range(count):
+            sharded.set_requires_gradient_sync(m == count - 1)
+            micro_rows = tuple(t[m * local:(m + 1) * local] for t in rows)
+            if count == 1:  # nothing accumulated: no full-size accumulators either
+                peak, loss = peak_allocated_above_start(lambda: sharded(*micro_rows))
+                predicted = sharded.memory_report["train_step"]["peak"]["above_step_start"]
+                assert peak <= 1.1 * predicted, f"a synchronizing call allocated {peak} B, predicted {predicted} B"
+            else:
+                loss = sharded(*micro_rows)
+            total += float(loss) / count
         optimizer.step()
         optimizer.zero_grad()
         losses.append(mean_over_ranks(total))
     reference = reference_model()
     optimizer = optimizer_for(reference)
     expected = []
-    for batch in data:
+    for batch, count in zip(data, microbatches):
         total = 0.0
-        for m in range(micro):
+        for m in range(count):
             part = [r for rank in range(world) for r in range(rank * local * micro + m * local,
                                                               rank * local * micro + (m + 1) * local)]
             loss = next_token_loss(reference, *(t[part] for t in batch))
             loss.backward()  # the compiled step sums microbatch gradients, unscaled
-            total += float(loss) / micro
+            total += float(loss) / count
         optimizer.step()
         optimizer.zero_grad()
         expected.append(total)
