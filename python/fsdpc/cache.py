@@ -68,15 +68,19 @@ def _file_digest(path: str | os.PathLike, digests: dict) -> str:
 
 def _user_source_files() -> list[str]:
     """Python files loaded from outside the standard library and site-packages."""
-    installed = {os.path.realpath(p) for key in ("stdlib", "platstdlib", "purelib", "platlib")
-                 if (p := sysconfig.get_paths().get(key))}
+    roots = [p for key in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_paths().get(key))]
+    # Most modules' paths start with an installed root as spelled; only the
+    # others need the (slow) symlink resolution.
+    spelled = tuple(root + os.sep for root in roots)
+    resolved = tuple(os.path.realpath(root) + os.sep for root in roots)
     files = set()
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
-        if not path or not path.endswith(".py"):
+        # Relative names are torch's pseudo-modules (torch.ops: "_ops.py").
+        if not path or not path.endswith(".py") or not os.path.isabs(path) or path.startswith(spelled):
             continue
         real = os.path.realpath(path)
-        if not any(real.startswith(root + os.sep) for root in installed):
+        if not real.startswith(resolved):
             files.add(real)
     return sorted(files)
 
