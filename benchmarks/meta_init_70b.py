@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
+from fsdpc.emit import torch_dtype
 from fsdpc.profiling import peak_allocated_above_start
 from fsdpc.program import Program
 from fsdpc.sharded import new_shard, shard_extent
 
 ROOT = Path(__file__).resolve().parents[1]
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
 def main() -> int:
@@ -33,7 +33,7 @@ def main() -> int:
     if not path.exists():
         subprocess.run([sys.executable, str(ROOT / "benchmarks" / "build_70b.py")], check=True)
     program = Program.parse(path.read_text())
-    dtype_of = {spec.name: DTYPES[spec.dtype] for spec in program.params}
+    dtype_of = {spec.name: torch_dtype(spec.dtype) for spec in program.params}
     whole = sum(torch.Size(spec.shape).numel() * dtype_of[spec.name].itemsize for spec in program.params)
 
     def create():

@@ -6,10 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 from fsdpc.capture import CaptureError, MixedPrecision
 from fsdpc.compiler import FsdpOptError, run_fsdp_opt
+from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
 from fsdpc.export import build, export_training_step, load_factory
 
 
@@ -31,7 +30,7 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+_DTYPES = {name: torch_dtype(name) for name in MIXED_PRECISION_TYPES}
 
 
 def _mixed_precision(args: argparse.Namespace) -> MixedPrecision | None:

@@ -24,6 +24,8 @@ _ELEMENT_TYPES = {
     torch.complex64: "complex<f32>", torch.complex128: "complex<f64>",
     torch.float8_e4m3fn: "f8E4M3FN", torch.float8_e5m2: "f8E5M2",
 }
+# The element types mixed precision policies and reductions may use.
+MIXED_PRECISION_TYPES = ("f32", "bf16", "f16")
 DEVICE_LITERAL = "<device>"  # the executing rank's device, whatever capture ran on
 
 
@@ -32,6 +34,14 @@ def element_type(dtype: torch.dtype, where: str) -> str:
         return _ELEMENT_TYPES[dtype]
     except KeyError:
         raise CaptureError(f"{where}: dtype {dtype} is not supported by fsdpc") from None
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of an element type name (the table's inverse)."""
+    for dtype, element in _ELEMENT_TYPES.items():
+        if element == name:
+            return dtype
+    raise ValueError(f"'{name}' is not an element type fsdpc knows")
 
 
 def tensor_type(shape: Iterable[int], dtype: torch.dtype, where: str) -> str:

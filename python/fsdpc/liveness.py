@@ -44,11 +44,11 @@ def _job_store_address() -> tuple[str, int] | None:
 class Heartbeat:
     """This process's beat and its record of everyone's; one per process."""
 
-    def __init__(self, address: tuple[str, int], rank: int, world: int):
-        self._address = address
-        self.job = (address, rank, world)  # which job it beats for
+    def __init__(self, job: tuple[tuple[str, int], int, int]):
+        self.job = job  # (store host and port, rank, world): which job it beats for
+        _, rank, world = job
         self._keys = [f"{PREFIX}/{other}" for other in range(world)]
-        self._rank = rank
+        self._key = self._keys[rank]
         self._calls: dict[int, int] = {}
         self._lock = threading.Lock()
         # (monotonic time, {rank: beat}) for enough beats to span a roll call.
@@ -83,8 +83,8 @@ class Heartbeat:
             try:
                 # A client of its own: over a lost link the job's client
                 # would block for the job's timeout.
-                store = store or dist.TCPStore(*self._address, is_master=False, timeout=STORE_TIMEOUT)
-                store.set(self._keys[self._rank], value)
+                store = store or dist.TCPStore(*self.job[0], is_master=False, timeout=STORE_TIMEOUT)
+                store.set(self._key, value)
                 seen = _read_beats(store, self._keys)
                 with self._lock:
                     self._seen.append((time.monotonic(), seen))
@@ -107,12 +107,12 @@ def start_heartbeat() -> Heartbeat | None:
     """The process's heartbeat, started on first use; None where the job's
     store is not a TCPStore (no roll call is possible then)."""
     global _heartbeat
-    address = _job_store_address()
-    if _heartbeat is not None and _heartbeat.job != (address, dist.get_rank(), dist.get_world_size()):
+    job = (_job_store_address(), dist.get_rank(), dist.get_world_size())
+    if _heartbeat is not None and _heartbeat.job != job:
         _heartbeat.stop()  # a new job in this process
         _heartbeat = None
-    if _heartbeat is None and address is not None:
-        _heartbeat = Heartbeat(address, dist.get_rank(), dist.get_world_size())
+    if _heartbeat is None and job[0] is not None:
+        _heartbeat = Heartbeat(job)
     return _heartbeat
 
 

@@ -42,6 +42,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from fsdpc import liveness
 from fsdpc.capture import MixedPrecision
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
+from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
 from fsdpc.program import ParamSpec, Program
 from fsdpc.runtime import (NO_SYNC_STEP, STEP, CompiledProgram, StepError, compile_program, on_every_rank,
                            pipeline_options)
@@ -89,9 +90,6 @@ def _mixed_precision(policy) -> MixedPrecision | None:
                     f"got {type(policy).__name__}")
 
 
-_REDUCE_DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-
-
 def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_after_forward,
                   policy: MixedPrecision | None, gradient_accumulation: bool) -> str:
     """The sharding pipeline's options from fully_shard's vocabulary; the
@@ -115,9 +113,10 @@ def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_af
         wanted["gradient-accumulation"] = "true"
     checked = dict(wanted)
     if policy is not None and policy.reduce_dtype is not None:  # capture applies it; the pipeline must agree
-        if policy.reduce_dtype not in _REDUCE_DTYPE_NAMES:
+        reduce_types = {torch_dtype(name): name for name in MIXED_PRECISION_TYPES}
+        if policy.reduce_dtype not in reduce_types:
             raise StepError(f"mp_policy.reduce_dtype {policy.reduce_dtype} is not a float type fsdpc reduces in")
-        checked["reduce-dtype"] = _REDUCE_DTYPE_NAMES[policy.reduce_dtype]
+        checked["reduce-dtype"] = reduce_types[policy.reduce_dtype]
     for name, value in checked.items():
         if name in given and given[name] != value:
             raise StepError(f"conflicting settings: pipeline option '{name}={given[name]}' and "
@@ -425,7 +424,8 @@ class ShardedModule(nn.Module):
         except Exception as error:
             first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
             self._failed = first_line
-            raise StepError(f"{first_line}{self._absentees()}; this module refuses further calls") from error
+            absent = liveness.roll_call(self._serial, self._calls)
+            raise StepError(f"{first_line}{absent}; this module refuses further calls") from error
         del params, accumulated
         if out["reshard_leaks"]:
             raise StepError(f"rank {dist.get_rank()}: gathered parameters outlived their reshard: "
@@ -465,18 +465,14 @@ class ShardedModule(nn.Module):
             raise StepError(f"rank {dist.get_rank()}: call {self._calls} could not agree with the other ranks "
                             f"within {self._timeout.total_seconds():g} s (the per-call all-gather on group "
                             f"'fsdpc control': {str(error).splitlines()[0]})"
-                            f"{self._absentees()}; this module refuses further calls") from error
+                            f"{liveness.roll_call(self._serial, self._calls)}; "
+                            "this module refuses further calls") from error
         if all(torch.equal(other, mine) for other in everyone):
             return
         descriptions: list = [None] * dist.get_world_size()
         dist.all_gather_object(descriptions, f"call {self._calls}: {description}", group=self._control)
         raise StepError("the ranks disagree about this call, and nothing was communicated for it: " +
                         "; ".join(f"rank {rank} runs {text}" for rank, text in enumerate(descriptions)))
-
-    def _absentees(self) -> str:
-        """After a failed collective: the ranks that did not take part in this
-        call and why, as text for the error."""
-        return liveness.roll_call(self._serial, self._calls)
 
     def _check_ready(self) -> None:
         if self._on_meta:
