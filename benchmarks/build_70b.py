@@ -25,8 +25,7 @@ from fsdpc.program import Program
 text = open(sys.argv[1]).read()
 start = time.perf_counter()
 program = Program.parse(text)
-loaded = program.load("cpu")
-print(time.perf_counter() - start, sum(f[3] for f in loaded.functions()))
+print(time.perf_counter() - start, sum(f.instructions for f in program.functions.values()))
 """
 
 

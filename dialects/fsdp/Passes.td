@@ -173,8 +173,11 @@ def VerifySchedulePass : Pass<"fsdp-verify-schedule", "::mlir::ModuleOp"> {
     different paths), and every gathered buffer is freed. Then it records a
     canonical hash of the step's collective sequence (kind, group, dtypes,
     shapes, reduction) as `fsdp.collective_hash`, with the count as
-    `fsdp.collective_count`; the runtime compares hashes across ranks at
-    start-up, so a mismatch is an error, not a hang.
+    `fsdp.collective_count`: a fingerprint for comparing schedules between
+    compilations. Only a verified step lowers to a program. Ranks need no
+    hash comparison at run time: every rank runs the one program rank 0
+    compiled, and ranks that set up a different step are refused before
+    anything is compiled.
   }];
 }
 

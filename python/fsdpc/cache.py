@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from fsdpc.compiler import find_fsdp_opt
-from fsdpc.program import PROGRAM_VERSION
+from fsdpc.program import runtime_extension
 
 ENTRY_VERSION = 1
 _SIMPLE = (bool, int, float, str, type(None))
@@ -132,7 +132,7 @@ def step_key(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable,
     tools = find_fsdp_opt()
     key = {
         "entry": ENTRY_VERSION, "python": sys.version, "abi": sysconfig.get_config_var("SOABI"),
-        "torch": torch.__version__, "program": PROGRAM_VERSION, "world": world,
+        "torch": torch.__version__, "program": runtime_extension().PROGRAM_VERSION, "world": world,
         "options": {k: (_code_of(v) if callable(v) else repr(v)) for k, v in sorted(options.items())},
         "modules": modules, "params": params, "buffers": buffers, "loss": loss,
         "batch": [[list(t.shape), str(t.dtype)] for t in batch],

@@ -4,7 +4,7 @@
     extra = fsdpc.checkpoint.load("ckpt/step-200", sharded, optimizer)
 
 A checkpoint is a DCP directory holding {"model": ..., "optim": ...} (and
-`extra`, any picklable training state, in fsdpc_extra.pt), the model and optimizer state under the model's FQNs as
+`extra`, plain training state, in fsdpc_extra.pt), the model and optimizer state under the model's FQNs as
 `torch.distributed.checkpoint.state_dict.get_state_dict` gives them: the
 layout FSDP2 jobs save, so either loads the other's, and DCP reshards on
 load (saved on N ranks, loaded on M). Padding never reaches it: the DTensors
@@ -17,12 +17,22 @@ aside first, and deleting it last). A process killed during a save leaves
 the previous checkpoint (if the kill hit between the two renames, `load`
 finds it under its `.<name>.previous-<id>` name) and a partial directory
 that `load` refuses and the next save removes.
+
+Loading never runs code from a checkpoint: `extra` is read with
+`torch.load(weights_only=True)`, so it may hold tensors, numbers, strings,
+bytes, None and dicts, lists and tuples of those (what a training loop
+keeps: the step, RNG states, a scheduler's state_dict); `save` refuses
+anything else up front instead of writing a checkpoint that `load` would
+refuse.
 """
 
 from __future__ import annotations
 
 import gc
+import glob
+import io
 import os
+import pickle
 import shutil
 import uuid
 from pathlib import Path
@@ -57,18 +67,38 @@ def _fsync_directory(path: Path) -> None:
         os.close(descriptor)
 
 
+def _check_extra(extra: dict) -> dict:
+    """`extra` as `load` will read it back, or a CheckpointError naming what
+    a weights-only load refuses."""
+    written = io.BytesIO()
+    torch.save(extra, written)
+    written.seek(0)
+    try:
+        torch.load(written, weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise CheckpointError(f"extra holds something other than tensors, numbers, strings and containers of "
+                              f"them, which fsdpc does not load from checkpoints (they could run code): "
+                              f"{_first_line(error)}") from None
+    return extra
+
+
+def _first_line(error: Exception) -> str:
+    return next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+
+
 def save(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
          extra: dict | None = None) -> Path:
     """Collective: saves `model` (and `optimizer`, and the picklable
     `extra`) to the directory `path`, replacing a checkpoint there only
     once the new one is complete."""
     target = Path(path).absolute()
+    extra = _check_extra(dict(extra or {}))
     if ".partial-" in target.name or ".previous-" in target.name:
         raise CheckpointError(f"{target}: names with '.partial-' or '.previous-' are fsdpc's own temporaries")
     name: list = [None]
     if dist.get_rank() == 0:
         target.parent.mkdir(parents=True, exist_ok=True)
-        for stale in target.parent.glob(f".{target.name}.partial-*"):  # left by a killed save
+        for stale in target.parent.glob(f".{glob.escape(target.name)}.partial-*"):  # left by a killed save
             shutil.rmtree(stale, ignore_errors=True)
         name[0] = f".{target.name}.partial-{uuid.uuid4().hex[:12]}"
     dist.broadcast_object_list(name, src=0)
@@ -76,7 +106,7 @@ def save(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optim
     dcp.save(_state(model, optimizer), checkpoint_id=partial)
     dist.barrier()
     if dist.get_rank() == 0:
-        torch.save(dict(extra or {}), partial / EXTRA_FILE)
+        torch.save(extra, partial / EXTRA_FILE)
         previous = None
         if target.exists():
             previous = target.parent / f".{target.name}.previous-{uuid.uuid4().hex[:12]}"
@@ -94,7 +124,7 @@ def _readable(target: Path) -> Path:
         raise CheckpointError(f"{target} is a save that did not finish; load a complete checkpoint")
     if (target / ".metadata").is_file():
         return target
-    previous = sorted(target.parent.glob(f".{target.name}.previous-*"), key=lambda p: p.stat().st_mtime)
+    previous = sorted(target.parent.glob(f".{glob.escape(target.name)}.previous-*"), key=lambda p: p.stat().st_mtime)
     if not target.exists() and previous and (previous[-1] / ".metadata").is_file():
         return previous[-1]  # a save was killed between its two renames
     raise CheckpointError(f"{target} is not a checkpoint (no DCP metadata there)")
@@ -120,7 +150,14 @@ def load(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optim
     # wait for the GIL while Python finalized, which aborts the process
     # ("terminate called without an active exception", 1 run in 6).
     gc.collect()
-    return torch.load(extra, weights_only=False) if extra.is_file() else {}
+    if not extra.is_file():
+        return {}
+    try:
+        return torch.load(extra, weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise CheckpointError(f"{extra}: refused to load: it holds objects that unpickling would construct by "
+                              f"running code (fsdpc loads only tensors, numbers, strings and containers of "
+                              f"them): {_first_line(error)}") from None
 
 
 def full_state_dict(model: nn.Module, *, rank0_only: bool = False) -> dict[str, torch.Tensor]:

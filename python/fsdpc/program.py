@@ -3,15 +3,15 @@
 `fsdp-translate --fsdp-to-program` writes one JSON document (docs/program.md):
 the manifest (communication groups with their member ranks, parameters with
 their shard layout, buffers, functions) and the instruction lists that the
-prebuilt runtime executes. Python reads the manifest into the dataclasses
-below, once; the runtime extension (`_fsdp_rt`, built by CMake) loads the
-same text and resolves every operator up front.
+prebuilt runtime executes. The runtime extension (`_fsdp_rt`, built by CMake)
+is the program's only reader: it parses and validates the whole program,
+resolves every operator, and hands Python the manifest, which becomes the
+dataclasses below. Python never parses the format itself.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import subprocess
 import sys
@@ -20,7 +20,6 @@ from pathlib import Path
 
 from fsdpc.compiler import find_fsdp_opt
 
-PROGRAM_FORMAT, PROGRAM_VERSION = "fsdpc.program", 1
 
 
 class ProgramError(RuntimeError):
@@ -66,7 +65,6 @@ class BufferSpec:
 class FunctionSpec:
     name: str
     step: bool
-    collective_hash: str
     inputs: tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each batch tensor
     instructions: int
 
@@ -78,34 +76,36 @@ class Program:
     params: list[ParamSpec]
     buffers: list[BufferSpec]
     functions: dict[str, FunctionSpec]
+    loaded: object  # the runtime's program, loaded for `device`
+    device: str
 
     @staticmethod
-    def parse(text: str) -> "Program":
+    def parse(text: str, device: str = "cpu") -> "Program":
+        """Loads `text` into the runtime for `device` (which validates all
+        of it) and reads the manifest from there."""
         try:
-            doc = json.loads(text)
-            if doc.get("format") != PROGRAM_FORMAT or doc.get("version") != PROGRAM_VERSION:
-                raise ProgramError(f"not an {PROGRAM_FORMAT} program of version {PROGRAM_VERSION} "
-                                   f"(format {doc.get('format')!r}, version {doc.get('version')!r})")
-            groups = {g["key"]: GroupSpec(g["key"], tuple(g["grid_shape"]), tuple(g["axes"]), g["size"],
-                                          tuple(tuple(m) for m in g["members"])) for g in doc["groups"]}
-            params = []
-            for p in doc["params"]:
-                replicated = p["group"] is None
-                params.append(ParamSpec(p["name"], tuple(p["shape"]), p["dtype"], p["unit"], p["trainable"],
-                                        tuple(p["tied"]), p["group"],
-                                        p["shape"][0] if replicated and p["shape"] else p.get("shard_rows", 0),
-                                        0 if replicated else p["padding"]))
-            buffers = [BufferSpec(b["name"], tuple(b["shape"]), b["dtype"]) for b in doc["buffers"]]
-            functions = {f["name"]: FunctionSpec(f["name"], f["step"], f.get("collective_hash", ""),
-                                                 tuple((tuple(t["shape"]), t["dtype"]) for t in f["input_types"]),
-                                                 len(f["instructions"])) for f in doc["functions"]}
-        except (KeyError, TypeError, ValueError) as error:
-            raise ProgramError(f"malformed program: {error!r}") from error
-        return Program(text, groups, params, buffers, functions)
+            loaded = runtime_extension().Program(text, device)
+        except RuntimeError as error:
+            raise ProgramError(str(error)) from None
+        doc = loaded.manifest()
+        groups = {g["key"]: GroupSpec(g["key"], tuple(g["grid_shape"]), tuple(g["axes"]), g["size"],
+                                      tuple(tuple(m) for m in g["members"])) for g in doc["groups"]}
+        params = []
+        for p in doc["params"]:
+            replicated = p["group"] is None
+            params.append(ParamSpec(p["name"], tuple(p["shape"]), p["dtype"], p["unit"], p["trainable"],
+                                    tuple(p["tied"]), p["group"],
+                                    (p["shape"][0] if p["shape"] else 1) if replicated else p["shard_rows"],
+                                    0 if replicated else p["padding"]))
+        buffers = [BufferSpec(b["name"], tuple(b["shape"]), b["dtype"]) for b in doc["buffers"]]
+        functions = {f["name"]: FunctionSpec(f["name"], f["step"],
+                                             tuple((tuple(t["shape"]), t["dtype"]) for t in f["input_types"]),
+                                             f["instructions"]) for f in doc["functions"]}
+        return Program(text, groups, params, buffers, functions, loaded, device)
 
     def load(self, device: str = "cpu"):
         """The runtime's loaded program (operators resolved, literals converted)."""
-        return runtime_extension().Program(self.text, device)
+        return self.loaded if device == self.device else runtime_extension().Program(self.text, device)
 
 
 def find_fsdp_translate() -> Path:

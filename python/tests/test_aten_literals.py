@@ -121,6 +121,6 @@ def test_a_literal_that_does_not_fit_the_schema_names_the_argument():
     ir = ('func.func @check(%x: tensor<3xf32>) -> tensor<3xf32> {\n'
           '  %y = fsdp.aten "aten::gelu" (%x) args [0 : index, 7] : (tensor<3xf32>) -> tensor<3xf32> '
           'loc("model.py":12:1)\n  return %y : tensor<3xf32>\n}\n')
-    program = translate(run_fsdp_opt(ir, ["--mlir-print-debuginfo"]))
+    sharded = run_fsdp_opt(ir, ["--mlir-print-debuginfo"])
     with pytest.raises(RuntimeError, match=r"aten::gelu \(model.py:12\).*argument 'approximate'"):
-        program.load("cpu")
+        translate(sharded)

@@ -54,10 +54,42 @@ py::dict run(const fsdp_rt::Program &program, const std::string &name, TensorMap
   return result;
 }
 
+py::list shapeOf(const std::vector<int64_t> &shape) { return py::cast(shape); }
+
+py::dict manifest(const fsdp_rt::Program &program) {
+  py::list groups, params, buffers, functions;
+  for (const fsdp_rt::GroupSpec &group : program.groups())
+    groups.append(py::dict(py::arg("key") = group.key, py::arg("grid") = group.grid,
+                           py::arg("grid_shape") = group.gridShape, py::arg("axes") = group.axes,
+                           py::arg("size") = group.size, py::arg("members") = group.members));
+  for (const fsdp_rt::ParamSpec &param : program.params())
+    params.append(py::dict(py::arg("name") = param.name, py::arg("shape") = shapeOf(param.shape),
+                           py::arg("dtype") = param.dtype, py::arg("unit") = param.unit,
+                           py::arg("trainable") = param.trainable, py::arg("tied") = param.tied,
+                           py::arg("group") = param.group ? py::cast(*param.group) : py::none(),
+                           py::arg("shard_rows") = param.shardRows, py::arg("padding") = param.padding));
+  for (const fsdp_rt::BufferSpec &buffer : program.buffers())
+    buffers.append(py::dict(py::arg("name") = buffer.name, py::arg("shape") = shapeOf(buffer.shape),
+                            py::arg("dtype") = buffer.dtype));
+  for (const fsdp_rt::Function &function : program.functions()) {
+    py::list inputTypes;
+    for (const fsdp_rt::TensorSpec &spec : function.inputTypes)
+      inputTypes.append(py::dict(py::arg("shape") = shapeOf(spec.shape),
+                                 py::arg("dtype") = fsdp_rt::elementTypeOf(spec.dtype)));
+    functions.append(py::dict(py::arg("name") = function.name, py::arg("step") = function.step,
+                              py::arg("input_types") = inputTypes,
+                              py::arg("instructions") = function.instructions.size()));
+  }
+  return py::dict(py::arg("groups") = groups, py::arg("params") = params, py::arg("buffers") = buffers,
+                  py::arg("functions") = functions);
+}
+
 } // namespace
 
 PYBIND11_MODULE(_fsdp_rt, m) {
   m.doc() = "fsdpc runtime: loads compiled programs and runs their steps";
+  m.attr("PROGRAM_FORMAT") = std::string(fsdp_rt::kProgramFormat);
+  m.attr("PROGRAM_VERSION") = fsdp_rt::kProgramVersion;
   m.def("element_types", [] {
     std::vector<std::string> names;
     for (const fsdp_rt::ElementTypeInfo &info : fsdp_rt::kElementTypes)
@@ -69,15 +101,9 @@ PYBIND11_MODULE(_fsdp_rt, m) {
              return std::make_shared<fsdp_rt::Program>(fsdp_rt::Program::load(text, c10::Device(device)));
            }),
            py::arg("text"), py::arg("device") = "cpu")
-      .def("functions",
-           [](const fsdp_rt::Program &program) {
-             py::list out;
-             for (const fsdp_rt::Function &function : program.functions())
-               out.append(py::make_tuple(function.name, function.step, function.collectiveHash,
-                                         function.instructions.size()));
-             return out;
-           },
-           "(name, is a training step, collective hash, instruction count) per function")
+      .def("manifest", &manifest,
+           "The manifest as plain data: {groups, params, buffers, functions}, each a list of dicts "
+           "with the program's own field names (docs/program.md)")
       .def("run", &run, py::arg("function"), py::arg("params"), py::arg("buffers"),
            py::arg("accumulated"), py::arg("batch"), py::arg("groups"), py::arg("timeout_seconds"),
            py::arg("trace") = false, py::arg("check_reshard_frees") = false,

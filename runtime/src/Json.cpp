@@ -2,9 +2,7 @@
 
 #include "fsdp_rt/Json.h"
 
-#include <cerrno>
-#include <cmath>
-#include <cstdlib>
+#include <charconv>
 
 namespace fsdp_rt::json {
 
@@ -155,19 +153,25 @@ private:
       if (!digits())
         fail("expected exponent digits");
     }
-    std::string number(text.substr(start, pos - start));
+    // from_chars: no locale can turn "0.5" into 0 (strtod reads the decimal
+    // point of LC_NUMERIC, which a host process may have set).
+    const char *first = text.data() + start, *last = text.data() + pos;
     Value value;
-    errno = 0;
     if (integral) {
-      long long parsed = std::strtoll(number.c_str(), nullptr, 10);
-      if (errno == ERANGE)
+      auto [end, error] = std::from_chars(first, last, value.int_);
+      if (error == std::errc::result_out_of_range)
         fail("integer out of range");
+      if (error != std::errc() || end != last)
+        fail("malformed number");
       value.kind_ = Value::Kind::Int;
-      value.int_ = parsed;
       return value;
     }
+    auto [end, error] = std::from_chars(first, last, value.double_);
+    if (error == std::errc::result_out_of_range)
+      fail("number out of range");
+    if (error != std::errc() || end != last)
+      fail("malformed number");
     value.kind_ = Value::Kind::Double;
-    value.double_ = std::strtod(number.c_str(), nullptr);
     return value;
   }
 

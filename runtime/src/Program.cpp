@@ -35,14 +35,37 @@ c10::ScalarType scalarTypeOf(const std::string &name) {
   throw std::runtime_error("unhandled element type '" + name + "'");
 }
 
+std::string elementTypeOf(c10::ScalarType type) {
+  for (const ElementTypeInfo &info : kElementTypes)
+    if (scalarTypeOf(std::string(info.name)) == type)
+      return std::string(info.name);
+  throw std::runtime_error(std::string("no element type for ") + c10::toString(type));
+}
+
 namespace {
 
 using json::Value;
 
+/// A slot, future or count: an int that fits, or an error (a narrowing cast
+/// could turn 2^32 into slot 0). Validation checks it against its table.
+int index(const Value &value) {
+  int64_t number = value.asInt();
+  if (number < std::numeric_limits<int>::min() || number > std::numeric_limits<int>::max())
+    throw std::runtime_error("index " + std::to_string(number) + " is out of range");
+  return static_cast<int>(number);
+}
+
+int count(const Value &value, const char *what) {
+  int number = index(value);
+  if (number < 0)
+    throw std::runtime_error(std::string(what) + " must not be negative, got " + std::to_string(number));
+  return number;
+}
+
 std::vector<int> slotList(const Value &value) {
   std::vector<int> out;
   for (const Value &item : value.asArray())
-    out.push_back(item.isNull() ? -1 : static_cast<int>(item.asInt()));
+    out.push_back(item.isNull() ? -1 : index(item));
   return out;
 }
 
@@ -176,7 +199,7 @@ AtenArgument convertArgument(const Value &literal, const c10::Argument &schema, 
     type = optional->getElementType();
   if (const Value *slot = literal.find("tensor")) {
     out.kind = AtenArgument::Kind::Tensor;
-    out.slots = {static_cast<int>(slot->asInt())};
+    out.slots = {index(*slot)};
     return out;
   }
   if (const Value *slots = literal.find("tensors")) {
@@ -228,27 +251,10 @@ Reduction parseReduction(const std::string &text) {
 }
 
 Instruction::Kind parseKind(const std::string &op) {
-  static const std::map<std::string, Instruction::Kind> kinds = {
-      {"param", Instruction::Kind::Param},
-      {"buffer", Instruction::Kind::Buffer},
-      {"accumulated_grad", Instruction::Kind::AccumulatedGrad},
-      {"aten", Instruction::Kind::Aten},
-      {"cast", Instruction::Kind::Cast},
-      {"loss", Instruction::Kind::Loss},
-      {"gradients", Instruction::Kind::Gradients},
-      {"all_gather", Instruction::Kind::AllGather},
-      {"reduce_scatter", Instruction::Kind::ReduceScatter},
-      {"all_reduce", Instruction::Kind::AllReduce},
-      {"wait", Instruction::Kind::Wait},
-      {"release", Instruction::Kind::Release},
-      {"reshard", Instruction::Kind::Reshard},
-      {"all_slice", Instruction::Kind::AllSlice},
-      {"return", Instruction::Kind::Return},
-  };
-  auto it = kinds.find(op);
-  if (it == kinds.end())
+  std::optional<InstructionKind> kind = instructionKindOf(op);
+  if (!kind)
     throw std::runtime_error("unknown instruction '" + op + "'");
-  return it->second;
+  return *kind;
 }
 
 void loadAten(Instruction &inst, const Value &json, c10::Device device) {
@@ -296,7 +302,7 @@ Instruction loadInstruction(const Value &json, c10::Device device) {
   case Instruction::Kind::Buffer:
   case Instruction::Kind::AccumulatedGrad:
     inst.name = json.at("name").asString();
-    inst.results = {static_cast<int>(json.at("result").asInt())};
+    inst.results = {index(json.at("result"))};
     break;
   case Instruction::Kind::Aten:
     inst.name = json.at("name").asString();
@@ -304,13 +310,13 @@ Instruction loadInstruction(const Value &json, c10::Device device) {
     break;
   case Instruction::Kind::Cast:
     inst.name = "cast";
-    inst.inputs = {static_cast<int>(json.at("input").asInt())};
+    inst.inputs = {index(json.at("input"))};
     inst.dtypes = {scalarTypeOf(json.at("dtype").asString())};
-    inst.results = {static_cast<int>(json.at("result").asInt())};
+    inst.results = {index(json.at("result"))};
     break;
   case Instruction::Kind::Loss:
     inst.name = "loss";
-    inst.inputs = {static_cast<int>(json.at("input").asInt())};
+    inst.inputs = {index(json.at("input"))};
     break;
   case Instruction::Kind::Gradients:
     inst.name = "gradients";
@@ -329,7 +335,7 @@ Instruction loadInstruction(const Value &json, c10::Device device) {
     if (const Value *unit = json.find("unit"))
       inst.unit = unit->asString();
     inst.inputs = slotList(json.at("inputs"));
-    inst.future = static_cast<int>(json.at("future").asInt());
+    inst.future = index(json.at("future"));
     for (const Value &shape : json.at("shapes").asArray())
       inst.shapes.push_back(intList(shape));
     for (const Value &dtype : json.at("dtypes").asArray())
@@ -347,7 +353,7 @@ Instruction loadInstruction(const Value &json, c10::Device device) {
     break;
   case Instruction::Kind::Wait:
     inst.name = "wait";
-    inst.future = static_cast<int>(json.at("future").asInt());
+    inst.future = index(json.at("future"));
     inst.results = slotList(json.at("results"));
     break;
   case Instruction::Kind::Release:
@@ -359,30 +365,67 @@ Instruction loadInstruction(const Value &json, c10::Device device) {
   case Instruction::Kind::AllSlice:
     inst.name = "all_slice";
     inst.group = json.at("group").asString();
-    inst.inputs = {static_cast<int>(json.at("input").asInt())};
+    inst.inputs = {index(json.at("input"))};
     inst.rows = json.at("rows").asInt();
-    inst.results = {static_cast<int>(json.at("result").asInt())};
+    inst.results = {index(json.at("result"))};
     break;
   }
   return inst;
 }
 
-/// Checks that every slot and future an instruction names is in range, so
-/// that a damaged program fails at load rather than while running.
-void checkRanges(const Function &function, const Instruction &inst) {
-  auto check = [](int index, const char *what, int lowest, int limit) {
-    if (index < lowest || index >= limit)
-      throw std::runtime_error(std::string(what) + " " + std::to_string(index) + " out of range (" +
-                               std::to_string(limit) + ")");
-  };
-  for (int slot : inst.inputs)
-    check(slot, "slot", 0, function.slots);
-  for (int slot : inst.results) // -1: a `none` result, not kept
-    check(slot, "slot", -1, function.slots);
-  using Kind = Instruction::Kind;
-  if (inst.kind == Kind::AllGather || inst.kind == Kind::ReduceScatter ||
-      inst.kind == Kind::AllReduce || inst.kind == Kind::Wait)
-    check(inst.future, "future", 0, function.futures);
+std::vector<std::string> stringList(const Value &value) {
+  std::vector<std::string> out;
+  for (const Value &item : value.asArray())
+    out.push_back(item.asString());
+  return out;
+}
+
+GroupSpec loadGroup(const Value &json) {
+  GroupSpec group;
+  group.key = json.at("key").asString();
+  group.grid = json.at("grid").asString();
+  group.gridShape = intList(json.at("grid_shape"));
+  group.axes = intList(json.at("axes"));
+  group.size = json.at("size").asInt();
+  for (const Value &members : json.at("members").asArray())
+    group.members.push_back(intList(members));
+  return group;
+}
+
+ParamSpec loadParam(const Value &json) {
+  ParamSpec param;
+  param.name = json.at("name").asString();
+  param.shape = intList(json.at("shape"));
+  param.dtype = json.at("dtype").asString();
+  param.unit = json.at("unit").asString();
+  param.trainable = json.at("trainable").asBool();
+  param.tied = stringList(json.at("tied"));
+  if (const Value &group = json.at("group"); !group.isNull()) {
+    param.group = group.asString();
+    param.shardRows = json.at("shard_rows").asInt();
+    param.padding = json.at("padding").asInt();
+  }
+  return param;
+}
+
+BufferSpec loadBuffer(const Value &json) {
+  return {json.at("name").asString(), intList(json.at("shape")), json.at("dtype").asString()};
+}
+
+/// Runs `load` on each entry of the manifest list `key`, naming the entry
+/// that fails.
+template <typename T, typename Load>
+std::vector<T> loadList(const Value &root, const char *key, Load load) {
+  std::vector<T> out;
+  const json::Array &items = root.at(key).asArray();
+  for (size_t i = 0; i < items.size(); ++i) {
+    try {
+      out.push_back(load(items[i]));
+    } catch (const std::exception &error) {
+      throw std::runtime_error(std::string(key) + " entry " + std::to_string(i) + ": " + error.what());
+    }
+  }
+  return out;
 }
 
 } // namespace
@@ -391,7 +434,7 @@ Program Program::load(const std::string &text, c10::Device device) {
   Value root;
   try {
     root = Value::parse(text);
-    if (root.at("format").asString() != "fsdpc.program")
+    if (root.at("format").asString() != kProgramFormat)
       throw std::runtime_error("not an fsdpc program");
     if (root.at("version").asInt() != kProgramVersion)
       throw std::runtime_error("program format version " + std::to_string(root.at("version").asInt()) +
@@ -401,23 +444,24 @@ Program Program::load(const std::string &text, c10::Device device) {
     throw std::runtime_error(std::string("fsdp_rt: cannot load the program: ") + error.what());
   }
   Program program(device);
+  try {
+    program.groups_ = loadList<GroupSpec>(root, "groups", loadGroup);
+    program.params_ = loadList<ParamSpec>(root, "params", loadParam);
+    program.buffers_ = loadList<BufferSpec>(root, "buffers", loadBuffer);
+    root.at("functions").asArray();
+  } catch (const std::exception &error) {
+    throw std::runtime_error(std::string("fsdp_rt: cannot load the manifest: ") + error.what());
+  }
   for (const Value &json : root.at("functions").asArray()) {
     Function function;
-    function.name = json.at("name").asString();
     try {
+      function.name = json.at("name").asString();
       function.step = json.at("step").asBool();
-      if (const Value *hash = json.find("collective_hash"))
-        function.collectiveHash = hash->asString();
       function.inputs = slotList(json.at("inputs"));
       for (const Value &spec : json.at("input_types").asArray())
         function.inputTypes.push_back({intList(spec.at("shape")), scalarTypeOf(spec.at("dtype").asString())});
-      function.slots = static_cast<int>(json.at("slots").asInt());
-      function.futures = static_cast<int>(json.at("futures").asInt());
-      if (function.slots < 0 || function.futures < 0 || function.inputs.size() != function.inputTypes.size())
-        throw std::runtime_error("bad slot, future or input counts");
-      for (int slot : function.inputs)
-        if (slot < 0 || slot >= function.slots)
-          throw std::runtime_error("input slot out of range");
+      function.slots = count(json.at("slots"), "slots");
+      function.futures = count(json.at("futures"), "futures");
     } catch (const std::exception &error) {
       throw std::runtime_error("fsdp_rt: cannot load @" + function.name + ": " + error.what());
     }
@@ -425,7 +469,6 @@ Program Program::load(const std::string &text, c10::Device device) {
     for (size_t i = 0; i < instructions.size(); ++i) {
       try {
         function.instructions.push_back(loadInstruction(instructions[i], device));
-        checkRanges(function, function.instructions.back());
       } catch (const std::exception &error) {
         std::string where;
         if (instructions[i].kind() == Value::Kind::Object)
@@ -443,6 +486,7 @@ Program Program::load(const std::string &text, c10::Device device) {
     }
     program.functions_.push_back(std::move(function));
   }
+  validateProgram(program);
   return program;
 }
 

@@ -44,8 +44,12 @@
 using namespace mlir;
 using namespace mlir::fsdp;
 namespace json = llvm::json;
+using Kind = fsdp_rt::InstructionKind;
 
 namespace {
+
+/// An instruction's `op` spelling, from the table the runtime reads too.
+std::string opText(Kind kind) { return std::string(fsdp_rt::opName(kind)); }
 
 /// The element type's name in the shared table, or failure on `anchor`.
 FailureOr<std::string> elementTypeName(Type type, Operation *anchor) {
@@ -170,8 +174,6 @@ public:
                      {"slots", static_cast<int64_t>(slots.size())},
                      {"futures", static_cast<int64_t>(futures.size())},
                      {"instructions", std::move(instructions)}};
-    if (auto hash = func->getAttrOfType<StringAttr>("fsdp.collective_hash"))
-      out["collective_hash"] = hash.getValue();
     return out;
   }
 
@@ -293,7 +295,7 @@ private:
     for (Value output : op.getOutputs())
       results.push_back(isa<RankedTensorType>(output.getType()) ? json::Value(slot(output))
                                                                 : json::Value(nullptr));
-    json::Object out{{"op", "aten"},
+    json::Object out{{"op", opText(Kind::Aten)},
                      {"name", (callee->nameSpace + "::" + callee->name).str()},
                      {"overload", callee->overload},
                      {"args", std::move(args)},
@@ -305,45 +307,45 @@ private:
 
   FailureOr<std::optional<json::Object>> print(Operation &op) {
     using Result = std::optional<json::Object>;
-    auto read = [&](StringRef kind, StringRef name, Value result) -> Result {
-      return json::Object{{"op", kind}, {"name", name}, {"result", slot(result)}};
+    auto read = [&](Kind kind, StringRef name, Value result) -> Result {
+      return json::Object{{"op", opText(kind)}, {"name", name}, {"result", slot(result)}};
     };
     if (auto get = dyn_cast<GetParamOp>(op))
-      return read("param", get.getName(), get.getResult());
+      return read(Kind::Param, get.getName(), get.getResult());
     if (auto get = dyn_cast<GetBufferOp>(op))
-      return read("buffer", get.getName(), get.getResult());
+      return read(Kind::Buffer, get.getName(), get.getResult());
     if (auto get = dyn_cast<GetAccumulatedGradOp>(op))
-      return read("accumulated_grad", get.getName(), get.getResult());
+      return read(Kind::AccumulatedGrad, get.getName(), get.getResult());
     if (auto aten = dyn_cast<AtenOp>(op))
       return printAten(aten);
     if (auto cast = dyn_cast<CastOp>(op)) {
       FailureOr<std::string> dtype = elementTypeName(cast.getResult().getType().getElementType(), &op);
       if (failed(dtype))
         return failure();
-      return Result(json::Object{{"op", "cast"}, {"input", slot(cast.getInput())},
+      return Result(json::Object{{"op", opText(Kind::Cast)}, {"input", slot(cast.getInput())},
                                  {"dtype", *dtype}, {"result", slot(cast.getResult())}});
     }
     if (auto loss = dyn_cast<LossOp>(op))
-      return Result(json::Object{{"op", "loss"}, {"input", slot(loss.getLoss())}});
+      return Result(json::Object{{"op", opText(Kind::Loss)}, {"input", slot(loss.getLoss())}});
     if (auto grads = dyn_cast<GradientsOp>(op)) {
       json::Array params;
       for (Attribute param : grads.getParams())
         params.push_back(cast<FlatSymbolRefAttr>(param).getValue());
-      return Result(json::Object{{"op", "gradients"}, {"params", std::move(params)},
+      return Result(json::Object{{"op", opText(Kind::Gradients)}, {"params", std::move(params)},
                                  {"inputs", slotList(grads.getGrads())}});
     }
     if (isCollectiveStart(&op))
       return printCollective(op);
     if (auto wait = dyn_cast<WaitOp>(op))
-      return Result(json::Object{{"op", "wait"}, {"future", future(wait.getFuture())},
+      return Result(json::Object{{"op", opText(Kind::Wait)}, {"future", future(wait.getFuture())},
                                  {"results", slotList(wait.getResults())}});
     if (auto reshard = dyn_cast<ReshardOp>(op))
-      return Result(json::Object{{"op", "reshard"}, {"values", slotList(reshard.getBuffers())}});
+      return Result(json::Object{{"op", opText(Kind::Reshard)}, {"values", slotList(reshard.getBuffers())}});
     if (auto release = dyn_cast<ReleaseOp>(op))
-      return Result(json::Object{{"op", "release"}, {"values", slotList(release.getValues())}});
+      return Result(json::Object{{"op", opText(Kind::Release)}, {"values", slotList(release.getValues())}});
     if (auto slice = dyn_cast<AllSliceOp>(op))
       return Result(json::Object{
-          {"op", "all_slice"},
+          {"op", opText(Kind::AllSlice)},
           {"group", groups.key(&op, slice.getGridAttr(), slice.getGridAxes())},
           {"input", slot(slice.getInput())},
           {"rows", slice.getResult().getType().getDimSize(0)},
@@ -351,7 +353,7 @@ private:
     if (isa<func::ReturnOp>(op)) {
       if (op.getNumOperands() == 0)
         return Result(std::nullopt);
-      return Result(json::Object{{"op", "return"}, {"values", slotList(op.getOperands())}});
+      return Result(json::Object{{"op", opText(Kind::Return)}, {"values", slotList(op.getOperands())}});
     }
     return op.emitOpError("fsdp-to-program: cannot lower this operation");
   }
@@ -375,10 +377,10 @@ private:
     if (auto unit = op.getAttrOfType<FlatSymbolRefAttr>("unit"))
       out["unit"] = unit.getValue();
     if (isa<AllGatherStartOp>(op)) {
-      out["op"] = "all_gather";
+      out["op"] = opText(Kind::AllGather);
       return std::optional<json::Object>(std::move(out));
     }
-    out["op"] = isa<ReduceScatterStartOp>(op) ? "reduce_scatter" : "all_reduce";
+    out["op"] = opText(isa<ReduceScatterStartOp>(op) ? Kind::ReduceScatter : Kind::AllReduce);
     FailureOr<std::string> reduceType =
         elementTypeName(op.getAttrOfType<TypeAttr>("reduce_dtype").getValue(), &op);
     if (failed(reduceType))
@@ -452,7 +454,7 @@ LogicalResult mlir::fsdp::translateToProgram(ModuleOp module, raw_ostream &os) {
     bool isStep = !func.getOps<LossOp>().empty();
     if (isStep && !func->hasAttr("fsdp.collective_hash"))
       return func.emitError("fsdp-to-program: run fsdp-verify-schedule (or the sharding "
-                            "pipeline) first; the runtime checks its collective hash");
+                            "pipeline) first: only a verified schedule lowers");
     FailureOr<json::Object> printed = FunctionPrinter(groups).print(func);
     if (failed(printed))
       return failure();
@@ -467,7 +469,7 @@ LogicalResult mlir::fsdp::translateToProgram(ModuleOp module, raw_ostream &os) {
       os << (i ? ",\n" : "\n") << indent << "  " << item;
     os << "\n" << indent << "]";
   };
-  os << "{\"format\": \"fsdpc.program\", \"version\": " << fsdp_rt::kProgramVersion << ",\n";
+  os << "{\"format\": " << json::Value(std::string(fsdp_rt::kProgramFormat)) << ", \"version\": " << fsdp_rt::kProgramVersion << ",\n";
   json::Array groupList = groups.toJson();
   lines("groups", groupList, " ");
   os << ",\n";

@@ -6,12 +6,20 @@
 // and no parsing. Instructions address values by slot; the compiler decided
 // when each slot is dropped (release/reshard), and the executor follows it.
 //
+// This is the program's only reader: Python reads the manifest (groups,
+// parameters, buffers) from here through the extension. Loading ends with
+// one validation step (validateProgram) that checks every index the executor
+// will use (slots, futures, groups, names, shapes) against the program's own
+// tables, and every future's start/wait pairing, so nothing a program says
+// can make the executor read or write out of bounds.
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef FSDP_RT_PROGRAM_H
 #define FSDP_RT_PROGRAM_H
 
 #include "fsdp_rt/Json.h"
+#include "fsdp_rt/ProgramFormat.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -28,6 +36,8 @@ enum class Reduction { Sum, Average, Max, Min, Product };
 
 /// The ATen scalar type of an element-type name (fsdp_rt/ElementTypes.h).
 c10::ScalarType scalarTypeOf(const std::string &elementType);
+/// The element-type name of an ATen scalar type (the inverse of scalarTypeOf).
+std::string elementTypeOf(c10::ScalarType type);
 
 /// One argument of an ATen call: a constant converted at load, or slots read
 /// when the instruction runs.
@@ -39,10 +49,7 @@ struct AtenArgument {
 };
 
 struct Instruction {
-  enum class Kind {
-    Param, Buffer, AccumulatedGrad, Aten, Cast, Loss, Gradients, AllGather, ReduceScatter,
-    AllReduce, Wait, Release, Reshard, AllSlice, Return,
-  };
+  using Kind = InstructionKind;
   Kind kind;
   std::string name;               // parameter/buffer name, ATen operator, or the op for traces
   std::string where;              // the user's source line, when known
@@ -67,10 +74,33 @@ struct TensorSpec {
   c10::ScalarType dtype;
 };
 
+/// A communication group key: every group of it, as world ranks.
+struct GroupSpec {
+  std::string key, grid;
+  std::vector<int64_t> gridShape, axes;
+  int64_t size = 0;
+  std::vector<std::vector<int64_t>> members;
+};
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string dtype, unit;
+  bool trainable = true;
+  std::vector<std::string> tied;
+  std::optional<std::string> group; // nullopt: replicated on every rank
+  int64_t shardRows = 0, padding = 0;
+};
+
+struct BufferSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string dtype;
+};
+
 struct Function {
   std::string name;
   bool step = false;
-  std::string collectiveHash;
   std::vector<int> inputs;
   std::vector<TensorSpec> inputTypes;
   int slots = 0, futures = 0;
@@ -85,13 +115,24 @@ public:
 
   const Function &function(const std::string &name) const;
   const std::vector<Function> &functions() const { return functions_; }
+  const std::vector<GroupSpec> &groups() const { return groups_; }
+  const std::vector<ParamSpec> &params() const { return params_; }
+  const std::vector<BufferSpec> &buffers() const { return buffers_; }
   c10::Device device() const { return device_; }
 
 private:
   explicit Program(c10::Device device) : device_(device) {}
+  friend void validateProgram(const Program &program);
+  std::vector<GroupSpec> groups_;
+  std::vector<ParamSpec> params_;
+  std::vector<BufferSpec> buffers_;
   std::vector<Function> functions_;
   c10::Device device_;
 };
+
+/// Throws std::runtime_error naming the function, the instruction and the
+/// rule when an index, name, shape or future pairing is out of its table.
+void validateProgram(const Program &program);
 
 } // namespace fsdp_rt
 

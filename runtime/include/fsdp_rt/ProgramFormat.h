@@ -1,7 +1,10 @@
-//===- ProgramFormat.h - the program format's version -----------*- C++ -*-===//
+//===- ProgramFormat.h - the program format's shared definitions -*- C++ -*-===//
 //
-// Shared by the compiler (which writes programs) and the runtime (which
-// refuses any other version). Header-only, no dependencies.
+// What the compiler (fsdp-translate, the writer) and the runtime (the one
+// reader; Python reads programs through it) must agree on: the version, the
+// instruction kinds with their `op` spellings, and the reductions. Both sides
+// take these names from here, so neither can spell one the other does not
+// know. docs/program.md is the schema's manual. Header-only, no dependencies.
 //
 //===----------------------------------------------------------------------===//
 
@@ -9,11 +12,61 @@
 #define FSDP_RT_PROGRAMFORMAT_H
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 namespace fsdp_rt {
 
 /// Bump on any change to the program's JSON schema (docs/program.md).
-inline constexpr int64_t kProgramVersion = 1;
+inline constexpr int64_t kProgramVersion = 2;
+inline constexpr std::string_view kProgramFormat = "fsdpc.program";
+
+enum class InstructionKind {
+  Param, Buffer, AccumulatedGrad, Aten, Cast, Loss, Gradients, AllGather, ReduceScatter,
+  AllReduce, Wait, Release, Reshard, AllSlice, Return,
+};
+
+struct InstructionKindInfo {
+  InstructionKind kind;
+  std::string_view op; // the instruction's "op" member
+};
+
+inline constexpr InstructionKindInfo kInstructionKinds[] = {
+    {InstructionKind::Param, "param"},
+    {InstructionKind::Buffer, "buffer"},
+    {InstructionKind::AccumulatedGrad, "accumulated_grad"},
+    {InstructionKind::Aten, "aten"},
+    {InstructionKind::Cast, "cast"},
+    {InstructionKind::Loss, "loss"},
+    {InstructionKind::Gradients, "gradients"},
+    {InstructionKind::AllGather, "all_gather"},
+    {InstructionKind::ReduceScatter, "reduce_scatter"},
+    {InstructionKind::AllReduce, "all_reduce"},
+    {InstructionKind::Wait, "wait"},
+    {InstructionKind::Release, "release"},
+    {InstructionKind::Reshard, "reshard"},
+    {InstructionKind::AllSlice, "all_slice"},
+    {InstructionKind::Return, "return"},
+};
+
+inline constexpr std::string_view opName(InstructionKind kind) {
+  for (const InstructionKindInfo &info : kInstructionKinds)
+    if (info.kind == kind)
+      return info.op;
+  return "";
+}
+
+inline std::optional<InstructionKind> instructionKindOf(std::string_view op) {
+  for (const InstructionKindInfo &info : kInstructionKinds)
+    if (info.op == op)
+      return info.kind;
+  return std::nullopt;
+}
+
+inline constexpr bool isCollectiveStart(InstructionKind kind) {
+  return kind == InstructionKind::AllGather || kind == InstructionKind::ReduceScatter ||
+         kind == InstructionKind::AllReduce;
+}
 
 } // namespace fsdp_rt
 

@@ -1,0 +1,303 @@
+//===- ProgramValidation.cpp - check a loaded program before it runs ------===//
+//
+// The executor indexes its slot and future tables, looks up groups and
+// names, and sizes buffers from the program's shapes. This is the one place
+// that proves, once at load, that every such index is in its table, every
+// name is in the manifest, every shape is a shape, and every future is
+// started once and waited for once, in that order, before the function ends
+// (ExecuTorch verifies its programs the same way). The executor then needs
+// no bounds checks of its own on the hot path.
+//
+//===----------------------------------------------------------------------===//
+
+#include "fsdp_rt/ElementTypes.h"
+#include "fsdp_rt/Program.h"
+#include "fsdp_rt/ShardLayout.h"
+
+#include <set>
+#include <stdexcept>
+
+namespace fsdp_rt {
+
+namespace {
+
+[[noreturn]] void fail(const std::string &what) { throw std::runtime_error(what); }
+
+/// Elements of `shape`, or an error when a dimension is negative or the
+/// product does not fit in int64.
+int64_t elementsOf(const std::vector<int64_t> &shape, const std::string &what) {
+  int64_t product = 1;
+  for (int64_t dim : shape)
+    if (dim < 0 || __builtin_mul_overflow(product, dim, &product))
+      fail(what + ": shape has a negative dimension or more than 2^63 elements");
+  return product;
+}
+
+void checkElementType(const std::string &name, const std::string &what) {
+  if (!lookupElementType(name))
+    fail(what + ": unknown element type '" + name + "'");
+}
+
+void checkGroup(const GroupSpec &group) {
+  std::string what = "group '" + group.key + "'";
+  std::optional<int64_t> world = groupSizeOf(group.gridShape.data(), group.gridShape.size());
+  if (!world)
+    fail(what + ": grid dimensions must be positive");
+  if (group.size < 1 || group.members.empty() ||
+      static_cast<int64_t>(group.members.size()) * group.size != *world)
+    fail(what + ": " + std::to_string(group.members.size()) + " groups of " + std::to_string(group.size) +
+         " ranks do not cover the grid's " + std::to_string(*world) + " ranks");
+  std::set<int64_t> seen;
+  for (const std::vector<int64_t> &members : group.members) {
+    if (static_cast<int64_t>(members.size()) != group.size)
+      fail(what + ": a group lists " + std::to_string(members.size()) + " ranks, not " +
+           std::to_string(group.size));
+    for (int64_t rank : members)
+      if (rank < 0 || rank >= *world || !seen.insert(rank).second)
+        fail(what + ": rank " + std::to_string(rank) + " is outside the grid or in two groups");
+  }
+  for (int64_t axis : group.axes)
+    if (axis < 0 || axis >= static_cast<int64_t>(group.gridShape.size()))
+      fail(what + ": axis " + std::to_string(axis) + " is not an axis of the grid");
+}
+
+class FunctionValidator {
+public:
+  FunctionValidator(const Function &function, const std::map<std::string, const GroupSpec *> &groups,
+                    const std::set<std::string> &params, const std::set<std::string> &buffers)
+      : function(function), groups(groups), params(params), buffers(buffers),
+        defined(function.slots, false), startedBy(function.futures, nullptr) {}
+
+  void run() {
+    if (function.inputs.size() != function.inputTypes.size())
+      fail(std::to_string(function.inputs.size()) + " inputs but " + std::to_string(function.inputTypes.size()) +
+           " input types");
+    size_t results = function.inputs.size(), starts = 0;
+    for (const Instruction &inst : function.instructions) {
+      results += inst.results.size();
+      starts += isCollectiveStart(inst.kind);
+    }
+    // Every slot is written by an input or a result, every future by a start:
+    // larger tables are damage (and would be allocated before anything runs).
+    if (static_cast<size_t>(function.slots) > results || static_cast<size_t>(function.futures) > starts)
+      fail(std::to_string(function.slots) + " slots and " + std::to_string(function.futures) +
+           " futures, but the instructions define only " + std::to_string(results) + " and " +
+           std::to_string(starts));
+    for (size_t i = 0; i < function.inputs.size(); ++i) {
+      elementsOf(function.inputTypes[i].shape, "input " + std::to_string(i));
+      write(function.inputs[i], "input");
+    }
+    for (size_t i = 0; i < function.instructions.size(); ++i) {
+      try {
+        check(function.instructions[i]);
+      } catch (const std::exception &error) {
+        const Instruction &inst = function.instructions[i];
+        fail("instruction " + std::to_string(i) + " (" + inst.name +
+             (inst.where.empty() ? "" : " at " + inst.where) + "): " + error.what());
+      }
+    }
+    for (int future = 0; future < function.futures; ++future)
+      if (startedBy[future])
+        fail("future " + std::to_string(future) + " (" + startedBy[future]->name + ") is never waited for");
+  }
+
+private:
+  void read(int slot) {
+    if (slot < 0 || slot >= function.slots)
+      fail("reads slot " + std::to_string(slot) + ", outside the function's " + std::to_string(function.slots));
+    if (!defined[slot])
+      fail("reads slot " + std::to_string(slot) + " before anything writes it");
+  }
+
+  void write(int slot, const char *what, bool mayDiscard = false) {
+    if (mayDiscard && slot == -1)
+      return;
+    if (slot < 0 || slot >= function.slots)
+      fail(std::string(what) + " writes slot " + std::to_string(slot) + ", outside the function's " +
+           std::to_string(function.slots));
+    defined[slot] = true;
+  }
+
+  void arity(const Instruction &inst, size_t inputs, size_t results) {
+    if (inst.inputs.size() != inputs || inst.results.size() != results)
+      fail("takes " + std::to_string(inst.inputs.size()) + " values and writes " +
+           std::to_string(inst.results.size()) + "; " + opNameText(inst) + " takes " + std::to_string(inputs) +
+           " and writes " + std::to_string(results));
+  }
+
+  static std::string opNameText(const Instruction &inst) { return std::string(opName(inst.kind)); }
+
+  void named(const std::set<std::string> &table, const std::string &name, const char *what) {
+    if (!table.count(name))
+      fail("names the " + std::string(what) + " '" + name + "', which the manifest does not list");
+  }
+
+  const GroupSpec &group(const std::string &key) {
+    auto it = groups.find(key);
+    if (it == groups.end())
+      fail("names the group '" + key + "', which the manifest does not list");
+    return *it->second;
+  }
+
+  void check(const Instruction &inst) {
+    using Kind = Instruction::Kind;
+    switch (inst.kind) {
+    case Kind::Param:
+    case Kind::AccumulatedGrad:
+    case Kind::Buffer:
+      arity(inst, 0, 1);
+      named(inst.kind == Kind::Buffer ? buffers : params, inst.name,
+            inst.kind == Kind::Buffer ? "buffer" : "parameter");
+      write(inst.results[0], "the result");
+      return;
+    case Kind::Aten:
+      for (const AtenArgument &arg : inst.args)
+        for (int slot : arg.slots)
+          if (!(slot == -1 && arg.kind == AtenArgument::Kind::OptionalTensorList))
+            read(slot);
+      for (int slot : inst.results)
+        write(slot, "a result", /*mayDiscard=*/true);
+      return;
+    case Kind::Cast:
+      arity(inst, 1, 1);
+      if (inst.dtypes.size() != 1)
+        fail("a cast has one target dtype");
+      read(inst.inputs[0]);
+      write(inst.results[0], "the result");
+      return;
+    case Kind::Loss:
+      arity(inst, 1, 0);
+      read(inst.inputs[0]);
+      return;
+    case Kind::Gradients:
+      if (inst.params.size() != inst.inputs.size() || !inst.results.empty())
+        fail("gradients pairs each value with one parameter");
+      for (size_t i = 0; i < inst.inputs.size(); ++i) {
+        read(inst.inputs[i]);
+        named(params, inst.params[i], "parameter");
+      }
+      return;
+    case Kind::AllGather:
+    case Kind::ReduceScatter:
+    case Kind::AllReduce:
+      return checkStart(inst);
+    case Kind::Wait:
+      return checkWait(inst);
+    case Kind::Release:
+    case Kind::Reshard:
+    case Kind::Return:
+      if (!inst.results.empty())
+        fail(opNameText(inst) + " writes no slots");
+      for (int slot : inst.inputs)
+        read(slot);
+      return;
+    case Kind::AllSlice:
+      arity(inst, 1, 1);
+      group(inst.group);
+      if (inst.rows < 0)
+        fail("negative rows");
+      read(inst.inputs[0]);
+      write(inst.results[0], "the result");
+      return;
+    }
+    fail("unknown instruction kind");
+  }
+
+  void checkStart(const Instruction &inst) {
+    if (inst.inputs.empty() || !inst.results.empty())
+      fail(opNameText(inst) + " takes one or more values and writes its future, not slots");
+    if (inst.shapes.size() != inst.inputs.size() || inst.dtypes.size() != inst.inputs.size())
+      fail("inputs, shapes and dtypes differ in number");
+    group(inst.group);
+    int64_t total = 0;
+    for (size_t i = 0; i < inst.inputs.size(); ++i) {
+      read(inst.inputs[i]);
+      std::string what = "shape " + std::to_string(i);
+      int64_t elements = elementsOf(inst.shapes[i], what);
+      if (inst.kind != Instruction::Kind::AllReduce && inst.shapes[i].empty())
+        fail(what + " is a scalar; " + opNameText(inst) + " splits dim 0");
+      if (__builtin_add_overflow(total, elements, &total))
+        fail("the bucket has more than 2^63 elements");
+    }
+    if (inst.future < 0 || inst.future >= function.futures)
+      fail("future " + std::to_string(inst.future) + " is outside the function's " +
+           std::to_string(function.futures));
+    if (startedBy[inst.future])
+      fail("future " + std::to_string(inst.future) + " is started again before its wait");
+    startedBy[inst.future] = &inst;
+  }
+
+  void checkWait(const Instruction &inst) {
+    if (inst.future < 0 || inst.future >= function.futures)
+      fail("future " + std::to_string(inst.future) + " is outside the function's " +
+           std::to_string(function.futures));
+    const Instruction *start = startedBy[inst.future];
+    if (!start)
+      fail("waits for future " + std::to_string(inst.future) + ", which is not in flight");
+    if (inst.results.size() != start->shapes.size())
+      fail("takes " + std::to_string(inst.results.size()) + " results from a collective of " +
+           std::to_string(start->shapes.size()));
+    startedBy[inst.future] = nullptr;
+    for (int slot : inst.results)
+      write(slot, "a result", /*mayDiscard=*/true);
+  }
+
+  const Function &function;
+  const std::map<std::string, const GroupSpec *> &groups;
+  const std::set<std::string> &params, &buffers;
+  std::vector<bool> defined;
+  std::vector<const Instruction *> startedBy;
+};
+
+} // namespace
+
+void validateProgram(const Program &program) {
+  std::map<std::string, const GroupSpec *> groups;
+  std::set<std::string> params, buffers, functions;
+  try {
+    for (const GroupSpec &group : program.groups()) {
+      checkGroup(group);
+      if (!groups.emplace(group.key, &group).second)
+        fail("group '" + group.key + "' is listed twice");
+    }
+    for (const ParamSpec &param : program.params()) {
+      std::string what = "parameter '" + param.name + "'";
+      if (!params.insert(param.name).second)
+        fail(what + " is listed twice");
+      elementsOf(param.shape, what);
+      checkElementType(param.dtype, what);
+      if (!param.group)
+        continue;
+      auto it = groups.find(*param.group);
+      if (it == groups.end())
+        fail(what + ": no group '" + *param.group + "'");
+      if (param.shape.empty())
+        fail(what + " is a scalar; only replicated parameters (group null) may be");
+      auto layout = Dim0ShardLayout::create(param.shape[0], it->second->size);
+      if (!layout || layout->shardRows() != param.shardRows || layout->paddingRows() != param.padding)
+        fail(what + ": shard_rows " + std::to_string(param.shardRows) + " and padding " +
+             std::to_string(param.padding) + " are not the layout of " + std::to_string(param.shape[0]) +
+             " rows over " + std::to_string(it->second->size) + " ranks");
+    }
+    for (const BufferSpec &buffer : program.buffers()) {
+      std::string what = "buffer '" + buffer.name + "'";
+      if (!buffers.insert(buffer.name).second)
+        fail(what + " is listed twice");
+      elementsOf(buffer.shape, what);
+      checkElementType(buffer.dtype, what);
+    }
+  } catch (const std::exception &error) {
+    throw std::runtime_error(std::string("fsdp_rt: invalid program manifest: ") + error.what());
+  }
+  for (const Function &function : program.functions()) {
+    try {
+      if (!functions.insert(function.name).second)
+        fail("the function is defined twice");
+      FunctionValidator(function, groups, params, buffers).run();
+    } catch (const std::exception &error) {
+      throw std::runtime_error("fsdp_rt: invalid program: @" + function.name + ": " + error.what());
+    }
+  }
+}
+
+} // namespace fsdp_rt
