@@ -1,16 +1,22 @@
-"""The compiled-program cache: a warm start skips capture and compilation.
+"""The compiled-program cache: a warm start skips sharding and lowering.
 
 An entry holds what compiling produced (the program, the memory report, the
-sharded IR), under a key computed without capturing: everything that can
-change the result. That is the model's structure (every module's class,
-plain attributes, parameter and buffer names, shapes, dtypes, ties), the
-batch's shapes and dtypes, the options and world size, the versions of
-Python (and its ABI), torch, the program format and fsdpc (its compiler binaries), and the content of every
-Python source file the job has loaded from outside the standard library and
-installed packages (the model's and the loss's code, and what they call),
-plus the files that define the model's classes and the loss wherever they
-live. Editing any of those compiles afresh. `FSDPC_CACHE` moves the cache
-(default ~/.cache/fsdpc); `FSDPC_CACHE=off` turns it off.
+sharded IR) under a key made from the captured step itself: the IR text
+that capture printed (every op, shape, dtype, literal and source line, so
+every global, default argument, closure, module attribute or environment
+variable that tracing read is in it as the value it had), the pipeline
+options and world size, and the versions of Python, torch, the program
+format and fsdpc's compiler binaries. Capture runs on every start, cold or
+warm (on rank 0 only): a key computed without capturing cannot see what
+the Python code reads while it traces, and a stale program trains with the
+wrong loss without a word. `FSDPC_CACHE` moves the cache (default
+~/.cache/fsdpc); `FSDPC_CACHE=off` turns it off.
+
+`setup_key` is a different fingerprint, computed without capturing: the
+model's structure, parameter and buffer names, shapes, dtypes and ties, the
+batch's shapes, the options, and the source files of the job. Ranks compare
+it before anything compiles, so that ranks that set up different steps are
+refused instead of running rank 0's program.
 
 The directory is private (0700, owned by the user; anything else is
 refused) and entries are written under a temporary name and renamed, so a
@@ -114,8 +120,8 @@ def _code_of(fn) -> list:
     return [getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(fn)), source, cells]
 
 
-def step_key(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *, options: dict,
-             world: int) -> str:
+def setup_key(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *, options: dict,
+              world: int) -> str:
     digests: dict = {}
     modules = []
     for name, module in model.named_modules(remove_duplicate=False):
@@ -129,17 +135,27 @@ def step_key(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable,
     loss = _code_of(loss_fn)
     if loss[2]:
         loss.append(_file_digest(loss[2], digests))
-    tools = find_fsdp_opt()
     key = {
-        "entry": ENTRY_VERSION, "python": sys.version, "abi": sysconfig.get_config_var("SOABI"),
-        "torch": torch.__version__, "program": runtime_extension().PROGRAM_VERSION, "world": world,
-        "options": {k: (_code_of(v) if callable(v) else repr(v)) for k, v in sorted(options.items())},
+        "world": world, "options": {k: (_code_of(v) if callable(v) else repr(v)) for k, v in sorted(options.items())},
         "modules": modules, "params": params, "buffers": buffers, "loss": loss,
         "batch": [[list(t.shape), str(t.dtype)] for t in batch],
-        "tools": [_file_digest(tools, digests), _file_digest(tools.with_name("fsdp-translate"), digests)],
         "sources": [[path, _file_digest(path, digests)] for path in _user_source_files()],
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def program_key(captured_ir: str, *, pipeline: str) -> str:
+    """The cache key of the program compiled from `captured_ir` with the
+    sharding pipeline `pipeline` (which holds the world's ranks)."""
+    digests: dict = {}
+    tools = find_fsdp_opt()
+    key = {
+        "entry": ENTRY_VERSION, "python": sys.version, "abi": sysconfig.get_config_var("SOABI"),
+        "torch": torch.__version__, "program": runtime_extension().PROGRAM_VERSION, "pipeline": pipeline,
+        "tools": [_file_digest(tools, digests), _file_digest(tools.with_name("fsdp-translate"), digests)],
+        "captured": hashlib.sha256(captured_ir.encode()).hexdigest(),
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
 def load(key: str) -> dict | None:

@@ -1,10 +1,11 @@
 """Compile a training step once per job and load it into the runtime.
 
 `compile_program` runs collectively on every rank of a `torch.distributed`
-job: the ranks compare their step keys (model structure and code, batch
-shapes, options), then rank 0 captures the step (or finds it in the program
-cache), runs fsdp-opt's sharding pipeline for the job's world size, lowers it
-with fsdp-translate to a program and hands the program to every rank, which
+job: the ranks compare their set-up keys (model structure and code, batch
+shapes, options), then rank 0 captures the step, finds the program compiled
+from that captured IR in the program cache or runs fsdp-opt's sharding
+pipeline for the job's world size and lowers it with fsdp-translate, and
+hands the program to every rank, which
 loads it into the prebuilt runtime (libfsdp_rt): no C++ is compiled per
 model. `fsdpc.ShardedModule` (fsdpc/sharded.py) is what users hold; it
 compiles one program per batch signature through this module.
@@ -84,14 +85,13 @@ def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Ca
         seconds[phase] = now - clock
         clock = now
 
-    keys = on_every_rank("setting up the step", lambda: cache.step_key(
+    keys = on_every_rank("setting up the step", lambda: cache.setup_key(
         model, batch, loss_fn, world=world, options={"pipeline": options, "wrap": wrap,
                                                      "mixed_precision": mixed_precision}), share_result=True)
     _check_same_step(keys, rank)
-    lap("cache lookup")
-    entry = _compile_on_rank_0(keys[0], rank, lambda: compile_entry(model, batch, loss_fn, options=options,
-                                                                    wrap=wrap, mixed_precision=mixed_precision,
-                                                                    lap=lap))
+    lap("set-up check")
+    entry = _compile_on_rank_0(rank, lambda: compile_entry(model, batch, loss_fn, options=options, wrap=wrap,
+                                                           mixed_precision=mixed_precision, lap=lap))
 
     def load() -> CompiledProgram:
         program = Program.parse(entry["program"])
@@ -127,14 +127,26 @@ def on_every_rank(stage: str, attempt: Callable[[], T], *, share_result: bool = 
 def compile_entry(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *, options: str,
                   wrap: WrapPolicy = None, mixed_precision: MixedPrecision | None = None,
                   lap: Callable[[str], None] = lambda phase: None) -> dict:
-    """Capture, shard and lower, in this process (no job needed): the cache
+    """Capture, then shard and lower (or take both from the program cache,
+    keyed by the captured IR), in this process (no job needed): the cache
     entry of a step, its program for `ranks=` in `options`."""
     exported = export_training_step(model, batch, loss_fn, wrap=wrap, mixed_precision=mixed_precision)
     lap("capture")
+    key = cache.program_key(exported.mlir, pipeline=options)
+    entry = cache.load(key)
+    if entry is not None:
+        lap("cache hit")
+        return entry
+    entry = _shard_and_lower(exported.mlir, options, lap)
+    cache.store(key, entry)
+    return entry
+
+
+def _shard_and_lower(captured_ir: str, options: str, lap: Callable[[str], None]) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "memory.json"
         # Locations travel on, so that runtime errors name the user's line.
-        sharded_ir = run_fsdp_opt(exported.mlir, [
+        sharded_ir = run_fsdp_opt(captured_ir, [
             f"--fsdp-sharding-pipeline={options} memory-report={report} report-format=json",
             "--mlir-print-debuginfo"])
         memory_report = {entry["function"]: entry for entry in json.loads(report.read_text())}
@@ -145,8 +157,8 @@ def compile_entry(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Call
 
 
 def _check_same_step(everyone: list[str], rank: int) -> None:
-    """Every rank must compile the same step: the cache keys (model structure
-    and code, batch shapes, options) agree, or nothing runs."""
+    """Every rank must compile the same step: the set-up keys (model
+    structure and code, batch shapes, options) agree, or nothing runs."""
     differing = [other for other, theirs in enumerate(everyone) if theirs != everyone[0]]
     if differing:
         raise StepError(
@@ -155,18 +167,15 @@ def _check_same_step(everyone: list[str], rank: int) -> None:
             "rank must capture the same model, batch shapes and options")
 
 
-def _compile_on_rank_0(key: str, rank: int, build: Callable[[], dict]) -> dict:
-    """Rank 0 loads the program from its cache or compiles it, and hands it
-    to every rank (the program does not depend on the rank): one capture per
-    job. A failure there reaches every rank as an error."""
+def _compile_on_rank_0(rank: int, build: Callable[[], dict]) -> dict:
+    """Rank 0 captures the step and compiles it (or takes it from its cache),
+    and hands the program to every rank (the program does not depend on the
+    rank): one capture per job. A failure there reaches every rank as an
+    error."""
     message: list = [None]
     if rank == 0:
         try:
-            entry = cache.load(key)
-            if entry is None:
-                entry = build()
-                cache.store(key, entry)
-            message[0] = ("ok", entry)
+            message[0] = ("ok", build())
         except Exception as error:  # every rank must hear of it, not hang
             message[0] = ("error", f"{type(error).__name__}: {error}")
     dist.broadcast_object_list(message, src=0)

@@ -1,20 +1,26 @@
 """The program cache: keys change with everything that changes the program,
-and the cache directory is private and written atomically."""
+whatever the code reads while it traces; the cache directory is private and
+written atomically."""
 
 import os
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from fsdpc import cache
+from fsdpc import cache, find_fsdp_opt
 from fsdpc.export import load_factory
+
+WORKER = Path(__file__).with_name("stale_worker.py")
 
 
 def key(model=None, batch=None, loss_fn=None, options=None, world=2):
     torch.manual_seed(0)
     default_model, default_batch, default_loss = load_factory("gpt")()
-    return cache.step_key(model or default_model, batch or default_batch, loss_fn or default_loss,
+    return cache.setup_key(model or default_model, batch or default_batch, loss_fn or default_loss,
                           options=options or {"pipeline": "ranks=2"}, world=world)
 
 
@@ -28,7 +34,7 @@ def test_the_key_is_stable_and_ignores_parameter_values():
     assert key(model, batch, loss_fn) == first
 
 
-def test_the_key_changes_with_what_changes_the_program():
+def test_the_set_up_key_changes_with_what_ranks_must_agree_on():
     torch.manual_seed(0)
     model, batch, loss_fn = load_factory("gpt")()
     base = key(model, batch, loss_fn)
@@ -68,3 +74,31 @@ def test_the_cache_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("FSDPC_CACHE", "off")
     cache.store("k" * 64, {"program": "p"})
     assert cache.load("k" * 64) is None
+
+
+def job(setting: str, cache_dir: Path) -> dict[str, str]:
+    """Runs stale_worker.py on 2 ranks; what rank 0 says of each case."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "FSDP_OPT": str(find_fsdp_opt()),
+           "OMP_NUM_THREADS": "1", "SETTING": setting, "FSDPC_CACHE": str(cache_dir)}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-port", str(29600 + os.getpid() % 200), str(WORKER)],
+                          capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {line.split()[0]: line.split(maxsplit=1)[1] for line in done.stdout.splitlines() if line.strip()}
+
+
+def test_a_value_read_while_tracing_is_never_served_from_a_stale_program(tmp_path):
+    """The same code in three jobs: a global, a default argument, a closure
+    over an object and a model attribute (none of them plain data in the
+    model's structure) change between the first two. The second job must
+    compile anew and match eager (the worker checks); the third, with the
+    second's setting, takes every program from the cache."""
+    first = job("0.0", tmp_path / "cache")
+    second = job("0.3", tmp_path / "cache")
+    third = job("0.3", tmp_path / "cache")
+    cases = ["global", "default", "closure", "attribute"]
+    assert sorted(first) == sorted(second) == sorted(third) == sorted(cases)
+    for case in cases:
+        assert first[case].startswith("compiled") and second[case].startswith("compiled"), (case, first, second)
+        assert first[case].split()[1] != second[case].split()[1], (case, first, second)
+        assert third[case] == second[case].replace("compiled", "cache hit"), (case, second, third)

@@ -1,0 +1,86 @@
+"""One rank of a job whose step reads a setting that is not in the model's
+structure or the code (launched twice by test_cache.py with another
+SETTING). Four ways a step can read it: a module global in the loss, a
+default argument, a closure over a non-plain object, and a non-plain
+attribute of the model read in forward. Each must give eager's loss, and
+rank 0 prints which compile phases each ran (a cache hit or fsdp-opt)."""
+
+import os
+import sys
+import types
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import fsdpc
+
+SMOOTH = float(os.environ["SETTING"])  # a hyper-parameter sweep's flag
+
+
+class Net(nn.Module):
+    def __init__(self, config=None):
+        super().__init__()
+        self.fc = nn.Linear(8, 5)
+        self.config = config or types.SimpleNamespace(scale=1.0)
+
+    def forward(self, x):
+        return self.fc(x) * self.config.scale
+
+
+def global_loss(model, x, y):
+    return F.cross_entropy(model(x), y, label_smoothing=SMOOTH)
+
+
+def default_loss(model, x, y, smoothing=SMOOTH):
+    return F.cross_entropy(model(x), y, label_smoothing=smoothing)
+
+
+class Settings:
+    def __init__(self, temperature):
+        self.temperature = temperature
+
+
+def closure_loss(settings):
+    def loss(model, x, y):
+        return F.cross_entropy(model(x) / settings.temperature, y)
+    return loss
+
+
+def plain_loss(model, x, y):
+    return F.cross_entropy(model(x), y)
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    value = float(os.environ["SETTING"])
+    cases = {
+        "global": (lambda: Net(), global_loss),
+        "default": (lambda: Net(), default_loss),
+        "closure": (lambda: Net(), closure_loss(Settings(1.0 + value))),
+        "attribute": (lambda: Net(types.SimpleNamespace(scale=1.0 + value)), plain_loss),
+    }
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4 * world, 8, generator=generator), torch.randint(0, 5, (4 * world,), generator=generator)
+    mine = (x[rank * 4:(rank + 1) * 4], y[rank * 4:(rank + 1) * 4])
+    for name, (build, loss_fn) in cases.items():
+        torch.manual_seed(0)
+        eager = build()
+        expected = loss_fn(eager, x, y).item()
+        torch.manual_seed(0)
+        sharded = fsdpc.shard(build(), mine, loss_fn)
+        local = sharded(*mine).detach()
+        dist.all_reduce(local)
+        got = local.item() / world
+        if abs(got - expected) > 1e-5:
+            sys.exit(f"{name}: fsdpc's loss {got:.6f}, eager's {expected:.6f} (SETTING={value})")
+        if rank == 0:
+            phases = "cache hit" if "cache hit" in sharded.compile_seconds else "compiled"
+            print(f"{name} {phases} {got:.6f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
