@@ -221,14 +221,20 @@ def MemoryReportPass : Pass<"fsdp-memory-report", "::mlir::ModuleOp"> {
 def CommReportPass : Pass<"fsdp-comm-report", "::mlir::ModuleOp"> {
   let summary = "Per-rank communication volume per step, by collective kind.";
   let description = [{
-    Bytes each rank sends per step: (n-1)/n of the gathered or reduced
-    tensors for all-gather and reduce-scatter, 2(n-1)/n for all-reduce, in
-    the dtype on the wire, padding included. Records `fsdp.comm` on the
-    function and writes a table or JSON.
+    Bytes each rank sends per step as the collectives run on `backend`
+    (ring algorithms), in the dtype on the wire, padding included. On NCCL:
+    (n-1)/n of the gathered or reduced tensors for all-gather and
+    reduce-scatter, 2(n-1)/n for all-reduce. On Gloo the runtime runs
+    all-gathers and reduce-scatters as in-place all-reduces of the padded
+    buffer (no temporaries), so every collective sends 2(n-1)/n of it.
+    Records `fsdp.comm` on the function and writes a table or JSON; a test
+    compares it with the bytes the runtime hands to each backend.
   }];
   let options = [
     Option<"format", "format", "std::string", "\"table\"", "table | json">,
     Option<"output", "output", "std::string", "\"-\"", "Report file; - for stdout">,
+    Option<"backend", "backend", "std::string", "\"gloo\"",
+           "Collective library the step runs on: gloo (CPU) or nccl">,
   ];
 }
 

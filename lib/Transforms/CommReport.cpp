@@ -9,6 +9,8 @@
 // Per rank and collective over n ranks of S bytes (the full, padded tensors
 // in the dtype on the wire): all-gather and reduce-scatter send (n-1)/n S,
 // all-reduce 2(n-1)/n S (ring algorithms, nccl-tests' bus-bandwidth model).
+// On Gloo (backend=gloo, the default) every collective is an all-reduce of
+// S, because that is how the runtime runs them there (Executor.cpp).
 //
 // Test: test/Transforms/comm-report.mlir.
 //
@@ -66,6 +68,12 @@ struct CommReportPass : public fsdp::impl::CommReportPassBase<CommReportPass> {
     ModuleOp module = getOperation();
     if (failed(checkReportFormat(module, format)))
       return signalPassFailure();
+    if (backend != "gloo" && backend != "nccl") {
+      module.emitError() << "unknown collective backend '" << backend << "'; use gloo or nccl";
+      return signalPassFailure();
+    }
+    // Gloo: the runtime reduces every bucket in place with an all-reduce.
+    bool everyCollectiveAllReduces = backend == "gloo";
     SymbolTableCollection tables;
     Builder builder(module.getContext());
     llvm::json::Array reports;
@@ -81,7 +89,7 @@ struct CommReportPass : public fsdp::impl::CommReportPassBase<CommReportPass> {
         auto axes = op.getAttrOfType<DenseI16ArrayAttr>("grid_axes").asArrayRef();
         int64_t ranks = groupSize(grid, axes);
         int64_t full = payload(&op, ranks);
-        int64_t factor = isa<AllReduceStartOp>(op) ? 2 : 1;
+        int64_t factor = everyCollectiveAllReduces || isa<AllReduceStartOp>(op) ? 2 : 1;
         StringRef kind = op.getName().stripDialect().drop_back(strlen("_start"));
         Volume &volume = volumes[kind];
         volume.count += 1;

@@ -73,7 +73,7 @@ struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOpti
                                  llvm::cl::desc("Write the communication report here (- for stdout)"),
                                  llvm::cl::init("")};
   Option<std::string> backend{*this, "backend",
-                              llvm::cl::desc("Collective library the runtime uses (memory report): gloo | nccl"),
+                              llvm::cl::desc("Collective library the runtime uses (memory and communication reports): gloo | nccl"),
                               llvm::cl::init("gloo")};
   Option<std::string> reportFormat{*this, "report-format", llvm::cl::desc("table | json"),
                                    llvm::cl::init("table")};
@@ -135,6 +135,7 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
     CommReportPassOptions comm;
     comm.format = options.reportFormat;
     comm.output = options.commReport;
+    comm.backend = options.backend;
     pm.addPass(createCommReportPass(comm));
   }
   if (!options.trace.empty()) {

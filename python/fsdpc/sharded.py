@@ -172,6 +172,9 @@ class ShardedModule(nn.Module):
         self._failed: str | None = None
         self._warned_eval = False
         self.last_trace: list[tuple] = []
+        # The last call's collectives as the runtime issued them: (c10d op,
+        # buffer bytes, group size); the communication report predicts them.
+        self.last_collectives: list[tuple[str, int, int]] = []
         # Adopt the model's tree: the same submodules, parameters and buffers
         # under the same names.
         for name, child in model.named_children():
@@ -430,6 +433,7 @@ class ShardedModule(nn.Module):
         if out["reshard_leaks"]:
             raise StepError(f"rank {dist.get_rank()}: gathered parameters outlived their reshard: "
                             f"{', '.join(out['reshard_leaks'])}")
+        self.last_collectives = out["collectives"]
         if trace:
             self.last_trace = out["trace"]
         if not train:

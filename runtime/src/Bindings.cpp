@@ -51,6 +51,10 @@ py::dict run(const fsdp_rt::Program &program, const std::string &name, TensorMap
     events.append(py::make_tuple(event.name, event.category, event.detail, event.startUs, event.durationUs));
   result["trace"] = events;
   result["reshard_leaks"] = outputs.reshardLeaks;
+  py::list collectives;
+  for (const fsdp_rt::IssuedCollective &issued : outputs.collectives)
+    collectives.append(py::make_tuple(issued.op, issued.bytes, issued.ranks));
+  result["collectives"] = collectives;
   return result;
 }
 
@@ -107,5 +111,5 @@ PYBIND11_MODULE(_fsdp_rt, m) {
       .def("run", &run, py::arg("function"), py::arg("params"), py::arg("buffers"),
            py::arg("accumulated"), py::arg("batch"), py::arg("groups"), py::arg("timeout_seconds"),
            py::arg("trace") = false, py::arg("check_reshard_frees") = false,
-           "Runs one function; returns {loss, grads, returned, trace, reshard_leaks}");
+           "Runs one function; returns {loss, grads, returned, trace, reshard_leaks, collectives: [(c10d op, buffer bytes, group size)]}");
 }

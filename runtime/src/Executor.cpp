@@ -268,12 +268,14 @@ private:
         mine.narrow(0, pending.offsets[i], shards[i].numel()).view(shards[i].sizes()).copy_(shards[i]);
       std::vector<at::Tensor> tensors{pending.recv.view(-1)};
       pending.work = pg.allreduce(tensors, c10d::AllreduceOptions());
+      issued("all_reduce", pending.recv, pending.ranks);
     } else {
       pending.send = at::empty({pending.total}, options);
       for (size_t i = 0; i < shards.size(); ++i) // the one copy in, cast included
         pending.send.narrow(0, pending.offsets[i], shards[i].numel()).view(shards[i].sizes()).copy_(shards[i]);
       pending.recv = at::empty({pending.ranks * pending.total}, options);
       pending.work = pg._allgather_base(pending.recv, pending.send);
+      issued("all_gather", pending.recv, pending.ranks);
     }
     launch(inst, std::move(pending));
   }
@@ -316,17 +318,20 @@ private:
       opts.reduceOp = toReduceOp(inst.reduction);
       std::vector<at::Tensor> tensors{flat};
       pending.work = pg.allreduce(tensors, opts);
+      issued("all_reduce", flat, pending.ranks);
     } else if (scatter) {
       pending.recv = at::empty({pending.total}, options);
       c10d::ReduceScatterOptions opts;
       opts.reduceOp = toReduceOp(inst.reduction);
       pending.work = pg._reduce_scatter_base(pending.recv, flat, opts);
+      issued("reduce_scatter", flat, pending.ranks);
     } else {
       pending.recv = flat;
       c10d::AllreduceOptions opts;
       opts.reduceOp = toReduceOp(inst.reduction);
       std::vector<at::Tensor> tensors{flat};
       pending.work = pg.allreduce(tensors, opts);
+      issued("all_reduce", flat, pending.ranks);
     }
     launch(inst, std::move(pending));
   }
@@ -360,6 +365,10 @@ private:
     }
     if (firstEmpty < ranks)
       region.narrow(0, firstEmpty, ranks - firstEmpty).zero_();
+  }
+
+  void issued(const char *op, const at::Tensor &buffer, int64_t ranks) {
+    out.collectives.push_back({op, static_cast<int64_t>(buffer.nbytes()), ranks});
   }
 
   void launch(const Instruction &inst, InFlight pending) {

@@ -1,8 +1,11 @@
-// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4" --fsdp-comm-report -o /dev/null | FileCheck %s
-// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4" --fsdp-comm-report="format=json output=%t.json" | FileCheck %s --check-prefix=ATTR
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4" --fsdp-comm-report=backend=nccl -o /dev/null | FileCheck %s
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4" --fsdp-comm-report="format=json output=%t.json backend=nccl" | FileCheck %s --check-prefix=ATTR
 // RUN: FileCheck %s --check-prefix=JSON < %t.json
-// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=8 strategy=no-shard" --fsdp-comm-report -o /dev/null | FileCheck %s --check-prefix=DDP
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=8 strategy=no-shard" --fsdp-comm-report=backend=nccl -o /dev/null | FileCheck %s --check-prefix=DDP
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4" --fsdp-comm-report -o /dev/null | FileCheck %s --check-prefix=GLOO
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4 comm-report=- backend=nccl" -o /dev/null | FileCheck %s
 // RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-comm-report="format=xml" 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-comm-report="backend=mpi" 2>&1 | FileCheck %s --check-prefix=BACKEND
 
 // FULL_SHARD on 4 ranks, f32. Gathered (padded): l0 4x(3x4+3)x4 = 240 B,
 // l1 160 B, head 64 B in forward, l1 again in backward: 624 B, of which a
@@ -24,4 +27,11 @@
 // 2 x 7/8 of them sent.
 // DDP: all_reduce          2 collectives              630 B sent (360 B gathered or reduced)
 
+// On Gloo every collective is an in-place all-reduce of the padded buffer:
+// 2 x 3/4 of each.
+// GLOO:      all_gather          4 collectives              936 B sent (624 B gathered or reduced)
+// GLOO-NEXT: reduce_scatter      2 collectives              600 B sent (400 B gathered or reduced)
+// GLOO:      total                                         1536 B
+
 // BAD: error: report format must be table or json, got 'xml'
+// BACKEND: error: unknown collective backend 'mpi'; use gloo or nccl

@@ -39,11 +39,20 @@ struct TraceEvent {
   int64_t startUs, durationUs;
 };
 
+/// One collective as the executor issued it to the backend: the c10d
+/// operation, the bytes of the buffer it reduced (all_reduce), gathered into
+/// (all_gather) or scattered from (reduce_scatter), and the group's size.
+struct IssuedCollective {
+  std::string op;
+  int64_t bytes, ranks;
+};
+
 struct StepOutputs {
   at::Tensor loss;
   std::map<std::string, at::Tensor> grads;
   std::vector<at::Tensor> returned;
   std::vector<TraceEvent> trace;
+  std::vector<IssuedCollective> collectives;
   /// checkReshardFrees: gathered buffers that something kept alive past their reshard.
   std::vector<std::string> reshardLeaks;
 };
