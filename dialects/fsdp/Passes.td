@@ -21,7 +21,10 @@ def ShardParametersPass : Pass<"fsdp-shard-parameters", "::mlir::ModuleOp"> {
     followed by an all-gather of it; each gradient is reduce-scattered right
     after its last producer (averaged; fp16 sums with FSDP2's pre/post
     divide). Collectives name the wrap unit of their parameter, so later
-    passes can bucket per unit.
+    passes can bucket per unit. A scalar parameter (a temperature, CLIP's
+    `logit_scale`) has no rows to shard: it stays whole on every rank, is
+    read without a gather, and its gradient is all-reduced over the whole
+    grid, on every strategy.
 
     Strategies: `full-shard` and `shard-grad-op` shard over `ranks`
     (they differ in reshard-after-forward); `hybrid-shard` builds a

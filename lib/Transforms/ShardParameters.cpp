@@ -165,8 +165,10 @@ private:
     if (layout.shardAxes.empty())
       return success();
     RankedTensorType logical = param.getLogicalType();
+    // A scalar has no rows to shard: it stays whole on every rank and its
+    // gradient is averaged over the whole grid.
     if (logical.getRank() == 0)
-      return param.emitOpError("is a scalar; dim-0 sharding needs rank >= 1 (use no-shard)");
+      return success();
     auto shardLayout = fsdp_rt::Dim0ShardLayout::create(logical.getDimSize(0), layout.shardRanks);
     SmallVector<int64_t> shape(logical.getShape());
     shape[0] = shardLayout->shardRows();
@@ -201,7 +203,7 @@ private:
 
   /// Reduces each gradient right after its last producer: reduce-scatter to
   /// the shard (then all-reduce across replicas for hybrid sharding), or
-  /// all-reduce for no-shard.
+  /// all-reduce over the grid for no-shard and for parameters kept whole.
   void reduceGradients(Step &step, bool accumulated) {
     GradientsOp gradients = step.gradients;
     SmallVector<Value> replicaInputs;
@@ -227,7 +229,9 @@ private:
       }
       auto gradType = cast<RankedTensorType>(grad.getType());
       Value reduced;
-      if (!layout.shardAxes.empty()) {
+      if (!params.contains(name) && !layout.shardAxes.empty()) {
+        reduced = allReduce(grad, paramOp.getUnitAttr(), loc, everyAxis(), layout.shardRanks * layout.replicaRanks);
+      } else if (!layout.shardAxes.empty()) {
         Averaging averaging = averagingFor(gradType.getElementType(), layout.shardRanks, builder);
         RankedTensorType shardType = shardTypes[name];
         auto start = ReduceScatterStartOp::create(
@@ -238,10 +242,10 @@ private:
             paramOp.getUnitAttr());
         reduced = WaitOp::create(builder, loc, start.getFuture()).getResult(0);
       } else {
-        reduced = allReduce(grad, paramOp.getUnitAttr(), loc);
+        reduced = allReduce(grad, paramOp.getUnitAttr(), loc, layout.replicateAxes, layout.replicaRanks);
       }
       gradients.getGradsMutable()[index].set(reduced);
-      if (layout.strategy == Strategy::HybridShard) {
+      if (layout.strategy == Strategy::HybridShard && params.contains(name)) {
         replicaInputs.push_back(reduced);
         replicaSlots.push_back(index);
       }
@@ -252,16 +256,25 @@ private:
     for (auto [value, slot] : llvm::zip(replicaInputs, replicaSlots)) {
       auto attr = cast<FlatSymbolRefAttr>(gradients.getParams()[slot]);
       auto paramOp = SymbolTable::lookupNearestSymbolFrom<ParamOp>(gradients, attr);
-      gradients.getGradsMutable()[slot].set(allReduce(value, paramOp.getUnitAttr(), value.getLoc()));
+      gradients.getGradsMutable()[slot].set(allReduce(value, paramOp.getUnitAttr(), value.getLoc(),
+                                                      layout.replicateAxes, layout.replicaRanks));
     }
   }
 
-  Value allReduce(Value value, FlatSymbolRefAttr unit, Location loc) {
+  SmallVector<int16_t> everyAxis() const {
+    SmallVector<int16_t> axes;
+    for (size_t axis = 0; axis < layout.gridShape.size(); ++axis)
+      axes.push_back(static_cast<int16_t>(axis));
+    return axes;
+  }
+
+  /// Averages `value` over the ranks of `axes` (`ranks` of them).
+  Value allReduce(Value value, FlatSymbolRefAttr unit, Location loc, ArrayRef<int16_t> axes, int64_t ranks) {
     auto type = cast<RankedTensorType>(value.getType());
-    Averaging averaging = averagingFor(type.getElementType(), layout.replicaRanks, builder);
+    Averaging averaging = averagingFor(type.getElementType(), ranks, builder);
     auto start = AllReduceStartOp::create(
         builder, loc, FutureType::get(builder.getContext(), {type}), ValueRange{value}, gridRef,
-        builder.getDenseI16ArrayAttr(layout.replicateAxes),
+        builder.getDenseI16ArrayAttr(axes),
         shard::ReductionKindAttr::get(builder.getContext(), averaging.kind),
         TypeAttr::get(type.getElementType()), averaging.preDivide, averaging.postDivide, unit);
     return WaitOp::create(builder, loc, start.getFuture()).getResult(0);
@@ -283,7 +296,7 @@ private:
   bool gradientAccumulation;
   shard::GridOp grid;
   FlatSymbolRefAttr gridRef;
-  llvm::StringMap<ParamOp> params; // sharded ones
+  llvm::StringMap<ParamOp> params; // sharded ones; the others (scalars) stay whole
   llvm::StringMap<RankedTensorType> shardTypes;
 };
 

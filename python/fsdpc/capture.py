@@ -272,13 +272,14 @@ class _CastTo(nn.Module):
         return parameter.to(self.dtype)
 
 
-_PARAMETRIZED = re.compile(r"\.parametrizations\.([^.]+)(\.original|\.\d+)?")
+_PARAMETRIZED = re.compile(r"(^|\.)parametrizations\.([^.]+)(\.original|\.\d+)?")
 
 
 def _unparametrized(path: str) -> str:
     """`fc1.parametrizations.weight.original` -> `fc1.weight`; the cast module
-    `fc1.parametrizations.weight.0` -> `fc1` (the module using the weight)."""
-    return _PARAMETRIZED.sub(lambda m: "." + m.group(1) if m.group(2) == ".original" else "", path)
+    `fc1.parametrizations.weight.0` -> `fc1` (the module using the weight);
+    the root's own `parametrizations.scale.original` -> `scale`."""
+    return _PARAMETRIZED.sub(lambda m: m.group(1) + m.group(2) if m.group(3) == ".original" else "", path)
 
 
 @contextlib.contextmanager

@@ -253,10 +253,10 @@ class ShardedModule(nn.Module):
             original = originals[name]
             storage = new_shard(spec, original.dtype)
             begin, real = self._shard_rows(spec)
+            local = rows(storage, 0, real)
             if not original.is_meta:
-                storage[:real] = original.detach()[begin:begin + real]
+                local.copy_(rows(original.detach(), begin, real))
             self._storage[name] = storage
-            local = storage[:real]
             value = DTensor.from_local(local, self.mesh, self._placements(spec), run_check=False,
                                        shape=torch.Size(spec.shape), stride=_contiguous_strides(spec.shape))
             param = nn.Parameter(value, requires_grad=spec.trainable)
@@ -445,7 +445,7 @@ class ShardedModule(nn.Module):
         self._accumulated.clear()
         for fqn, grad in out["grads"].items():
             param = named[fqn]
-            local = grad[:self._shard_rows(self.layout[fqn])[1]]
+            local = rows(grad, 0, self._shard_rows(self.layout[fqn])[1])
             if param.grad is None:
                 param.grad = DTensor.from_local(local, self.mesh, param.placements, run_check=False,
                                                 shape=param.shape, stride=param.stride())
@@ -505,7 +505,7 @@ class ShardedModule(nn.Module):
         storage = self._storage[fqn]
         local = param.to_local().detach()
         if local.numel() and local.data_ptr() != storage.data_ptr():
-            storage[:local.shape[0]].copy_(local)
+            rows(storage, 0, local.shape[0] if local.dim() else 1).copy_(local)
         return storage
 
     # -- initialization ----------------------------------------------------
@@ -633,8 +633,16 @@ def shard_extent(program: Program, spec: ParamSpec, rank: int) -> tuple[int, int
 
 def new_shard(spec: ParamSpec, dtype: torch.dtype) -> torch.Tensor:
     """A rank's padded shard of a parameter, zeroed (padding stays zero):
-    the only memory a parameter takes on a rank."""
+    the only memory a parameter takes on a rank. A scalar is never sharded."""
+    if not spec.shape:
+        return torch.zeros((), dtype=dtype)
     return torch.zeros((spec.shard_rows, *spec.shape[1:]), dtype=dtype)
+
+
+def rows(tensor: torch.Tensor, begin: int, count: int) -> torch.Tensor:
+    """Rows [begin, begin + count) of a shard or parameter; a scalar (never
+    sharded) is its own only row."""
+    return tensor if tensor.dim() == 0 else tensor[begin:begin + count]
 
 
 class _Flag:

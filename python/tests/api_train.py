@@ -5,6 +5,7 @@ rank 0 writes what the test compares across jobs to --out."""
 
 import argparse
 import datetime
+import json
 import os
 import sys
 import time
@@ -20,6 +21,7 @@ from fsdpc import checkpoint
 from fsdpc.models.gpt import GPT, GPTConfig
 from fsdpc.models.language import next_token_loss
 from fsdpc.profiling import peak_allocated_above_start
+from fsdpc.sharded import new_shard
 
 CONFIG = GPTConfig(vocab_size=257, max_seq=32, d_model=32, n_heads=2, n_layers=2)
 GLOBAL_BATCH, SEQ = 12, 16
@@ -427,6 +429,87 @@ def scenario_misuse(args):
     losses, _ = train(offloaded, optimizer, data)
     expected, _ = eager_losses(reference_model(), data, schedule=False)
     close(torch.tensor(losses), torch.tensor(expected), "losses with CPU offload")
+
+
+class TemperedGPT(nn.Module):
+    """The GPT with its logits divided by a learned temperature: a scalar
+    parameter, as CLIP's logit_scale is."""
+
+    def __init__(self):
+        super().__init__()
+        self.gpt = GPT(CONFIG)
+        self.temperature = nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, tokens):
+        return self.gpt(tokens) / self.temperature
+
+
+def tempered_model() -> TemperedGPT:
+    torch.manual_seed(0)
+    return TemperedGPT()
+
+
+def scenario_scalar(args):
+    """A scalar parameter on every strategy: it stays whole on every rank
+    (Replicate), its gradient is all-reduced, training equals eager, the
+    memory report counts it and the communication report equals what the
+    runtime sent; a DCP checkpoint holds it."""
+    from torch.distributed.tensor import Replicate
+
+    from comm_worker import sent_bytes
+
+    world = dist.get_world_size()
+    data = batches(3)
+    expected, expected_norms = eager_losses(tempered_model(), data, clip=0.5, schedule=False)
+    reference = tempered_model()
+    eager_losses(reference, data, clip=0.5, schedule=False)
+    strategies = ["full-shard", "shard-grad-op", "no-shard"]
+    if world == 4:
+        strategies.append("hybrid-shard replicas=2")
+    for number, strategy in enumerate(strategies):
+        report = Path(args.save) / f"comm-{number}.json"
+        sharded = fsdpc.shard(tempered_model(), mine(data[0]), next_token_loss,
+                              pipeline=f"strategy={strategy} comm-report={report}")
+        temperature = sharded.get_parameter("temperature")
+        assert temperature.shape == () and all(isinstance(p, Replicate) for p in temperature.placements), \
+            (strategy, temperature.placements)
+        optimizer = optimizer_for(sharded)
+        losses, norms = train(sharded, optimizer, data, clip=0.5)
+        close(torch.tensor(losses), torch.tensor(expected), f"{strategy}: losses")
+        close(torch.tensor(norms), torch.tensor(expected_norms), f"{strategy}: clipped norms", rtol=1e-6, atol=0)
+        full = sharded.full_state_dict()
+        for name, value in reference.state_dict().items():
+            close(full[name], value, f"{strategy}: {name}", atol=5e-6)
+        # The reports: the scalar's 4 bytes are in the parameters every rank
+        # holds, and its all-reduce is among the collectives the runtime sent.
+        allocated = sum(new_shard(spec, torch.float32).nbytes for spec in sharded.layout.values())
+        persistent = sharded.memory_report["train_step"]["persistent"]["params"]
+        assert persistent == allocated, (strategy, persistent, allocated)
+        dist.barrier()
+        (predicted,) = [e for e in json.loads(report.read_text()) if e["function"] == "train_step"]
+        issued = sharded.last_collectives
+        assert sent_bytes(issued) == predicted["total_bytes"], (strategy, predicted, issued)
+        if strategy != "no-shard":
+            assert ("all_reduce", 4, world) in [tuple(c) for c in issued], (strategy, issued)
+        if strategy == "full-shard":
+            checkpoint.save(Path(args.save) / "scalar", sharded, optimizer)
+    # bf16 compute with fp32 master weights: the root's own parameter is cast
+    # like any other, and training stays near fp32 eager.
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    bf16 = fsdpc.shard(tempered_model(), mine(data[0]), next_token_loss,
+                       mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    losses, _ = train(bf16, optimizer_for(bf16), data, clip=0.5)
+    close(torch.tensor(losses), torch.tensor(expected), "bf16 losses", rtol=0, atol=0.05)
+    close(bf16.get_parameter("temperature").full_tensor(), reference.temperature.detach(), "bf16 scalar",
+          rtol=0, atol=1e-3)
+    # The DCP checkpoint holds the scalar: a fresh model loads the trained value.
+    restored = fsdpc.shard(tempered_model(), mine(data[0]), next_token_loss)
+    restored_optimizer = optimizer_for(restored)
+    assert float(restored.get_parameter("temperature").full_tensor()) == 1.5
+    checkpoint.load(Path(args.save) / "scalar", restored, restored_optimizer)
+    close(restored.get_parameter("temperature").full_tensor(), reference.temperature.detach(), "loaded scalar",
+          atol=5e-6)
+    assert restored_optimizer.state_dict()["state"], "the optimizer state was not restored"
 
 
 SCENARIOS = {name.removeprefix("scenario_"): value for name, value in globals().items()

@@ -3,8 +3,29 @@
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=8 strategy=no-shard" | FileCheck %s --check-prefix=DDP
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=8 reshard-group=2" | FileCheck %s --check-prefix=GROUP
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=4 gradient-accumulation=true" | FileCheck %s --check-prefix=ACCUM
+// RUN: fsdp-opt %S/Inputs/scalar-step.mlir --fsdp-shard-parameters="ranks=4" | FileCheck %s --check-prefix=SCALAR
+// RUN: fsdp-opt %S/Inputs/scalar-step.mlir --fsdp-shard-parameters="ranks=4 strategy=hybrid-shard replicas=2" | FileCheck %s --check-prefix=SCALAR-HSDP
+// RUN: fsdp-opt %S/Inputs/scalar-step.mlir --fsdp-shard-parameters="ranks=8 reshard-group=2" | FileCheck %s --check-prefix=SCALAR-GROUP
 // RUN: fsdp-opt %s -split-input-file -verify-diagnostics --fsdp-shard-parameters="ranks=4"
 // RUN: not fsdp-opt %s -split-input-file --fsdp-shard-parameters="ranks=4" 2>/dev/null | FileCheck %s --check-prefix=HALF
+
+// A scalar has no rows to shard: it stays whole on every rank, is read
+// without a gather, and its gradient is averaged over the whole grid.
+// SCALAR:      fsdp.param @w : tensor<6x4xf32> unit @root sharded on @fsdp_grid axes = [0] padding = 2
+// SCALAR:      fsdp.param @temp : tensor<f32> unit @root{{$}}
+// SCALAR:      fsdp.get_param @temp : tensor<f32>
+// SCALAR-NEXT: fsdp.aten "aten::t"
+// SCALAR:      %[[T:.*]] = fsdp.all_reduce_start %{{.*}} on @fsdp_grid axes = [0] reduction = average reduce_dtype = f32 unit @root : tensor<f32> -> !fsdp.future<tensor<f32>>
+// SCALAR:      %[[TW:.*]] = fsdp.wait %[[T]]
+// SCALAR:      fsdp.reduce_scatter_start
+// SCALAR:      fsdp.gradients [@w, @temp] %{{.*}}, %[[TW]] : tensor<2x4xf32>, tensor<f32>
+// SCALAR-HSDP: fsdp.param @temp : tensor<f32> unit @root{{$}}
+// SCALAR-HSDP: %[[T:.*]] = fsdp.all_reduce_start %{{.*}} on @fsdp_grid axes = [0, 1] reduction = average reduce_dtype = f32 unit @root : tensor<f32>
+// SCALAR-HSDP: %[[TW:.*]] = fsdp.wait %[[T]]
+// SCALAR-HSDP: fsdp.all_reduce_start %{{.*}} on @fsdp_grid axes = [0] {{.*}} : tensor<2x4xf32>
+// SCALAR-HSDP: fsdp.gradients [@w, @temp] %{{.*}}, %[[TW]]
+// SCALAR-GROUP: fsdp.param @temp : tensor<f32> unit @root{{$}}
+// SCALAR-GROUP: fsdp.all_reduce_start %{{.*}} on @fsdp_grid axes = [0, 1] {{.*}} : tensor<f32>
 
 // Every parameter is dim-0 sharded with its padding: l1.w has 4 rows, one per
 // rank; head has 3, so the last rank holds none and the group pads 1.
@@ -89,12 +110,4 @@ module {
   }
 }
 
-// -----
 
-fsdp.unit @root root
-// expected-error @+1 {{is a scalar; dim-0 sharding needs rank >= 1 (use no-shard)}}
-fsdp.param @s : tensor<f32> unit @root
-func.func @f(%l: tensor<f32>) {
-  fsdp.loss %l : tensor<f32>
-  return
-}
