@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from fsdpc.attention import TARGET_DEVICES
 from fsdpc.capture import CaptureError, MixedPrecision
 from fsdpc.compiler import FsdpOptError, run_fsdp_opt
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
@@ -17,10 +18,10 @@ def _export(args: argparse.Namespace) -> int:
     options = {key: value for key, value in (("batch", args.batch), ("seq", args.seq)) if value is not None}
     model, batch, loss_fn = build(factory, meta=args.meta, **options)
     wrap = [name for name in args.wrap.split(",") if name] if args.wrap else None
-    header = f"Captured by `python -m fsdpc export --model {args.model}`: {type(model).__name__}, " \
-             f"batch {', '.join(str(tuple(t.shape)) for t in batch)}."
+    header = f"Captured by `python -m fsdpc export --model {args.model} --device {args.device}`: " \
+             f"{type(model).__name__}, batch {', '.join(str(tuple(t.shape)) for t in batch)}."
     result = export_training_step(model, batch, loss_fn, wrap=wrap, header=header,
-                                  mixed_precision=_mixed_precision(args))
+                                  mixed_precision=_mixed_precision(args), device=args.device)
     if args.verify:
         run_fsdp_opt(result.mlir, ["-o", "/dev/null"])
     Path(args.out).write_text(result.mlir)
@@ -68,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="mixed precision: dtype of each wrap unit's floating outputs")
     export.add_argument("--cast-forward-inputs", action=argparse.BooleanOptionalAction, default=True,
                         help="mixed precision: cast each unit's floating inputs to --param-dtype")
+    export.add_argument("--device", choices=TARGET_DEVICES, default="cpu",
+                        help="the device the step will run on: which fused kernels capture keeps whole "
+                             "(cuda: flash or memory-efficient attention, as eager PyTorch picks); "
+                             "no GPU is needed to capture")
     export.add_argument("--meta", action=argparse.BooleanOptionalAction, default=True,
                         help="build the model on the meta device (default; capture needs only shapes)")
     export.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,

@@ -40,6 +40,8 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.traceback import preserve_node_meta
 
+from fsdpc.attention import FusedAttentionFor
+
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FSDPC_DIR = os.path.dirname(__file__)
 # The example models live in the package but are user code for locations.
@@ -379,10 +381,11 @@ def _tracing_safe_names(model: nn.Module):
 
 def capture_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *,
                           mixed_precision: MixedPrecision | None = None,
-                          unit_modules: Sequence[str] = ()) -> CapturedStep:
-    """Traces ``loss_fn(model, *batch)`` and its backward into one ATen graph.
-    `unit_modules` (FQNs; "" is the model) are where `mixed_precision` casts
-    forward inputs and outputs."""
+                          unit_modules: Sequence[str] = (), device: str = "cpu") -> CapturedStep:
+    """Traces ``loss_fn(model, *batch)`` and its backward into one ATen graph
+    for the target `device` ("cpu" or "cuda": which fused kernels stay
+    whole). `unit_modules` (FQNs; "" is the model) are where
+    `mixed_precision` casts forward inputs and outputs."""
     batch = tuple(batch)
     for index, item in enumerate(batch):
         if not isinstance(item, torch.Tensor):
@@ -390,7 +393,7 @@ def capture_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_
     step = _TrainingStep(model, loss_fn)
     units = [model.get_submodule(name) for name in unit_modules]
     with _tracing_safe_names(model) as real_fqn:
-        with _mixed_precision_casts(model, units, mixed_precision):
+        with _mixed_precision_casts(model, units, mixed_precision), FusedAttentionFor(device):
             program = _export(step, batch)
             aliases = {identity: [real_fqn.get(n, n) for n in names]
                        for identity, names in _alias_groups(model).items()}

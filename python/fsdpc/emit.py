@@ -20,7 +20,7 @@ from fsdpc.units import UnitPlan
 _ELEMENT_TYPES = {
     torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
     torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
-    torch.uint8: "ui8", torch.bool: "i1",
+    torch.uint64: "ui64", torch.uint8: "ui8", torch.bool: "i1",
     torch.complex64: "complex<f32>", torch.complex128: "complex<f64>",
     torch.float8_e4m3fn: "f8E4M3FN", torch.float8_e5m2: "f8E5M2",
 }
@@ -84,11 +84,19 @@ def location(where: SourceLocation | None) -> str:
     return f" loc({string(where.file)}:{where.line}:1)" if where else ""
 
 
+def _is_static_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class _StepPrinter:
     def __init__(self, step: CapturedStep):
         self.step = step
         self.lines: list[str] = []
         self.names: dict[fx.Node, str] = {}
+        # Results that are no tensor: a fused kernel's static sizes (flash
+        # attention's max_q) and the outputs it does not compute (None);
+        # where they are passed on, they are printed as literals.
+        self.literal_results: dict[fx.Node, int | None] = {}
         self.result_counts: dict[fx.Node, int] = {}
         self.placeholder_kind: dict[fx.Node, tuple[str, object]] = {}
         self.counter = 0
@@ -122,6 +130,8 @@ class _StepPrinter:
         return tensor_type(val.shape, val.dtype, self.where(node))
 
     def encode(self, value, node: fx.Node, operands: list[str], operand_types: list[str]) -> str:
+        if isinstance(value, fx.Node) and value in self.literal_results:
+            return self.encode(self.literal_results[value], node, operands, operand_types)
         if isinstance(value, fx.Node):
             operands.append(self.value(value, node))
             operand_types.append(self.type_of(value))
@@ -173,7 +183,11 @@ class _StepPrinter:
             return
         if target is operator.getitem:
             source, index = node.args
-            self.names[node] = f"{self.names[source]}#{index}"
+            result = node.meta.get("val")
+            if result is None or _is_static_int(result):
+                self.literal_results[node] = None if result is None else int(result)
+            else:
+                self.names[node] = f"{self.names[source]}#{index}"
             return
         if not isinstance(target, torch._ops.OpOverload):
             raise CaptureError(f"{self.where(node)}: cannot capture call to {target}; "
@@ -214,7 +228,7 @@ class _StepPrinter:
         values = val if isinstance(val, (list, tuple)) else [val]
         types = []
         for v in values:
-            if v is None:
+            if v is None or _is_static_int(v):
                 types.append("none")
             elif isinstance(v, torch.Tensor):
                 types.append(tensor_type(v.shape, v.dtype, self.where(node)))

@@ -57,13 +57,14 @@ def _numel(shape) -> int:
 
 def export_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable,
                          *, wrap: WrapPolicy = None, mixed_precision: MixedPrecision | None = None,
-                         header: str = "") -> ExportResult:
-    """Captures `loss_fn(model, *batch)` with its backward and prints it as IR."""
+                         header: str = "", device: str = "cpu") -> ExportResult:
+    """Captures `loss_fn(model, *batch)` with its backward for the target
+    `device` and prints it as IR."""
     start = time.perf_counter()
     plan = plan_units(model, wrap)
     unit_modules = ["" if unit.is_root else unit.name for unit in plan.units]
     step = capture_training_step(model, batch, loss_fn, mixed_precision=mixed_precision,
-                                 unit_modules=unit_modules)
+                                 unit_modules=unit_modules, device=device)
     mlir = emit_mlir(step, plan, header=header)
     return ExportResult(mlir, step, plan, time.perf_counter() - start)
 

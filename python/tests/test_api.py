@@ -38,7 +38,7 @@ def run(ranks: int, scenario: str, *extra, port_offset: int = 0) -> subprocess.C
 
 @pytest.mark.parametrize("scenario, ranks", [
     ("train", 2), ("train", 3), ("hybrid", 4), ("replicated", 3), ("meta", 2), ("accumulate", 2), ("shapes", 2), ("misuse", 2), ("fsdp2", 2),
-    ("scalar", 2), ("scalar", 4),
+    ("scalar", 4),
 ])
 def test_scenario(scenario, ranks, tmp_path):
     run(ranks, scenario, "--save", tmp_path)

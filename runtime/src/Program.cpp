@@ -25,6 +25,7 @@ c10::ScalarType scalarTypeOf(const std::string &name) {
   case ElementType::I32: return c10::ScalarType::Int;
   case ElementType::I16: return c10::ScalarType::Short;
   case ElementType::I8: return c10::ScalarType::Char;
+  case ElementType::U64: return c10::ScalarType::UInt64;
   case ElementType::U8: return c10::ScalarType::Byte;
   case ElementType::Bool: return c10::ScalarType::Bool;
   case ElementType::Complex64: return c10::ScalarType::ComplexFloat;
@@ -191,6 +192,14 @@ AtenArgument convertArgument(const Value &literal, const c10::Argument &schema, 
   AtenArgument out;
   c10::TypePtr type = schema.real_type();
   if (literal.isNull()) {
+    // An absent tensor where the schema wants one is the undefined tensor:
+    // what a fused kernel returns for outputs it does not compute (flash
+    // attention's cumulative sequence lengths on dense inputs) and its
+    // backward takes back, as autograd passes them.
+    if (type->kind() == c10::TypeKind::TensorType) {
+      out.constant = c10::IValue(at::Tensor());
+      return out;
+    }
     if (type->kind() != c10::TypeKind::OptionalType && type->kind() != c10::TypeKind::NoneType)
       throw std::runtime_error("None for the non-optional " + type->str());
     return out; // a None constant

@@ -19,7 +19,7 @@
 namespace fsdp_rt {
 
 enum class ElementType {
-  F32, F64, F16, BF16, I64, I32, I16, I8, U8, Bool, Complex64, Complex128, F8E4M3FN, F8E5M2,
+  F32, F64, F16, BF16, I64, I32, I16, I8, U64, U8, Bool, Complex64, Complex128, F8E4M3FN, F8E5M2,
 };
 
 struct ElementTypeInfo {
@@ -37,6 +37,7 @@ inline constexpr ElementTypeInfo kElementTypes[] = {
     {ElementType::I32, "i32", 4},
     {ElementType::I16, "i16", 2},
     {ElementType::I8, "i8", 1},
+    {ElementType::U64, "ui64", 8}, // fused attention's random-number state
     {ElementType::U8, "ui8", 1},
     {ElementType::Bool, "i1", 1},
     {ElementType::Complex64, "complex<f32>", 8},

@@ -1,0 +1,140 @@
+"""Fused attention kept whole for the target device.
+
+Capture runs on the meta device, where `F.scaled_dot_product_attention` has
+no fused kernel to choose and falls back to math attention: an fp32 softmax
+over batch x heads x seq x seq per layer (1 GiB per layer for a Llama at
+4 x 16 x 2048 x 2048) and many passes over memory. Eager PyTorch on a GPU
+runs one fused kernel there. So, when capturing for CUDA, a torch function
+mode routes each call to the fused ATen operator that eager PyTorch would
+choose for that dtype, shape and mask on the target GPU (an H100 unless
+told otherwise): cuDNN, flash or memory-efficient attention. The
+operator's own meta kernel gives the shapes, autograd its backward
+operator, and both reach the IR whole. No GPU is needed to capture: the
+choice restates the rules of PyTorch's CUDA dispatcher (`sdp_utils.cpp`,
+torch 2.11 to 2.15).
+
+For a CPU target nothing changes (math attention, as the core-ATen
+decomposition of the CPU flash kernel gives).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+TARGET_DEVICES = ("cpu", "cuda")
+
+
+class AttentionKernel(Enum):
+    CUDNN = "cudnn"
+    FLASH = "flash"
+    EFFICIENT = "efficient"
+    MATH = "math"
+
+
+@dataclass(frozen=True)
+class CudaTarget:
+    """What PyTorch's choice depends on besides the call: the GPU's compute
+    capability and the cuDNN version torch loads."""
+    capability: tuple[int, int] = (9, 0)  # H100 / H200
+    cudnn_version: int = 0                # 0: the installed wheel's (torch.backends.cudnn.version())
+
+    def cudnn(self) -> int:
+        if self.cudnn_version:
+            return self.cudnn_version
+        return (torch.backends.cudnn.version() or 0) if torch.backends.cudnn.is_available() else 0
+
+    def prefers_cudnn(self) -> bool:
+        """PyTorch tries cuDNN attention first on sm90/sm100 with cuDNN newer
+        than 9.15, unless TORCH_CUDNN_SDPA_DEPRIORITIZED is set."""
+        deprioritized = os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "").lower() in ("1", "true", "on", "yes")
+        return not deprioritized and self.capability[0] in (9, 10) and self.cudnn() > 91500
+
+
+_SDPA_PARAMETERS = inspect.Signature([
+    inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
+    for name, default in (("query", inspect.Parameter.empty), ("key", inspect.Parameter.empty),
+                          ("value", inspect.Parameter.empty), ("attn_mask", None), ("dropout_p", 0.0),
+                          ("is_causal", False), ("scale", None), ("enable_gqa", False))])
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+_GRID_LIMIT = 65535  # batch and heads of one launch
+
+
+def cuda_attention_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attn_mask: torch.Tensor | None, is_causal: bool, enable_gqa: bool,
+                          target: CudaTarget = CudaTarget()) -> AttentionKernel:
+    """The kernel eager PyTorch picks on `target` for dense 4-D inputs, in
+    its order: cuDNN (where preferred), flash, memory-efficient, math.
+    Where a kernel's limits differ between torch versions, the narrower
+    one is taken (cuDNN: head dim <= 128), so that every supported torch
+    runs what is chosen."""
+    dense = all(t.dim() == 4 and not t.is_nested and t.stride(-1) == 1 for t in (query, key, value))
+    same_dtype = query.dtype == key.dtype == value.dtype
+    batch, heads, seq_q, head_dim = query.shape
+    seq_k, value_dim = key.shape[2], value.shape[-1]
+    same_heads = heads == key.shape[1] == value.shape[1]
+    grouped = enable_gqa and key.shape[1] == value.shape[1] and heads % key.shape[1] == 0
+    if not dense or not same_dtype or not (same_heads or grouped) or seq_q == 0 or seq_k == 0:
+        return AttentionKernel.MATH
+    low_precision = query.dtype in _LOW_PRECISION
+    cudnn = (target.prefers_cudnn() and low_precision and not torch.are_deterministic_algorithms_enabled()
+             and head_dim == key.shape[-1] == value_dim and head_dim % 8 == 0 and head_dim <= 128
+             and seq_k != 1 and batch <= _GRID_LIMIT and heads <= _GRID_LIMIT
+             and (attn_mask is None or (attn_mask.dim() in (2, 4) and not attn_mask.requires_grad)))
+    if cudnn:
+        return AttentionKernel.CUDNN
+    flash = (low_precision and attn_mask is None and head_dim == key.shape[-1] == value_dim and head_dim <= 256
+             and (not is_causal or seq_q == seq_k) and batch <= _GRID_LIMIT and heads <= _GRID_LIMIT)
+    if flash:
+        return AttentionKernel.FLASH
+    alignment = 4 if query.dtype == torch.float32 else 8
+    efficient = (query.dtype in (*_LOW_PRECISION, torch.float32) and same_heads and head_dim == key.shape[-1]
+                 and head_dim % alignment == 0 and value_dim % alignment == 0
+                 and (attn_mask is None or attn_mask.stride(-1) == 1))
+    return AttentionKernel.EFFICIENT if efficient else AttentionKernel.MATH
+
+
+class FusedAttentionFor(TorchFunctionMode):
+    """While capture traces, routes `F.scaled_dot_product_attention` to the
+    fused operator `cuda_attention_kernel` picks; the operator's first
+    result is the attention output."""
+
+    def __init__(self, device: str, gpu: CudaTarget = CudaTarget()):
+        super().__init__()
+        if device not in TARGET_DEVICES:
+            raise ValueError(f"unknown target device '{device}'; use one of {', '.join(TARGET_DEVICES)}")
+        self.device, self.gpu = device, gpu
+        self.chosen: list[AttentionKernel] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention or self.device != "cuda":
+            return func(*args, **kwargs)
+        call = _SDPA_PARAMETERS.bind(*args, **kwargs)
+        call.apply_defaults()
+        a = call.arguments
+        q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
+        kernel = cuda_attention_kernel(q, k, v, mask, a["is_causal"], a["enable_gqa"], self.gpu)
+        self.chosen.append(kernel)
+        aten = torch.ops.aten
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if kernel in (AttentionKernel.CUDNN, AttentionKernel.FLASH) and q.shape[1] != k.shape[1]:
+            repeat = q.shape[1] // k.shape[1]  # grouped heads: the kernels take equal ones here
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        if kernel is AttentionKernel.CUDNN:
+            return aten._scaled_dot_product_cudnn_attention(q, k, v, mask, needs_grad, a["dropout_p"],
+                                                            a["is_causal"], scale=a["scale"])[0]
+        if kernel is AttentionKernel.FLASH:
+            return aten._scaled_dot_product_flash_attention(q, k, v, a["dropout_p"], a["is_causal"],
+                                                            scale=a["scale"])[0]
+        if kernel is AttentionKernel.EFFICIENT:
+            return aten._scaled_dot_product_efficient_attention(q, k, v, mask, needs_grad, a["dropout_p"],
+                                                                a["is_causal"], scale=a["scale"])[0]
+        return func(*args, **kwargs)

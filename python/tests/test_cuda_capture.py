@@ -1,0 +1,131 @@
+"""Capture for a CUDA target on a machine without a GPU: fused attention
+stays whole (the kernel eager PyTorch picks), with its backward kernel, and
+the lowered program passes the runtime's validation."""
+
+import re
+
+import pytest
+import torch
+
+from fsdpc.attention import AttentionKernel, CudaTarget, cuda_attention_kernel
+from fsdpc.compiler import run_fsdp_opt
+from fsdpc.program import translate
+from test_cli import fsdpc
+
+
+def aten_calls(text: str) -> list[str]:
+    return re.findall(r'fsdp\.aten "aten::([A-Za-z0-9_.]+)"', text)
+
+
+@pytest.fixture(scope="module")
+def llama_ir(tmp_path_factory):
+    """The Llama example captured for each target and precision."""
+    folder = tmp_path_factory.mktemp("cuda-capture")
+    captured = {}
+    for device, precision in (("cuda", "bf16"), ("cuda", "f32"), ("cpu", "bf16")):
+        out = folder / f"llama-{device}-{precision}.mlir"
+        dtype = ["--param-dtype", "bf16", "--reduce-dtype", "f32"] if precision == "bf16" else []
+        done = fsdpc("export", "--model", "llama", "--device", device, *dtype, "--out", str(out))
+        assert done.returncode == 0, done.stderr
+        captured[device, precision] = out.read_text()
+    return captured
+
+
+def test_bf16_for_cuda_keeps_cudnn_attention_and_its_backward(llama_ir):
+    """An H100 with torch's cuDNN (> 9.15) runs cuDNN attention for bf16."""
+    calls = aten_calls(llama_ir["cuda", "bf16"])
+    layers = 2
+    assert calls.count("_scaled_dot_product_cudnn_attention") == layers
+    assert calls.count("_scaled_dot_product_cudnn_attention_backward") == layers
+    # No math attention is left: no softmax over the scores, no batched matmuls.
+    assert not {"_softmax", "_softmax_backward_data", "bmm"} & set(calls), sorted(set(calls))
+
+
+def test_fp32_for_cuda_keeps_memory_efficient_attention(llama_ir):
+    calls = aten_calls(llama_ir["cuda", "f32"])
+    assert calls.count("_scaled_dot_product_efficient_attention") == 2
+    assert calls.count("_scaled_dot_product_efficient_attention_backward") == 2
+    assert "_softmax" not in calls
+
+
+def test_cpu_target_is_unchanged(llama_ir):
+    calls = aten_calls(llama_ir["cpu", "bf16"])
+    assert not any("scaled_dot_product" in call for call in calls)
+    assert "_softmax" in calls
+
+
+def test_the_cuda_program_lowers_and_validates(llama_ir):
+    """Sharded, lowered and loaded: the fused kernels' static sizes travel as
+    literals, their absent outputs as undefined tensors."""
+    for precision, kernel in (("bf16", "cudnn"), ("f32", "efficient")):
+        sharded = run_fsdp_opt(llama_ir["cuda", precision], ["--fsdp-sharding-pipeline=ranks=2"])
+        program = translate(sharded)
+        assert program.functions["train_step"].instructions > 0
+        assert f'"aten::_scaled_dot_product_{kernel}_attention_backward"' in sharded
+
+
+def test_flash_attention_where_cudnn_is_not_preferred(tmp_path, monkeypatch):
+    """With TORCH_CUDNN_SDPA_DEPRIORITIZED (as in eager), flash attention and
+    its backward, whose static sizes print as literals and whose absent
+    cumulative lengths as `unit`; the program validates."""
+    monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")
+    out = tmp_path / "llama.mlir"
+    done = fsdpc("export", "--model", "llama", "--device", "cuda", "--param-dtype", "bf16", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    calls = aten_calls(text)
+    assert calls.count("_scaled_dot_product_flash_attention") == 2
+    assert calls.count("_scaled_dot_product_flash_attention_backward") == 2
+    backward = next(line for line in text.splitlines()
+                    if '"aten::_scaled_dot_product_flash_attention_backward"' in line)
+    assert "unit, unit, 16, 16" in backward  # cum_seq_q, cum_seq_k absent; max_q = max_k = seq
+    sharded = run_fsdp_opt(text, ["--fsdp-sharding-pipeline=ranks=2"])
+    assert translate(sharded).functions["train_step"].instructions > 0
+
+
+def meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+H100 = CudaTarget(capability=(9, 0), cudnn_version=91900)
+A100 = CudaTarget(capability=(8, 0), cudnn_version=91900)
+
+
+@pytest.mark.parametrize("case, gpu, expected", [
+    ("bf16 causal", H100, AttentionKernel.CUDNN),
+    ("bf16 causal", A100, AttentionKernel.FLASH),
+    ("bf16 causal", CudaTarget((9, 0), cudnn_version=91400), AttentionKernel.FLASH),
+    ("fp16 head dim 256", H100, AttentionKernel.FLASH),
+    ("bf16 head dim 512", H100, AttentionKernel.EFFICIENT),
+    ("bf16 with a mask", H100, AttentionKernel.CUDNN),
+    ("bf16 with a mask", A100, AttentionKernel.EFFICIENT),
+    ("fp32", H100, AttentionKernel.EFFICIENT),
+    ("fp32 head dim 6", H100, AttentionKernel.MATH),
+    ("mixed dtypes", H100, AttentionKernel.MATH),
+    ("bf16 causal, longer keys", A100, AttentionKernel.EFFICIENT),
+    ("bf16 grouped heads", H100, AttentionKernel.CUDNN),
+])
+def test_the_kernel_eager_pytorch_would_pick(case, gpu, expected):
+    q = k = v = meta(2, 4, 64, 64)
+    mask, causal, grouped = None, False, False
+    if case == "bf16 causal":
+        causal = True
+    elif case == "fp16 head dim 256":
+        q = k = v = meta(2, 4, 64, 256, dtype=torch.float16)
+    elif case == "bf16 head dim 512":
+        q = k = v = meta(2, 4, 64, 512)
+    elif case == "bf16 with a mask":
+        mask = meta(64, 64)
+    elif case == "fp32":
+        q = k = v = meta(2, 4, 64, 64, dtype=torch.float32)
+    elif case == "fp32 head dim 6":
+        q = k = v = meta(2, 4, 64, 6, dtype=torch.float32)
+    elif case == "mixed dtypes":
+        k = meta(2, 4, 64, 64, dtype=torch.float32)
+    elif case == "bf16 causal, longer keys":
+        k = v = meta(2, 4, 128, 64)
+        causal = True
+    elif case == "bf16 grouped heads":
+        k = v = meta(2, 2, 64, 64)
+        grouped = True
+    assert cuda_attention_kernel(q, k, v, mask, causal, grouped, gpu) is expected
