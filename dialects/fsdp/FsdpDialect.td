@@ -40,7 +40,11 @@ def Fsdp_Dialect : Dialect {
     collectives' copy-in and copy-out wherever possible; `fsdp.cast` is the
     stand-alone cast for the rest.
 
-    Discardable attributes: `fsdp.mixed_precision` on the module records the
+    Discardable attributes: `fsdp.device` on the module is the device kind
+    the step was captured for and will run on (`"cpu"` or `"cuda"`: which
+    fused kernels capture kept whole; absent means `"cpu"`); the program
+    carries it and the runtime refuses to load it for another kind.
+    `fsdp.mixed_precision` on the module records the
     FSDP2 mixed precision policy the step was captured with (`param_dtype`,
     and optionally `reduce_dtype`, `output_dtype`: float types;
     `cast_forward_inputs`: bool). The passes add `fsdp.collective_hash`

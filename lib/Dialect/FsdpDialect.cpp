@@ -2,6 +2,7 @@
 
 #include "fsdp/Dialect/FsdpDialect.h"
 #include "fsdp/Dialect/FsdpOps.h"
+#include "fsdp_rt/ProgramFormat.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -64,6 +65,15 @@ LogicalResult FsdpDialect::verifyOperationAttribute(Operation *op, NamedAttribut
       if (!type || !isa<FloatType>(type.getValue()))
         return op->emitError() << "fsdp.mixed_precision." << key << " must be a float type";
     }
+    return success();
+  }
+  if (name == "fsdp.device") {
+    auto device = dyn_cast<StringAttr>(value);
+    if (!isa<ModuleOp>(op) || !device)
+      return op->emitError("fsdp.device must be a string on the module");
+    if (!fsdp_rt::isDeviceKind(device.getValue()))
+      return op->emitError() << "fsdp.device '" << device.getValue() << "' is not a device fsdpc targets; "
+                             << "use " << llvm::StringRef(fsdp_rt::kDeviceKindList);
     return success();
   }
   if (name == "fsdp.collective_hash") {

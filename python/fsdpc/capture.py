@@ -113,6 +113,7 @@ class CapturedStep:
     modules: dict[fx.Node, str]
     locations: dict[fx.Node, SourceLocation]
     mixed_precision: MixedPrecision | None = None
+    device: str = "cpu"  # the device kind the step was captured for
 
 
 class _TrainingStep(nn.Module):
@@ -400,10 +401,10 @@ def capture_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_
         _check_outputs(program, real_fqn)
         # Parameters are identified by the tensors the model holds, so this
         # runs after the casts are undone but while the safe names hold.
-        return _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision)
+        return _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device)
 
 
-def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision) -> CapturedStep:
+def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device) -> CapturedStep:
     """The joint forward + backward graph of an exported step."""
 
     state = {**dict(program.named_parameters()), **dict(program.named_buffers())}
@@ -475,6 +476,7 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
         modules=modules,
         locations=locations,
         mixed_precision=mixed_precision,
+        device=device,
     )
 
 

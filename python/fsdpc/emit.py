@@ -268,6 +268,7 @@ def emit_mlir(step: CapturedStep, plan: UnitPlan, *, function: str = "train_step
     out = []
     if header:
         out += [f"// {line}" for line in header.splitlines()]
+    attributes = [f"fsdp.device = {string(step.device)}"]
     policy = step.mixed_precision
     if policy is not None and policy.param_dtype is not None:
         fields = [f"param_dtype = {element_type(policy.param_dtype, 'param_dtype')}"]
@@ -276,9 +277,8 @@ def emit_mlir(step: CapturedStep, plan: UnitPlan, *, function: str = "train_step
         if policy.output_dtype is not None:
             fields.append(f"output_dtype = {element_type(policy.output_dtype, 'output_dtype')}")
         fields.append(f"cast_forward_inputs = {'true' if policy.cast_forward_inputs else 'false'}")
-        out.append(f"module attributes {{fsdp.mixed_precision = {{{', '.join(fields)}}}}} {{")
-    else:
-        out.append("module {")
+        attributes.append(f"fsdp.mixed_precision = {{{', '.join(fields)}}}")
+    out.append(f"module attributes {{{', '.join(attributes)}}} {{")
     for unit in plan.units:
         root = " root" if unit.is_root else ""
         out.append(f"  fsdp.unit {symbol(unit.name)}{root} class {string(unit.module_class)}")

@@ -78,11 +78,13 @@ class Program:
     functions: dict[str, FunctionSpec]
     loaded: object  # the runtime's program, loaded for `device`
     device: str
+    device_kind: str  # what the step was compiled for ("cpu", "cuda"); `device` is of this kind
 
     @staticmethod
-    def parse(text: str, device: str = "cpu") -> "Program":
-        """Loads `text` into the runtime for `device` (which validates all
-        of it) and reads the manifest from there."""
+    def parse(text: str, device: str | None = None) -> "Program":
+        """Loads `text` into the runtime for `device` (default: the kind it
+        was compiled for; the runtime validates all of it, and refuses a
+        device of another kind) and reads the manifest from there."""
         try:
             loaded = runtime_extension().Program(text, device)
         except RuntimeError as error:
@@ -101,7 +103,7 @@ class Program:
         functions = {f["name"]: FunctionSpec(f["name"], f["step"],
                                              tuple((tuple(t["shape"]), t["dtype"]) for t in f["input_types"]),
                                              f["instructions"]) for f in doc["functions"]}
-        return Program(text, groups, params, buffers, functions, loaded, device)
+        return Program(text, groups, params, buffers, functions, loaded, device or doc["device"], doc["device"])
 
     def load(self, device: str = "cpu"):
         """The runtime's loaded program (operators resolved, literals converted)."""

@@ -94,7 +94,7 @@ def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Ca
                                                            mixed_precision=mixed_precision, lap=lap))
 
     def load() -> CompiledProgram:
-        program = Program.parse(entry["program"])
+        program = Program.parse(entry["program"], "cpu")
         return CompiledProgram(program, program.load("cpu"), entry["sharded_ir"], entry["memory_report"], seconds)
 
     compiled = on_every_rank("loading the program", load)

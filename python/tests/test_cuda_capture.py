@@ -1,6 +1,7 @@
 """Capture for a CUDA target on a machine without a GPU: fused attention
-stays whole (the kernel eager PyTorch picks), with its backward kernel, and
-the lowered program passes the runtime's validation."""
+stays whole (the kernel eager PyTorch picks), with its backward kernel; the
+program records its device and passes the runtime's validation, which
+refuses to load it for a CPU."""
 
 import re
 
@@ -9,7 +10,7 @@ import torch
 
 from fsdpc.attention import AttentionKernel, CudaTarget, cuda_attention_kernel
 from fsdpc.compiler import run_fsdp_opt
-from fsdpc.program import translate
+from fsdpc.program import Program, ProgramError, translate
 from test_cli import fsdpc
 
 
@@ -61,6 +62,9 @@ def test_the_cuda_program_lowers_and_validates(llama_ir):
         sharded = run_fsdp_opt(llama_ir["cuda", precision], ["--fsdp-sharding-pipeline=ranks=2"])
         program = translate(sharded)
         assert program.functions["train_step"].instructions > 0
+        assert program.device_kind == "cuda" and 'attributes {fsdp.device = "cuda"' in sharded
+        with pytest.raises(ProgramError, match="compiled for cuda and cannot run on cpu"):
+            Program.parse(program.text, "cpu")
         assert f'"aten::_scaled_dot_product_{kernel}_attention_backward"' in sharded
 
 

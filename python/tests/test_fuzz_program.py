@@ -151,7 +151,7 @@ loaded = finished = 0
 for index, text in enumerate(texts):
     print(index, flush=True)
     try:
-        program = Program.parse(text)
+        program = Program.parse(text, "cpu")
     except ProgramError:
         continue
     loaded += 1

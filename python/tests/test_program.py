@@ -60,6 +60,8 @@ def test_hybrid_groups_list_their_ranks():
 
 @pytest.mark.parametrize("damage, message", [
     (lambda t: t.replace(f'"version": {VERSION}', '"version": 99'), "version 99"),
+    (lambda t: t.replace('"device": "cpu"', '"device": "tpu"'), "device 'tpu' is not cpu or cuda"),
+    (lambda t: t.replace('"device": "cpu"', '"device": "cuda"'), "compiled for cuda and cannot run on cpu"),
     (lambda t: t[: len(t) // 2], "JSON"),
     (lambda t: t.replace('"op":"wait"', '"op":"teleport"', 1), "unknown instruction 'teleport'"),
     (lambda t: t.replace('"name":"aten::mm"', '"name":"aten::no_such_op"', 1), "no ATen operator aten::no_such_op"),
@@ -76,14 +78,14 @@ def test_hybrid_groups_list_their_ranks():
 def test_damaged_programs_fail_at_load_with_a_message(damage, message):
     _, program = compile_program("mlp")
     with pytest.raises(RuntimeError, match=message):
-        Program.parse(damage(program.text))
+        Program.parse(damage(program.text), "cpu")
 
 
 def test_the_manifest_reader_rejects_other_documents():
     with pytest.raises(ProgramError, match="not an fsdpc program"):
         Program.parse('{"format": "other", "version": 1}')
     with pytest.raises(ProgramError, match="cannot load the manifest: JSON: missing member \"groups\""):
-        Program.parse(json.dumps({"format": "fsdpc.program", "version": VERSION}))
+        Program.parse(json.dumps({"format": "fsdpc.program", "version": VERSION, "device": "cpu"}))
 
 
 def test_the_reshard_check_catches_a_view_that_outlives_its_buffer():
@@ -97,7 +99,7 @@ def test_the_reshard_check_catches_a_view_that_outlives_its_buffer():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     group = dist.new_group([0])
     text = json.dumps({
-        "format": "fsdpc.program", "version": VERSION,
+        "format": "fsdpc.program", "version": VERSION, "device": "cpu",
         "groups": [{"key": "g", "grid": "world", "grid_shape": [1], "axes": [0], "size": 1, "members": [[0]]}],
         "params": [{"name": "w", "shape": [3, 2], "dtype": "f32", "unit": "root", "trainable": True, "tied": [],
                     "group": "g", "shard_rows": 3, "padding": 0}],
@@ -130,7 +132,7 @@ def test_capture_prints_only_element_types_the_runtime_knows():
     assert set(_ELEMENT_TYPES.values()) <= runtime
     for dtype, name in _ELEMENT_TYPES.items():
         text = json.dumps({
-            "format": "fsdpc.program", "version": VERSION, "groups": [], "params": [], "buffers": [],
+            "format": "fsdpc.program", "version": VERSION, "device": "cpu", "groups": [], "params": [], "buffers": [],
             "functions": [{"name": "f", "step": False, "inputs": [0], "input_types": [{"shape": [2], "dtype": name}],
                            "slots": 1, "futures": 0, "instructions": [{"op": "return", "values": [0]}]}]})
         value = torch.zeros(2, dtype=dtype)

@@ -84,8 +84,8 @@ py::dict manifest(const fsdp_rt::Program &program) {
                               py::arg("input_types") = inputTypes,
                               py::arg("instructions") = function.instructions.size()));
   }
-  return py::dict(py::arg("groups") = groups, py::arg("params") = params, py::arg("buffers") = buffers,
-                  py::arg("functions") = functions);
+  return py::dict(py::arg("device") = program.deviceKind(), py::arg("groups") = groups,
+                  py::arg("params") = params, py::arg("buffers") = buffers, py::arg("functions") = functions);
 }
 
 } // namespace
@@ -101,12 +101,15 @@ PYBIND11_MODULE(_fsdp_rt, m) {
     return names;
   }, "The element types a program may use (their MLIR spellings)");
   py::class_<fsdp_rt::Program, std::shared_ptr<fsdp_rt::Program>>(m, "Program")
-      .def(py::init([](const std::string &text, const std::string &device) {
-             return std::make_shared<fsdp_rt::Program>(fsdp_rt::Program::load(text, c10::Device(device)));
+      .def(py::init([](const std::string &text, const std::optional<std::string> &device) {
+             std::optional<c10::Device> runOn;
+             if (device)
+               runOn = c10::Device(*device);
+             return std::make_shared<fsdp_rt::Program>(fsdp_rt::Program::load(text, runOn));
            }),
-           py::arg("text"), py::arg("device") = "cpu")
+           py::arg("text"), py::arg("device") = py::none())
       .def("manifest", &manifest,
-           "The manifest as plain data: {groups, params, buffers, functions}, each a list of dicts "
+           "The manifest as plain data: {device, groups, params, buffers, functions}, the lists of dicts "
            "with the program's own field names (docs/program.md)")
       .def("run", &run, py::arg("function"), py::arg("params"), py::arg("buffers"),
            py::arg("accumulated"), py::arg("batch"), py::arg("groups"), py::arg("timeout_seconds"),

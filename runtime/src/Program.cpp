@@ -439,8 +439,9 @@ std::vector<T> loadList(const Value &root, const char *key, Load load) {
 
 } // namespace
 
-Program Program::load(const std::string &text, c10::Device device) {
+Program Program::load(const std::string &text, std::optional<c10::Device> runOn) {
   Value root;
+  std::string deviceKind;
   try {
     root = Value::parse(text);
     if (root.at("format").asString() != kProgramFormat)
@@ -449,10 +450,18 @@ Program Program::load(const std::string &text, c10::Device device) {
       throw std::runtime_error("program format version " + std::to_string(root.at("version").asInt()) +
                                ", this runtime reads version " + std::to_string(kProgramVersion) +
                                " (recompile the step)");
+    deviceKind = root.at("device").asString();
+    if (!isDeviceKind(deviceKind))
+      throw std::runtime_error("device '" + deviceKind + "' is not " + std::string(kDeviceKindList));
+    if (runOn && deviceKind != c10::DeviceTypeName(runOn->type(), /*lower_case=*/true))
+      throw std::runtime_error("the step was compiled for " + deviceKind + " and cannot run on " + runOn->str() +
+                               " (capture it for this device)");
   } catch (const std::exception &error) {
     throw std::runtime_error(std::string("fsdp_rt: cannot load the program: ") + error.what());
   }
+  c10::Device device = runOn ? *runOn : c10::Device(deviceKind);
   Program program(device);
+  program.deviceKind_ = deviceKind;
   try {
     program.groups_ = loadList<GroupSpec>(root, "groups", loadGroup);
     program.params_ = loadList<ParamSpec>(root, "params", loadParam);

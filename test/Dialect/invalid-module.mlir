@@ -323,3 +323,20 @@ func.func private @f() attributes {fsdp.memory = {peak = "big"}}
 
 // expected-error @+1 {{unknown fsdp attribute 'fsdp.memroy'}}
 func.func private @f() attributes {fsdp.memroy = {peak = 1}}
+
+// -----
+
+// expected-error @+1 {{fsdp.device 'tpu' is not a device fsdpc targets; use cpu or cuda}}
+module attributes {fsdp.device = "tpu"} {
+}
+
+// -----
+
+// expected-error @+1 {{fsdp.device must be a string on the module}}
+module attributes {fsdp.device = 1 : i64} {
+}
+
+// -----
+
+// expected-error @+1 {{fsdp.device must be a string on the module}}
+func.func private @f() attributes {fsdp.device = "cuda"}

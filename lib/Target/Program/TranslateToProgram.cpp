@@ -469,7 +469,11 @@ LogicalResult mlir::fsdp::translateToProgram(ModuleOp module, raw_ostream &os) {
       os << (i ? ",\n" : "\n") << indent << "  " << item;
     os << "\n" << indent << "]";
   };
-  os << "{\"format\": " << json::Value(std::string(fsdp_rt::kProgramFormat)) << ", \"version\": " << fsdp_rt::kProgramVersion << ",\n";
+  std::string device(fsdp_rt::kDefaultDeviceKind);
+  if (auto attr = module->getAttrOfType<StringAttr>("fsdp.device"))
+    device = attr.getValue().str();
+  os << "{\"format\": " << json::Value(std::string(fsdp_rt::kProgramFormat))
+     << ", \"version\": " << fsdp_rt::kProgramVersion << ", \"device\": " << json::Value(device) << ",\n";
   json::Array groupList = groups.toJson();
   lines("groups", groupList, " ");
   os << ",\n";

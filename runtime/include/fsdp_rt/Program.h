@@ -111,7 +111,9 @@ class Program {
 public:
   /// Parses and prepares a program for `device` (the "<device>" literal).
   /// Throws std::runtime_error naming the instruction and its source line.
-  static Program load(const std::string &text, c10::Device device);
+  /// Without a device: the program's own device kind (to validate a program
+  /// for another machine; nothing is allocated at load).
+  static Program load(const std::string &text, std::optional<c10::Device> device);
 
   const Function &function(const std::string &name) const;
   const std::vector<Function> &functions() const { return functions_; }
@@ -119,6 +121,8 @@ public:
   const std::vector<ParamSpec> &params() const { return params_; }
   const std::vector<BufferSpec> &buffers() const { return buffers_; }
   c10::Device device() const { return device_; }
+  /// The device kind the step was compiled for ("cpu", "cuda").
+  const std::string &deviceKind() const { return deviceKind_; }
 
 private:
   explicit Program(c10::Device device) : device_(device) {}
@@ -128,6 +132,7 @@ private:
   std::vector<BufferSpec> buffers_;
   std::vector<Function> functions_;
   c10::Device device_;
+  std::string deviceKind_;
 };
 
 /// Throws std::runtime_error naming the function, the instruction and the

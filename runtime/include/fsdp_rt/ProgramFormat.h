@@ -18,8 +18,21 @@
 namespace fsdp_rt {
 
 /// Bump on any change to the program's JSON schema (docs/program.md).
-inline constexpr int64_t kProgramVersion = 2;
+inline constexpr int64_t kProgramVersion = 3;
 inline constexpr std::string_view kProgramFormat = "fsdpc.program";
+
+/// The device kinds a step is captured for and runs on (the module's
+/// `fsdp.device`, the program's "device"); c10's spelling.
+inline constexpr std::string_view kDeviceKinds[] = {"cpu", "cuda"};
+inline constexpr std::string_view kDeviceKindList = "cpu or cuda";
+inline constexpr std::string_view kDefaultDeviceKind = "cpu";
+
+inline bool isDeviceKind(std::string_view name) {
+  for (std::string_view kind : kDeviceKinds)
+    if (kind == name)
+      return true;
+  return false;
+}
 
 enum class InstructionKind {
   Param, Buffer, AccumulatedGrad, Aten, Cast, Loss, Gradients, AllGather, ReduceScatter,
