@@ -6,7 +6,7 @@ JOBS ?= 2
 BUILD_TYPE ?= Release
 PYTHON := $(CURDIR)/.venv/bin/python
 
-.PHONY: all deps configure build demo test docs clean
+.PHONY: all deps configure build demo test docs clean portable-tools runtime
 
 all: build
 
@@ -33,5 +33,26 @@ docs: build
 	@cp $(BUILD_DIR)/docs/fsdp/FsdpDialect.md $(BUILD_DIR)/docs/fsdp/FsdpPasses.md docs/dialect/
 	@echo "docs/dialect/FsdpDialect.md and FsdpPasses.md regenerated"
 
+# For a GPU host without MLIR: fsdp-opt and fsdp-translate linked with LLVM's
+# and MLIR's static archives (build-portable/bin), carried there with the sources.
+PORTABLE_DIR ?= build-portable
+portable-tools: deps
+	@if [ ! -f $(PORTABLE_DIR)/build.ninja ]; then \
+	  cmake -G Ninja -S . -B $(PORTABLE_DIR) -DCMAKE_BUILD_TYPE=Release -DFSDP_PYTHON=$(PYTHON) \
+	    -DFSDP_LINK_MLIR_DYLIB=OFF -DFSDP_PORTABLE_TOOLS=ON; \
+	fi
+	@cmake --build $(PORTABLE_DIR) -j $(JOBS) --target fsdp-opt fsdp-translate
+	@strip $(PORTABLE_DIR)/bin/fsdp-opt $(PORTABLE_DIR)/bin/fsdp-translate
+	@scripts/check-portable.sh $(PORTABLE_DIR)/bin/fsdp-opt $(PORTABLE_DIR)/bin/fsdp-translate
+
+# On the GPU host: the runtime and its extension against the installed torch
+# (CUDA and NCCL included), without MLIR. RUNTIME_PYTHON is the interpreter
+# that has torch.
+RUNTIME_PYTHON ?= python3
+runtime:
+	@cmake -G Ninja -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DFSDP_RUNTIME_ONLY=ON \
+	  -DFSDP_PYTHON=$$(command -v $(RUNTIME_PYTHON))
+	@cmake --build $(BUILD_DIR) -j $(JOBS)
+
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(PORTABLE_DIR)
