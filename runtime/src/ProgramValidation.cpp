@@ -38,6 +38,18 @@ void checkElementType(const std::string &name, const std::string &what) {
     fail(what + ": unknown element type '" + name + "'");
 }
 
+/// A named tensor of the manifest (parameter or buffer): its name is new
+/// among `seen`, its shape and element type valid. Returns how errors name it.
+std::string checkTensorEntry(std::set<std::string> &seen, const char *kind, const std::string &name,
+                             const std::vector<int64_t> &shape, const std::string &dtype) {
+  std::string what = std::string(kind) + " '" + name + "'";
+  if (!seen.insert(name).second)
+    fail(what + " is listed twice");
+  elementsOf(shape, what);
+  checkElementType(dtype, what);
+  return what;
+}
+
 void checkGroup(const GroupSpec &group) {
   std::string what = "group '" + group.key + "'";
   std::optional<int64_t> world = groupSizeOf(group.gridShape.data(), group.gridShape.size());
@@ -261,11 +273,7 @@ void validateProgram(const Program &program) {
         fail("group '" + group.key + "' is listed twice");
     }
     for (const ParamSpec &param : program.params()) {
-      std::string what = "parameter '" + param.name + "'";
-      if (!params.insert(param.name).second)
-        fail(what + " is listed twice");
-      elementsOf(param.shape, what);
-      checkElementType(param.dtype, what);
+      std::string what = checkTensorEntry(params, "parameter", param.name, param.shape, param.dtype);
       if (!param.group)
         continue;
       auto it = groups.find(*param.group);
@@ -279,13 +287,8 @@ void validateProgram(const Program &program) {
              std::to_string(param.padding) + " are not the layout of " + std::to_string(param.shape[0]) +
              " rows over " + std::to_string(it->second->size) + " ranks");
     }
-    for (const BufferSpec &buffer : program.buffers()) {
-      std::string what = "buffer '" + buffer.name + "'";
-      if (!buffers.insert(buffer.name).second)
-        fail(what + " is listed twice");
-      elementsOf(buffer.shape, what);
-      checkElementType(buffer.dtype, what);
-    }
+    for (const BufferSpec &buffer : program.buffers())
+      checkTensorEntry(buffers, "buffer", buffer.name, buffer.shape, buffer.dtype);
   } catch (const std::exception &error) {
     throw std::runtime_error(std::string("fsdp_rt: invalid program manifest: ") + error.what());
   }
