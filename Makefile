@@ -6,7 +6,7 @@ JOBS ?= 2
 BUILD_TYPE ?= Release
 PYTHON := $(CURDIR)/.venv/bin/python
 
-.PHONY: all deps configure build demo test docs clean portable-tools runtime
+.PHONY: all deps configure build demo test test-gpu docs clean portable-tools runtime
 
 all: build
 
@@ -46,13 +46,24 @@ portable-tools: deps
 	@scripts/check-portable.sh $(PORTABLE_DIR)/bin/fsdp-opt $(PORTABLE_DIR)/bin/fsdp-translate
 
 # On the GPU host: the runtime and its extension against the installed torch
-# (CUDA and NCCL included), without MLIR. RUNTIME_PYTHON is the interpreter
-# that has torch.
+# (CUDA and NCCL come with it), without MLIR, and the carried portable
+# compiler next to them in $(BUILD_DIR)/bin, where fsdpc looks first.
+# RUNTIME_PYTHON is the interpreter that has torch.
 RUNTIME_PYTHON ?= python3
 runtime:
 	@cmake -G Ninja -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DFSDP_RUNTIME_ONLY=ON \
 	  -DFSDP_PYTHON=$$(command -v $(RUNTIME_PYTHON))
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
+	@if [ -x $(PORTABLE_DIR)/bin/fsdp-opt ]; then \
+	  mkdir -p $(BUILD_DIR)/bin && cp $(PORTABLE_DIR)/bin/fsdp-opt $(PORTABLE_DIR)/bin/fsdp-translate $(BUILD_DIR)/bin/; \
+	fi
+
+# fsdpc.shard on the GPU (python/tests/test_gpu.py) and CUDA-target capture;
+# where there is no GPU, pytest says so and skips them.
+TEST_PYTHON ?= $(if $(wildcard .venv/bin/python),$(PYTHON),$(RUNTIME_PYTHON))
+test-gpu:
+	@cd python/tests && PYTHONPATH=$(CURDIR)/python $(TEST_PYTHON) -m pytest -q -rs -p no:cacheprovider \
+	  test_gpu.py test_cuda_capture.py
 
 clean:
 	rm -rf $(BUILD_DIR) $(PORTABLE_DIR)

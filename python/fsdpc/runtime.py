@@ -72,9 +72,11 @@ class CompiledProgram:
 
 
 def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *, options: str,
-                    wrap: WrapPolicy, mixed_precision: MixedPrecision | None) -> CompiledProgram:
+                    wrap: WrapPolicy, mixed_precision: MixedPrecision | None,
+                    device: torch.device = torch.device("cpu")) -> CompiledProgram:
     """Collective: every rank calls it with the same step. `model` is what
-    capture sees (shapes only: it may live on the meta device)."""
+    capture sees (shapes only: it may live on the meta device); the step is
+    captured for `device`'s kind and loaded for `device`."""
     rank, world = dist.get_rank(), dist.get_world_size()
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
@@ -86,16 +88,17 @@ def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Ca
         clock = now
 
     keys = on_every_rank("setting up the step", lambda: cache.setup_key(
-        model, batch, loss_fn, world=world, options={"pipeline": options, "wrap": wrap,
+        model, batch, loss_fn, world=world, options={"pipeline": options, "wrap": wrap, "device": device.type,
                                                      "mixed_precision": mixed_precision}), share_result=True)
     _check_same_step(keys, rank)
     lap("set-up check")
     entry = _compile_on_rank_0(rank, lambda: compile_entry(model, batch, loss_fn, options=options, wrap=wrap,
-                                                           mixed_precision=mixed_precision, lap=lap))
+                                                           mixed_precision=mixed_precision, lap=lap,
+                                                           device=device.type))
 
     def load() -> CompiledProgram:
-        program = Program.parse(entry["program"], "cpu")
-        return CompiledProgram(program, program.load("cpu"), entry["sharded_ir"], entry["memory_report"], seconds)
+        program = Program.parse(entry["program"], str(device))
+        return CompiledProgram(program, program.loaded, entry["sharded_ir"], entry["memory_report"], seconds)
 
     compiled = on_every_rank("loading the program", load)
     lap("load")
@@ -126,11 +129,12 @@ def on_every_rank(stage: str, attempt: Callable[[], T], *, share_result: bool = 
 
 def compile_entry(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *, options: str,
                   wrap: WrapPolicy = None, mixed_precision: MixedPrecision | None = None,
-                  lap: Callable[[str], None] = lambda phase: None) -> dict:
-    """Capture, then shard and lower (or take both from the program cache,
-    keyed by the captured IR), in this process (no job needed): the cache
-    entry of a step, its program for `ranks=` in `options`."""
-    exported = export_training_step(model, batch, loss_fn, wrap=wrap, mixed_precision=mixed_precision)
+                  lap: Callable[[str], None] = lambda phase: None, device: str = "cpu") -> dict:
+    """Capture for the `device` kind, then shard and lower (or take both from
+    the program cache, keyed by the captured IR), in this process (no job
+    needed): the cache entry of a step, its program for `ranks=` in `options`."""
+    exported = export_training_step(model, batch, loss_fn, wrap=wrap, mixed_precision=mixed_precision,
+                                    device=device)
     lap("capture")
     key = cache.program_key(exported.mlir, pipeline=options)
     entry = cache.load(key)

@@ -42,6 +42,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from fsdpc import liveness
 from fsdpc.capture import MixedPrecision
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
+from fsdpc.device import DeviceError, collective_backend, job_device, seed_generators
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
 from fsdpc.program import ParamSpec, Program
 from fsdpc.runtime import (NO_SYNC_STEP, STEP, CompiledProgram, StepError, compile_program, on_every_rank,
@@ -91,7 +92,7 @@ def _mixed_precision(policy) -> MixedPrecision | None:
 
 
 def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_after_forward,
-                  policy: MixedPrecision | None, gradient_accumulation: bool) -> str:
+                  policy: MixedPrecision | None, gradient_accumulation: bool, backend: str) -> str:
     """The sharding pipeline's options from fully_shard's vocabulary; the
     same knob given twice with different values is an error."""
     given = dict(option.partition("=")[::2] for option in pipeline.split())
@@ -111,6 +112,7 @@ def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_af
                                            else str(int(reshard_after_forward)))
     if gradient_accumulation:
         wanted["gradient-accumulation"] = "true"
+    wanted["backend"] = backend  # the reports count what this backend moves and allocates
     checked = dict(wanted)
     if policy is not None and policy.reduce_dtype is not None:  # capture applies it; the pipeline must agree
         reduce_types = {torch_dtype(name): name for name in MIXED_PRECISION_TYPES}
@@ -149,11 +151,18 @@ class ShardedModule(nn.Module):
             if not isinstance(timeout, timedelta) or timeout < timedelta(milliseconds=1):
                 # c10d reads a zero timeout (what a sub-millisecond one rounds to) as none at all.
                 raise StepError(f"timeout must be a timedelta of at least 1 ms, got {timeout!r}")
-            self._check_offload(offload_policy)
+            try:
+                device = job_device(example_batch, mesh)
+                backend = collective_backend(device)
+            except DeviceError as error:
+                raise StepError(str(error)) from None
+            self._check_offload(offload_policy, device)
             policy = _mixed_precision(mp_policy)
-            return policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, policy, gradient_accumulation)
+            return device, policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, policy,
+                                                 gradient_accumulation, backend)
 
-        policy, options = on_every_rank("checking fsdpc.shard's arguments", check_arguments)
+        device, policy, options = on_every_rank("checking fsdpc.shard's arguments", check_arguments)
+        self.device = device
         self._config = dict(loss_fn=loss_fn, options=options, wrap=wrap, mixed_precision=policy)
         # Per-call agreement runs here, under the step's timeout (the default
         # group's may be 30 minutes).
@@ -205,14 +214,17 @@ class ShardedModule(nn.Module):
     # -- construction ------------------------------------------------------
 
     @staticmethod
-    def _check_offload(offload_policy) -> None:
-        """The runtime computes on CPU, where shards, gradients and optimizer
-        state already live: offloading them is what happens anyway."""
+    def _check_offload(offload_policy, device: torch.device) -> None:
+        """On CPU, shards, gradients and optimizer state already live in host
+        memory: offloading them is what happens anyway."""
         if offload_policy is None or type(offload_policy).__name__ == "OffloadPolicy":
             return
         if type(offload_policy).__name__ != "CPUOffloadPolicy":
             raise StepError(f"offload_policy must be torch.distributed.fsdp.CPUOffloadPolicy, "
                             f"got {type(offload_policy).__name__}")
+        if device.type != "cpu":
+            raise StepError(f"CPUOffloadPolicy on {device.type} is not supported yet: fsdpc keeps shards, "
+                            "gradients and optimizer state on the device; leave offload_policy out")
         if getattr(offload_policy, "pin_memory", False) and not torch.cuda.is_available():
             raise StepError("CPUOffloadPolicy(pin_memory=True) pins host memory for copies to a GPU, and this "
                             "machine has none; use CPUOffloadPolicy(pin_memory=False)")
@@ -220,7 +232,7 @@ class ShardedModule(nn.Module):
     def _mesh_of(self, program: Program) -> DeviceMesh:
         shapes = {spec.grid_shape for spec in program.groups.values()}
         shape = max(shapes, key=len) if shapes else (dist.get_world_size(),)
-        return init_device_mesh("cpu", shape)
+        return init_device_mesh(self.device.type, shape)
 
     def _placements(self, spec: ParamSpec) -> tuple:
         if spec.group is None:
@@ -251,7 +263,7 @@ class ShardedModule(nn.Module):
                             f"{sorted(originals)}")
         for name, spec in self.layout.items():
             original = originals[name]
-            storage = new_shard(spec, original.dtype)
+            storage = new_shard(spec, original.dtype, self.device)
             begin, real = self._shard_rows(spec)
             local = rows(storage, 0, real)
             if not original.is_meta:
@@ -268,7 +280,7 @@ class ShardedModule(nn.Module):
                 if fqn in originals:
                     _retire(originals[fqn], fqn)
             if not original.is_meta:  # the whole tensor is no longer needed
-                original.data = torch.empty(0, dtype=original.dtype)
+                original.data = torch.empty(0, dtype=original.dtype, device=original.device)
 
     def _loaded(self, incompatible_keys) -> None:
         self._on_meta = False
@@ -321,7 +333,7 @@ class ShardedModule(nn.Module):
             with self._capture_view(train) as model:
                 shapes = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in batch]
                 compiled = compile_program(model, shapes, config["loss_fn"], options=options, wrap=config["wrap"],
-                                           mixed_precision=config["mixed_precision"])
+                                           mixed_precision=config["mixed_precision"], device=self.device)
         except StepError as error:
             if not self._programs:
                 raise
@@ -417,7 +429,7 @@ class ShardedModule(nn.Module):
             # Nothing accumulated reads as a zero broadcast to the gradient's
             # shape: one element, not a full-size unsharded gradient.
             accumulated = {fqn: self._accumulated[fqn] if fqn in self._accumulated
-                           else torch.zeros((), dtype=named[fqn].dtype).expand(spec.shape)
+                           else torch.zeros((), dtype=named[fqn].dtype, device=self.device).expand(spec.shape)
                            for fqn, spec in self.layout.items() if spec.trainable}
         buffers = dict(self.named_buffers())
         try:
@@ -493,8 +505,9 @@ class ShardedModule(nn.Module):
         for index, (given, example) in enumerate(zip(batch, self._example)):
             if not isinstance(given, torch.Tensor):
                 raise StepError(f"batch argument {index} is a {type(given).__name__}, not a tensor")
-            if given.device.type != "cpu":
-                raise StepError(f"batch argument {index} is on {given.device}; fsdpc's runtime computes on CPU")
+            if given.device != self.device:
+                raise StepError(f"batch argument {index} is on {given.device}; the step runs on {self.device}, "
+                                "where the example batch was")
             if given.dim() != example.dim() or given.dtype != example.dtype:
                 raise StepError(f"batch argument {index} is {_describe([given])}, the step was compiled for "
                                 f"{_describe([example])}: only sizes may change between calls")
@@ -519,12 +532,12 @@ class ShardedModule(nn.Module):
         for name, buffer in list(self.named_buffers()):
             if buffer.is_meta:
                 owner, leaf = _owner(self, name)
-                owner._buffers[leaf] = torch.zeros(buffer.shape, dtype=buffer.dtype)
+                owner._buffers[leaf] = torch.zeros(buffer.shape, dtype=buffer.dtype, device=self.device)
                 if owner is self:
                     self._original._buffers[leaf] = owner._buffers[leaf]
         base = int(torch.randint(0, 2**31, (1,))) if seed is None else seed
         shard_index = self.mesh.get_local_rank(self.mesh.ndim - 1)
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
+        with torch.random.fork_rng(devices=seed_generators(self.device)), torch.no_grad():
             torch.manual_seed(base + shard_index)
             for module in reversed([self._original, *list(self.modules())[1:]]):
                 if init is not None:
@@ -565,7 +578,7 @@ class ShardedModule(nn.Module):
 
         def partial(tensors: list[torch.Tensor]) -> torch.Tensor:
             if not tensors:
-                return torch.zeros((), dtype=torch.float64)
+                return torch.zeros((), dtype=torch.float64, device=self.device)
             norms = torch.stack([t.detach().double().norm(p) for t in tensors])
             return norms.max() if math.isinf(p) else (norms ** p).sum()
 
@@ -631,12 +644,12 @@ def shard_extent(program: Program, spec: ParamSpec, rank: int) -> tuple[int, int
     return begin, min(begin + spec.shard_rows, spec.shape[0]) - begin
 
 
-def new_shard(spec: ParamSpec, dtype: torch.dtype) -> torch.Tensor:
+def new_shard(spec: ParamSpec, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
     """A rank's padded shard of a parameter, zeroed (padding stays zero):
     the only memory a parameter takes on a rank. A scalar is never sharded."""
     if not spec.shape:
-        return torch.zeros((), dtype=dtype)
-    return torch.zeros((spec.shard_rows, *spec.shape[1:]), dtype=dtype)
+        return torch.zeros((), dtype=dtype, device=device)
+    return torch.zeros((spec.shard_rows, *spec.shape[1:]), dtype=dtype, device=device)
 
 
 def rows(tensor: torch.Tensor, begin: int, count: int) -> torch.Tensor:

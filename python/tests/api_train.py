@@ -1,7 +1,10 @@
 """One rank of an fsdpc.shard scenario (launched by test_api.py through
-torchrun). Every scenario checks itself against single-process eager PyTorch
-on the same global batches and exits non-zero with the reason if it differs;
-rank 0 writes what the test compares across jobs to --out."""
+torchrun, and by test_gpu.py with --device cuda). Every scenario checks
+itself against single-process eager PyTorch on CPU on the same global batches
+and exits non-zero with the reason if it differs; rank 0 writes what the
+test compares across jobs to --out. On CUDA the sharded side runs on the
+GPU and tolerances are at least 1e-5 (fp32 kernels that sum in another
+order)."""
 
 import argparse
 import datetime
@@ -23,6 +26,7 @@ from fsdpc.models.language import next_token_loss
 from fsdpc.profiling import peak_allocated_above_start
 from fsdpc.sharded import new_shard
 
+DEVICE = torch.device("cpu")  # where the sharded side runs (--device)
 CONFIG = GPTConfig(vocab_size=257, max_seq=32, d_model=32, n_heads=2, n_layers=2)
 GLOBAL_BATCH, SEQ = 12, 16
 
@@ -37,7 +41,7 @@ def batches(steps: int, seq: int = SEQ, seed: int = 1):
 def mine(batch):
     rank, world = dist.get_rank(), dist.get_world_size()
     local = GLOBAL_BATCH // world
-    return tuple(t[rank * local:(rank + 1) * local] for t in batch)
+    return tuple(t[rank * local:(rank + 1) * local].to(DEVICE) for t in batch)
 
 
 def reference_model() -> GPT:
@@ -54,8 +58,10 @@ def optimizer_for(model: nn.Module) -> torch.optim.Optimizer:
 
 
 def close(a, b, what, rtol=1e-5, atol=1e-6):
+    if DEVICE.type == "cuda":
+        rtol, atol = max(rtol, 1e-5), max(atol, 1e-6)
     try:
-        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+        torch.testing.assert_close(a.cpu(), b.cpu(), rtol=rtol, atol=atol)
     except AssertionError as error:
         raise AssertionError(f"{what}: {error}") from None
 
@@ -96,7 +102,7 @@ def train(sharded, optimizer, data, *, clip=None, scheduler=None):
 
 
 def mean_over_ranks(loss) -> float:
-    value = torch.tensor([float(loss)])
+    value = torch.tensor([float(loss)], device=DEVICE)
     dist.all_reduce(value)
     return float(value) / dist.get_world_size()
 
@@ -141,7 +147,7 @@ def scenario_hybrid(args):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
 
-    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2), mesh_dim_names=("replicate", "shard"))
+    mesh = init_device_mesh(DEVICE.type, (2, dist.get_world_size() // 2), mesh_dim_names=("replicate", "shard"))
     data = batches(3)
     sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, mesh=mesh)
     placements = tuple(sharded.get_parameter("tok_emb.weight").placements)
@@ -199,7 +205,7 @@ def scenario_meta(args):
     rows = weight.shape[0] // world
     if world > 1:
         assert not torch.equal(weight[:rows], weight[rows:2 * rows]), "every rank drew the same shard"
-    assert torch.equal(sharded.get_buffer("blocks.0.attn.causal_mask"),
+    assert torch.equal(sharded.get_buffer("blocks.0.attn.causal_mask").cpu(),
                        torch.tril(torch.ones(CONFIG.max_seq, CONFIG.max_seq, dtype=torch.bool)))
     std = weight.std().item()
     assert 0.015 < std < 0.025, f"tok_emb std {std}: GPT-2 init wants 0.02"
@@ -388,7 +394,7 @@ def scenario_misuse(args):
                              pipeline="reduce-dtype=f32"), "conflicting settings"),
         (lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
                              offload_policy=torch.distributed.fsdp.CPUOffloadPolicy(pin_memory=True)),
-         "pin_memory"),
+         "pin_memory" if DEVICE.type == "cpu" else "not supported yet"),
         (lambda: sharded.set_requires_gradient_sync(False), "gradient_accumulation=True"),
         (lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
                              timeout=datetime.timedelta(microseconds=500)), "at least 1 ms"),
@@ -417,10 +423,12 @@ def scenario_misuse(args):
     from bad_models import Branchy
 
     try:
-        fsdpc.shard(Branchy(), (torch.randn(2, 4),), lambda m, x: m(x).sum())
+        fsdpc.shard(Branchy(), (torch.randn(2, 4, device=DEVICE),), lambda m, x: m(x).sum())
         raise AssertionError("data-dependent control flow compiled")
     except fsdpc.StepError as error:
         assert "bad_models.py:14" in str(error), error
+    if DEVICE.type == "cuda":  # refused above, until offload from the GPU exists
+        return
     # CPU offload on a CPU-only machine: the shards, gradients and optimizer
     # state are on the CPU already; training is unchanged.
     offloaded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
@@ -512,6 +520,77 @@ def scenario_scalar(args):
     assert restored_optimizer.state_dict()["state"], "the optimizer state was not restored"
 
 
+def scenario_mixed_fsdp2(args):
+    """bf16 compute with fp32 master weights and fp32 reductions: fsdpc's
+    losses equal FSDP2's under the same MixedPrecisionPolicy within 1e-2
+    (bf16 keeps 8 bits of mantissa, and the two cast at different points),
+    and both stay within 0.05 of fp32 eager."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    data = batches(3)
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, mp_policy=policy)
+    ours, _ = train(sharded, optimizer_for(sharded), data, clip=0.5)
+    theirs_model = reference_model()
+    mesh = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
+    for block in theirs_model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(theirs_model, mesh=mesh, mp_policy=policy)
+    theirs_optimizer = optimizer_for(theirs_model)
+
+    def fsdp2_step(batch):
+        loss = next_token_loss(theirs_model, *mine(batch))
+        loss.backward()
+        return mean_over_ranks(loss)
+
+    theirs, _ = run_steps(fsdp2_step, lambda limit: torch.nn.utils.clip_grad_norm_(theirs_model.parameters(), limit),
+                          theirs_optimizer, None, data, clip=0.5)
+    expected, _ = eager_losses(reference_model(), data, clip=0.5, schedule=False)
+    close(torch.tensor(ours), torch.tensor(theirs), "bf16 losses against FSDP2's", rtol=0, atol=1e-2)
+    close(torch.tensor(ours), torch.tensor(expected), "bf16 losses against fp32 eager", rtol=0, atol=0.05)
+
+
+def scenario_overlap(args):
+    """On a GPU: in a profiled step, work on the collectives' streams runs
+    while compute kernels run on the compute stream (the waits do not
+    block the host, so prefetched gathers and reductions overlap)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    config = GPTConfig(vocab_size=8192, max_seq=256, d_model=512, n_heads=8, n_layers=6)
+    torch.manual_seed(0)
+    model = GPT(config)
+    generator = torch.Generator().manual_seed(0)
+    batch = tuple(torch.randint(0, config.vocab_size, (8, 256), generator=generator).to(DEVICE) for _ in range(2))
+    sharded = fsdpc.shard(model, batch, next_token_loss)
+    optimizer = optimizer_for(sharded)
+    for _ in range(3):
+        sharded(*batch)
+        optimizer.step()
+        optimizer.zero_grad()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as profiled:
+        sharded(*batch)
+        torch.cuda.synchronize()
+    trace_path = Path(args.save, "overlap-trace.json")
+    profiled.export_chrome_trace(str(trace_path))
+    streams: dict[int, list] = {}
+    for event in json.loads(trace_path.read_text())["traceEvents"]:
+        if event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in event:
+            streams.setdefault(event["args"]["stream"], []).append(
+                (event["ts"], event["ts"] + event["dur"], event["name"]))
+    compute = max(streams, key=lambda stream: len(streams[stream]))  # the step's kernels
+    others = [interval for stream, intervals in streams.items() if stream != compute for interval in intervals]
+    overlapping = [o for o in others if any(k[0] < o[1] and o[0] < k[1] for k in streams[compute])]
+    summary = {"intervals_per_stream": {str(k): len(v) for k, v in streams.items()}, "compute_stream": compute,
+               "other_stream_intervals": len(others), "overlapping_compute": len(overlapping),
+               "examples": [name for _, _, name in overlapping[:5]]}
+    Path(args.save, "overlap.json").write_text(json.dumps(summary))
+    print(json.dumps(summary), flush=True)
+    assert others, f"no work on a second stream: {summary}"
+    assert overlapping, f"no collective overlapped a compute kernel: {summary}"
+
+
 SCENARIOS = {name.removeprefix("scenario_"): value for name, value in globals().items()
              if name.startswith("scenario_")}
 
@@ -524,9 +603,17 @@ def main() -> None:
     parser.add_argument("--save-at", type=int, default=0)
     parser.add_argument("--load")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    dist.init_process_group("gloo")
+    global DEVICE
+    if args.device == "cuda":  # one process per GPU, or ranks sharing the one GPU there is
+        DEVICE = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        torch.cuda.set_device(DEVICE)
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32: compared with CPU eager
+        torch.backends.cudnn.allow_tf32 = False
+    dist.init_process_group(args.backend)
     SCENARIOS[args.scenario](args)
     dist.barrier()
     dist.destroy_process_group()

@@ -40,7 +40,7 @@ py::dict run(const fsdp_rt::Program &program, const std::string &name, TensorMap
   fsdp_rt::StepOutputs outputs;
   {
     py::gil_scoped_release release; // collectives block; let other threads run
-    outputs = fsdp_rt::execute(function, std::move(inputs));
+    outputs = fsdp_rt::execute(program, function, std::move(inputs));
   }
   py::dict result;
   result["loss"] = outputs.loss.defined() ? py::cast(outputs.loss) : py::none();

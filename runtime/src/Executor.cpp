@@ -5,9 +5,8 @@
 // straight into one flat send buffer, casting as it copies; the wait copies
 // an all-gather's result out once per parameter, and a reduction's results
 // are views of its receive buffer (a cast copies only when the result dtype
-// differs). Staging buffers are dropped at the wait. On Gloo, whose own
-// all-gather and reduce-scatter copy through temporaries, both are done as an
-// in-place all-reduce (see startAllGather).
+// differs). Staging buffers are dropped at the wait. The backend behind a
+// group (fsdp_rt/Collectives.h) issues and waits; nothing here depends on it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -53,26 +52,11 @@ c10d::ReduceOp toReduceOp(Reduction reduction) {
   return c10d::ReduceOp::SUM;
 }
 
-bool isGloo(const c10d::ProcessGroup &pg) { return pg.getBackendName() == "gloo"; }
-
-/// Frees a finished collective's staging buffer now. The process group may
-/// keep its own reference to the tensor for a while after the wait returns
-/// (until its worker thread lets go of the work), which would keep the
-/// memory alive at a moment nobody planned; the data is no longer read.
-void freeStagingNow(at::Tensor &buffer) {
-  if (!buffer.defined())
-    return;
-  c10::StorageImpl *storage = buffer.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, buffer.device()));
-  storage->set_nbytes(0);
-  buffer = at::Tensor();
-}
-
 /// A collective between its start and its wait.
 struct InFlight {
   const Instruction *inst = nullptr;
-  c10::intrusive_ptr<c10d::Work> work;
-  at::Tensor send, recv;
+  Collectives *backend = nullptr;
+  Pending collective;
   std::vector<int64_t> offsets; // element offset of each input in the per-rank block
   int64_t ranks = 1, rank = 0, total = 0, startUs = 0;
   bool started = false;
@@ -80,12 +64,13 @@ struct InFlight {
 
 class Executor {
 public:
-  Executor(const Function &function, StepInputs inputs)
-      : function(function), in(std::move(inputs)),
+  Executor(const Program &program, const Function &function, StepInputs inputs)
+      : device(program.device()), function(function), in(std::move(inputs)),
         slots(function.slots), futures(function.futures) {}
 
   StepOutputs run() {
-    checkBatch();
+    c10::DeviceGuard onDevice(device); // the stream and allocator of the program's device
+    checkInputs();
     for (size_t i = 0; i < function.inputs.size(); ++i)
       slots[function.inputs[i]] = in.batch[i];
     for (size_t index = 0; index < function.instructions.size(); ++index) {
@@ -121,7 +106,16 @@ private:
            (inst.unit.empty() ? "" : " (unit @" + inst.unit + ")");
   }
 
-  void checkBatch() {
+  void checkInputs() {
+    auto checkDevice = [&](const std::map<std::string, at::Tensor> &table, const char *what) {
+      for (const auto &[name, value] : table)
+        if (value.defined() && value.device() != device)
+          throw std::runtime_error("fsdp_rt: " + std::string(what) + " '" + name + "' is on " + value.device().str() +
+                                   "; the program runs on " + device.str());
+    };
+    checkDevice(in.params, "parameter");
+    checkDevice(in.buffers, "buffer");
+    checkDevice(in.accumulated, "accumulated gradient");
     if (in.batch.size() != function.inputTypes.size())
       throw std::runtime_error("fsdp_rt: @" + function.name + " takes " +
                                std::to_string(function.inputTypes.size()) + " batch tensors, got " +
@@ -129,6 +123,9 @@ private:
     for (size_t i = 0; i < in.batch.size(); ++i) {
       const TensorSpec &spec = function.inputTypes[i];
       const at::Tensor &given = in.batch[i];
+      if (given.defined() && given.device() != device)
+        throw std::runtime_error("fsdp_rt: batch tensor " + std::to_string(i) + " of @" + function.name + " is on " +
+                                 given.device().str() + "; the program runs on " + device.str());
       if (!given.defined() || given.sizes() != at::IntArrayRef(spec.shape) ||
           given.scalar_type() != spec.dtype)
         throw std::runtime_error(
@@ -161,6 +158,13 @@ private:
     if (it == in.groups.end() || !it->second)
       throw std::runtime_error("no process group for '" + key + "'");
     return *it->second;
+  }
+
+  Collectives &collectives(const std::string &key) {
+    std::unique_ptr<Collectives> &backend = backends[key];
+    if (!backend)
+      backend = Collectives::forGroup(group(key), device, in.timeout);
+    return *backend;
   }
 
   void step(const Instruction &inst) {
@@ -239,10 +243,10 @@ private:
   }
 
   void startAllGather(const Instruction &inst) {
-    c10d::ProcessGroup &pg = group(inst.group);
-    InFlight pending{&inst};
-    pending.ranks = pg.getSize();
-    pending.rank = pg.getRank();
+    Collectives &backend = collectives(inst.group);
+    InFlight pending{&inst, &backend};
+    pending.ranks = backend.ranks();
+    pending.rank = backend.rank();
     std::vector<at::Tensor> shards;
     for (size_t i = 0; i < inst.inputs.size(); ++i) {
       const at::Tensor &shard = tensor(inst.inputs[i]);
@@ -257,35 +261,19 @@ private:
       shards.push_back(shard);
     }
     at::TensorOptions options = shards.front().options().dtype(inst.dtypes.front());
-    if (isGloo(pg)) {
-      // Gloo's all-gather flattens through a temporary as large as its
-      // output, allocated on its own thread; summing in place into a buffer
-      // of negative zeros (x + -0 is exactly x, also for +0, -0, inf, NaN)
-      // needs no send buffer and no temporary, and Gloo runs it faster.
-      pending.recv = at::empty({pending.ranks, pending.total}, options).fill_(-0.0);
-      at::Tensor mine = pending.recv.select(0, pg.getRank());
-      for (size_t i = 0; i < shards.size(); ++i) // the one copy in, cast included
-        mine.narrow(0, pending.offsets[i], shards[i].numel()).view(shards[i].sizes()).copy_(shards[i]);
-      std::vector<at::Tensor> tensors{pending.recv.view(-1)};
-      pending.work = pg.allreduce(tensors, c10d::AllreduceOptions());
-      issued("all_reduce", pending.recv, pending.ranks);
-    } else {
-      pending.send = at::empty({pending.total}, options);
-      for (size_t i = 0; i < shards.size(); ++i) // the one copy in, cast included
-        pending.send.narrow(0, pending.offsets[i], shards[i].numel()).view(shards[i].sizes()).copy_(shards[i]);
-      pending.recv = at::empty({pending.ranks * pending.total}, options);
-      pending.work = pg._allgather_base(pending.recv, pending.send);
-      issued("all_gather", pending.recv, pending.ranks);
-    }
+    at::Tensor mine = backend.gatherBlock(pending.collective, pending.total, options);
+    for (size_t i = 0; i < shards.size(); ++i) // the one copy in, cast included
+      mine.narrow(0, pending.offsets[i], shards[i].numel()).view(shards[i].sizes()).copy_(shards[i]);
+    out.collectives.push_back(backend.allGather(pending.collective));
     launch(inst, std::move(pending));
   }
 
   void startReduction(const Instruction &inst) {
     bool scatter = inst.kind == Instruction::Kind::ReduceScatter;
-    c10d::ProcessGroup &pg = group(inst.group);
-    InFlight pending{&inst};
-    pending.ranks = pg.getSize();
-    pending.rank = pg.getRank();
+    Collectives &backend = collectives(inst.group);
+    InFlight pending{&inst, &backend};
+    pending.ranks = backend.ranks();
+    pending.rank = backend.rank();
     for (const std::vector<int64_t> &shape : inst.shapes) {
       pending.offsets.push_back(pending.total);
       pending.total += c10::multiply_integers(shape);
@@ -293,11 +281,11 @@ private:
     const at::Tensor &first = tensor(inst.inputs.front());
     at::TensorOptions options = first.options().dtype(inst.reduceType);
     int64_t ranks = scatter ? pending.ranks : 1;
-    pending.send = at::empty({ranks, pending.total}, options);
+    at::Tensor packed = at::empty({ranks, pending.total}, options);
     for (size_t i = 0; i < inst.inputs.size(); ++i) {
       const at::Tensor &input = tensor(inst.inputs[i]);
       const std::vector<int64_t> &shape = inst.shapes[i];
-      at::Tensor region = pending.send.narrow(1, pending.offsets[i], c10::multiply_integers(shape));
+      at::Tensor region = packed.narrow(1, pending.offsets[i], c10::multiply_integers(shape));
       if (!scatter) {
         if (input.sizes() != at::IntArrayRef(shape))
           throw std::runtime_error("input " + std::to_string(i) + " has shape " + shapeText(input.sizes()) +
@@ -308,31 +296,10 @@ private:
       packScatterInput(input, shape, region, i);
     }
     if (inst.preDivide != 1.0)
-      pending.send.div_(inst.preDivide);
-    at::Tensor flat = pending.send.view(-1);
-    if (scatter && isGloo(pg)) {
-      // As for all-gathers: Gloo's reduce-scatter copies through a temporary
-      // as large as its input; reducing the packed buffer in place and
-      // keeping this rank's row (at the wait) needs none.
-      c10d::AllreduceOptions opts;
-      opts.reduceOp = toReduceOp(inst.reduction);
-      std::vector<at::Tensor> tensors{flat};
-      pending.work = pg.allreduce(tensors, opts);
-      issued("all_reduce", flat, pending.ranks);
-    } else if (scatter) {
-      pending.recv = at::empty({pending.total}, options);
-      c10d::ReduceScatterOptions opts;
-      opts.reduceOp = toReduceOp(inst.reduction);
-      pending.work = pg._reduce_scatter_base(pending.recv, flat, opts);
-      issued("reduce_scatter", flat, pending.ranks);
-    } else {
-      pending.recv = flat;
-      c10d::AllreduceOptions opts;
-      opts.reduceOp = toReduceOp(inst.reduction);
-      std::vector<at::Tensor> tensors{flat};
-      pending.work = pg.allreduce(tensors, opts);
-      issued("all_reduce", flat, pending.ranks);
-    }
+      packed.div_(inst.preDivide);
+    c10d::ReduceOp op = toReduceOp(inst.reduction);
+    out.collectives.push_back(scatter ? backend.reduceScatter(pending.collective, packed, op)
+                                      : backend.allReduce(pending.collective, packed.view(-1), op));
     launch(inst, std::move(pending));
   }
 
@@ -367,10 +334,6 @@ private:
       region.narrow(0, firstEmpty, ranks - firstEmpty).zero_();
   }
 
-  void issued(const char *op, const at::Tensor &buffer, int64_t ranks) {
-    out.collectives.push_back({op, static_cast<int64_t>(buffer.nbytes()), ranks});
-  }
-
   void launch(const Instruction &inst, InFlight pending) {
     InFlight &entry = futures.at(inst.future);
     if (entry.started)
@@ -388,14 +351,12 @@ private:
     const Instruction &start = *pending.inst;
     int64_t blockedFrom = in.trace ? nowUs() : 0;
     try {
-      if (!pending.work->wait(in.timeout))
-        throw std::runtime_error("did not complete");
+      pending.backend->wait(pending.collective);
     } catch (const std::exception &error) {
       throw std::runtime_error(describe(start) + " failed or timed out after " +
                                std::to_string(in.timeout.count()) + " ms: " + error.what());
     }
     int64_t arrived = in.trace ? nowUs() : 0;
-    pending.work.reset();
     if (inst.results.size() != start.shapes.size())
       throw std::runtime_error("the wait takes " + std::to_string(inst.results.size()) +
                                " results from a collective with " + std::to_string(start.shapes.size()));
@@ -415,12 +376,12 @@ private:
   /// the packed shards) into its own unpadded tensor: whole shards in one
   /// strided copy, then the partial one.
   void copyOutGathered(const Instruction &start, InFlight &pending, const std::vector<int> &results) {
-    at::Tensor byRank = pending.recv.view({pending.ranks, pending.total});
+    at::Tensor byRank = pending.collective.result;
     for (size_t i = 0; i < start.shapes.size(); ++i) {
       const std::vector<int64_t> &shape = start.shapes[i];
       int64_t dim0 = shape[0], rows = shardRowsOf(dim0, pending.ranks);
       int64_t rowElements = c10::multiply_integers(shape.begin() + 1, shape.end());
-      at::Tensor full = at::empty(shape, pending.recv.options());
+      at::Tensor full = at::empty(shape, byRank.options());
       int64_t whole = rows == 0 ? 0 : std::min(dim0 / rows, pending.ranks);
       if (whole > 0)
         full.narrow(0, 0, whole * rows)
@@ -435,20 +396,18 @@ private:
         slots[results[i]] = std::move(full);
     }
     byRank = at::Tensor();
-    freeStagingNow(pending.recv);
-    freeStagingNow(pending.send);
+    pending.collective.result = at::Tensor();
+    freeStagingNow(pending.collective.recv);
+    freeStagingNow(pending.collective.send);
   }
 
   void takeReduced(const Instruction &start, InFlight &pending, const std::vector<int> &results) {
-    if (!pending.recv.defined()) { // reduced in place: keep this rank's row, drop the rest
-      pending.recv = pending.send.select(0, pending.rank).clone();
-      freeStagingNow(pending.send);
-    }
+    at::Tensor &reduced = pending.collective.result;
     double divide = start.postDivide * (start.reduction == Reduction::Average ? pending.ranks : 1);
     if (divide != 1.0)
-      pending.recv.div_(divide);
+      reduced.div_(divide);
     for (size_t i = 0; i < start.shapes.size(); ++i) {
-      at::Tensor value = pending.recv.narrow(0, pending.offsets[i], c10::multiply_integers(start.shapes[i]))
+      at::Tensor value = reduced.narrow(0, pending.offsets[i], c10::multiply_integers(start.shapes[i]))
                              .view(start.shapes[i]);
       if (start.dtypes[i] != start.reduceType)
         value = value.to(start.dtypes[i]);
@@ -505,8 +464,10 @@ private:
     }
   }
 
+  c10::Device device;
   const Function &function;
   StepInputs in;
+  std::map<std::string, std::unique_ptr<Collectives>> backends;
   std::vector<c10::IValue> slots;
   std::vector<InFlight> futures;
   StepOutputs out;
@@ -514,8 +475,8 @@ private:
 
 } // namespace
 
-StepOutputs execute(const Function &function, StepInputs inputs) {
-  return Executor(function, std::move(inputs)).run();
+StepOutputs execute(const Program &program, const Function &function, StepInputs inputs) {
+  return Executor(program, function, std::move(inputs)).run();
 }
 
 } // namespace fsdp_rt

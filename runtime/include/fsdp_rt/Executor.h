@@ -1,19 +1,19 @@
 //===- Executor.h - run one function of a program ---------------*- C++ -*-===//
 //
-// Executes a loaded program's instructions in order on one rank. Values live
-// in slots and are dropped exactly where the program says (release, reshard);
-// a collective's staging buffers live from its start to its wait. The
-// executor makes no decisions; errors name the rank, the instruction and the
-// user's source line.
+// Executes a loaded program's instructions in order on one rank, on the
+// device the program was loaded for (every tensor the driver passes must be
+// there). Values live in slots and are dropped exactly where the program says
+// (release, reshard); a collective's staging buffers live from its start to
+// its wait. The executor makes no decisions; errors name the rank, the
+// instruction and the user's source line.
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef FSDP_RT_EXECUTOR_H
 #define FSDP_RT_EXECUTOR_H
 
+#include "fsdp_rt/Collectives.h"
 #include "fsdp_rt/Program.h"
-
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <chrono>
 #include <map>
@@ -39,14 +39,6 @@ struct TraceEvent {
   int64_t startUs, durationUs;
 };
 
-/// One collective as the executor issued it to the backend: the c10d
-/// operation, the bytes of the buffer it reduced (all_reduce), gathered into
-/// (all_gather) or scattered from (reduce_scatter), and the group's size.
-struct IssuedCollective {
-  std::string op;
-  int64_t bytes, ranks;
-};
-
 struct StepOutputs {
   at::Tensor loss;
   std::map<std::string, at::Tensor> grads;
@@ -57,8 +49,9 @@ struct StepOutputs {
   std::vector<std::string> reshardLeaks;
 };
 
-/// Runs `function` of a loaded program; throws std::runtime_error on failure.
-StepOutputs execute(const Function &function, StepInputs inputs);
+/// Runs `function` of `program` on the device it was loaded for; throws
+/// std::runtime_error on failure.
+StepOutputs execute(const Program &program, const Function &function, StepInputs inputs);
 
 } // namespace fsdp_rt
 

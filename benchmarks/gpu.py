@@ -1,0 +1,101 @@
+"""fsdpc against FSDP2 eager, FSDP2 with per-block torch.compile and the
+unsharded model under torch.compile, on one GPU (world size 1 on NCCL),
+bf16 compute with fp32 master weights. Each system is a separate process
+(benchmarks/gpu_one.py); systems alternate within each repeat. Usage on the
+GPU host (repository root, after `make runtime`):
+
+    PYTHONPATH=python python3 benchmarks/gpu.py --models gpt-23m llama-0.9b --repeats 2 --json $OUT/gpu.json
+
+Models (issue 16's sizes): llama-0.9b (dim 2048, 16 layers, 16/8 heads, ffn
+5632, vocab 32000; 4 x 2048 tokens), gpt-23m (32 x 128 tokens), llama-2.6b
+(dim 3072, 24 layers, 24/8 heads, ffn 8192; 2 x 2048 tokens). Repeat 0
+starts with empty compile caches (cold compile), later repeats reuse them
+(warm). Prints a markdown table per model: medians over repeats of the step
+time, tokens/s, MFU, peak allocated, and fsdpc's memory report against the
+measured peak, the exposed-communication share of a profiled step, cold and
+warm compile.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SYSTEMS = ["fsdpc", "fsdp2", "fsdp2-compile", "compile"]
+
+
+def run(model: str, system: str, caches: Path, out: Path, steps: int) -> dict | None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1",
+           "FSDPC_CACHE": str(caches / "fsdpc"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+               "--master-port", str(29800 + os.getpid() % 150), str(ROOT / "benchmarks" / "gpu_one.py"),
+               "--model", model, "--system", system, "--steps", str(steps), "--out", str(out)]
+    out.unlink(missing_ok=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
+    if not out.exists():
+        print(f"{model} {system} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}",
+              file=sys.stderr)
+        return None
+    return json.loads(out.read_text())
+
+
+def markdown(model: str, runs: dict[str, list[dict]]) -> str:
+    lines = [f"### {model}", "",
+             "| system | step ms | tokens/s | MFU | peak allocated GiB | vs FSDP2 eager (step, peak) | "
+             "report / measured fwd+bwd peak | exposed comm | compile cold / warm s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    median = lambda system, key: statistics.median(r[key] for r in runs[system])  # noqa: E731
+    base = runs.get("fsdp2")
+    for system, results in runs.items():
+        if not results:
+            lines.append(f"| {system} | failed | | | | | | | |")
+            continue
+        step, peak = median(system, "step_s"), median(system, "peak_allocated_gib")
+        ratio = (f"{step / median('fsdp2', 'step_s'):.2f}x, {peak / median('fsdp2', 'peak_allocated_gib'):.2f}x"
+                 if base else "")
+        report = ""
+        if "report_peak_above_start_gib" in results[0]:
+            report = (f"{results[0]['report_peak_above_start_gib']:.2f} / "
+                      f"{median(system, 'fwd_bwd_peak_above_start_gib'):.2f} GiB")
+        exposed = f"{median(system, 'exposed_comm_share'):.1%}" if "exposed_comm_share" in results[0] else ""
+        compile_times = " / ".join(f"{r['compile_s']:.1f}" for r in results[:2])
+        lines.append(f"| {system} | {step * 1e3:.1f} | {median(system, 'tokens_per_s'):,.0f} | "
+                     f"{median(system, 'mfu'):.1%} | {peak:.2f} | {ratio} | {report} | {exposed} | {compile_times} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", nargs="+", default=["gpt-23m", "llama-0.9b"])
+    parser.add_argument("--systems", nargs="+", default=SYSTEMS)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    everything = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        caches = Path(scratch)
+        for model in args.models:
+            runs: dict[str, list[dict]] = {system: [] for system in args.systems}
+            for repeat in range(args.repeats):
+                order = args.systems[repeat % len(args.systems):] + args.systems[:repeat % len(args.systems)]
+                for system in order:
+                    result = run(model, system, caches, caches / f"{model}-{system}-{repeat}.json", args.steps)
+                    if result is not None:
+                        runs[system].append(result)
+                        print(f"{model} {system} repeat {repeat}: {result['step_s'] * 1e3:.1f} ms, "
+                              f"{result['peak_allocated_gib']:.2f} GiB, compile {result['compile_s']:.1f} s",
+                              flush=True)
+            everything[model] = runs
+            print(markdown(model, runs), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(everything, indent=1))
+
+
+if __name__ == "__main__":
+    main()

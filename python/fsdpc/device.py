@@ -1,0 +1,71 @@
+"""The job's device and collective backend: one rule, read everywhere.
+
+A step runs where its batch is: the example batch handed to `fsdpc.shard`
+names the device (CPU, or the CUDA device this process drives: under
+torchrun, `torch.cuda.set_device(LOCAL_RANK)` and batches on "cuda"). An
+example batch on the meta device (shapes only) leaves the choice to the
+mesh's device type, else the current CUDA device where there is a GPU, else
+the CPU, as FSDP2 chooses. Capture
+targets that device's kind, the program is loaded for it, and the shards,
+gradients, mesh and checkpoints live there. The collective backend is the
+one the job's process group uses for that device (Gloo for CPU tensors, and
+for CUDA tensors of ranks that share one GPU; NCCL otherwise); the sharding
+pipeline's reports are computed for it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+BACKENDS = ("gloo", "nccl")
+
+
+class DeviceError(ValueError):
+    """The batch, mesh or process group do not agree on a device."""
+
+
+def job_device(example_batch: Sequence[torch.Tensor], mesh=None) -> torch.device:
+    """The device every batch tensor is on (a CUDA device with its index)."""
+    devices = {t.device for t in example_batch if isinstance(t, torch.Tensor)}
+    if not devices:
+        raise DeviceError("the example batch holds no tensor: fsdpc takes the job's device from it")
+    if len(devices) > 1:
+        raise DeviceError(f"the example batch is on {sorted(map(str, devices))}: put every batch tensor on the "
+                          "device this rank computes on")
+    device = devices.pop()
+    if device.type == "meta":
+        kind = mesh.device_type if mesh is not None else "cuda" if torch.cuda.is_available() else "cpu"
+        device = torch.device(kind)
+    if device.type not in ("cpu", "cuda"):
+        raise DeviceError(f"the example batch is on {device}; fsdpc runs on cpu and cuda")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if mesh is not None and mesh.device_type != device.type:
+        raise DeviceError(f"the mesh is on {mesh.device_type} and the batch on {device}: build the mesh with "
+                          f"init_device_mesh('{device.type}', ...)")
+    return device
+
+
+def collective_backend(device: torch.device, group=None) -> str:
+    """The backend (`gloo` or `nccl`) `group` (default: the job's) uses for
+    tensors on `device`."""
+    group = group if group is not None else dist.group.WORLD
+    try:
+        name = group._get_backend(device).name()
+    except RuntimeError as error:
+        raise DeviceError(f"the job's process group has no backend for {device.type} tensors "
+                          f"(torch.distributed.init_process_group(backend=...): gloo for cpu, nccl or gloo for "
+                          f"cuda): {str(error).splitlines()[0]}") from error
+    if name not in BACKENDS:
+        raise DeviceError(f"the job's process group uses {name} for {device.type} tensors; fsdpc runs on "
+                          f"{' and '.join(BACKENDS)}")
+    return name
+
+
+def seed_generators(device: torch.device) -> list[torch.device]:
+    """The devices whose random state `torch.random.fork_rng` must save for
+    an initialization on `device`."""
+    return [device.index] if device.type == "cuda" else []

@@ -1,0 +1,58 @@
+"""fsdpc.shard on a GPU (`make test-gpu`): the api_train.py scenarios with
+the sharded side on CUDA, each checked against eager PyTorch on CPU. One
+process on NCCL (NCCL refuses two ranks on one GPU), and 2 and 4 ranks that
+share the GPU over Gloo (which moves CUDA tensors between them): every
+strategy, accumulation, hybrid meshes, meta initialization, checkpoints
+GPU <-> CPU and fsdpc <-> FSDP2. Where there is no GPU every test is skipped
+with that reason (make test-gpu prints it)."""
+
+import pytest
+import torch
+
+from test_api import SCRIPT, environment, torchrun
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU on this machine: make test-gpu runs these on a GPU host", allow_module_level=True)
+
+import subprocess  # noqa: E402
+
+
+def run(ranks: int, scenario: str, *extra, device: str = "cuda", backend: str | None = None,
+        port_offset: int = 0) -> subprocess.CompletedProcess:
+    backend = backend or ("nccl" if ranks == 1 and device == "cuda" else "gloo")
+    done = subprocess.run(torchrun(ranks, SCRIPT, scenario, "--device", device, "--backend", backend, *extra,
+                                   port_offset=port_offset),
+                          capture_output=True, text=True, env=environment(), timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return done
+
+
+@pytest.mark.parametrize("scenario", ["train", "accumulate", "shapes", "misuse", "scalar", "fsdp2", "meta"])
+def test_one_rank_on_nccl(scenario, tmp_path):
+    run(1, scenario, "--save", tmp_path)
+
+
+@pytest.mark.parametrize("scenario, ranks", [
+    ("train", 2), ("hybrid", 4), ("replicated", 2), ("meta", 2), ("accumulate", 2), ("scalar", 4),
+])
+def test_ranks_sharing_the_gpu_over_gloo(scenario, ranks, tmp_path):
+    run(ranks, scenario, "--save", tmp_path)
+
+
+@pytest.mark.parametrize("saved_on, loaded_on", [("cuda", "cpu"), ("cpu", "cuda")])
+def test_a_checkpoint_moves_between_gpu_and_cpu(saved_on, loaded_on, tmp_path):
+    whole, resumed = tmp_path / "whole.pt", tmp_path / "resumed.pt"
+    run(2, "checkpoint", "--steps", 4, "--save", tmp_path / "ckpt", "--save-at", 2, "--out", whole,
+        device=saved_on)
+    run(2, "checkpoint", "--steps", 4, "--load", tmp_path / "ckpt", "--out", resumed, device=loaded_on)
+    whole, resumed = torch.load(whole), torch.load(resumed)
+    torch.testing.assert_close(torch.tensor(resumed["losses"]), torch.tensor(whole["losses"][2:]),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_mixed_precision_equals_fsdp2(tmp_path):
+    run(1, "mixed_fsdp2", "--save", tmp_path)
+
+
+def test_collectives_overlap_kernels(tmp_path):
+    run(1, "overlap", "--save", tmp_path)

@@ -1,0 +1,98 @@
+//===- Collectives.h - one collective interface, two backends ---*- C++ -*-===//
+//
+// The executor packs buffers and unpacks results; a Collectives object issues
+// the collective on its process group and waits for it. Two implementations,
+// chosen by the backend that the group uses for the program's device:
+//
+//  - Gloo (CPU tensors, and CUDA tensors of ranks that share a GPU): Gloo's
+//    all-gather and reduce-scatter copy through temporaries as large as their
+//    buffers, so both run as one in-place all-reduce; a wait blocks the host
+//    for at most the step's timeout.
+//  - NCCL through ProcessGroupNCCL (the torch wheel's NCCL, bootstrapped by
+//    the job's store): the collective runs on the group's NCCL stream after
+//    an event recorded on the compute stream at the start; the wait makes the
+//    compute stream wait for the collective's end event and returns at once,
+//    so the host runs ahead and collectives overlap the kernels issued
+//    between a start and its wait. Timeouts come from the group's watchdog.
+//
+// Staging buffers are allocated on the compute stream and dropped at the
+// wait, after the compute stream waits for the collective: the caching
+// allocator hands their memory only to work ordered after that wait, so it is
+// never reused while the collective still reads or writes it, and the program
+// order is the allocation order the memory report models.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_RT_COLLECTIVES_H
+#define FSDP_RT_COLLECTIVES_H
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace fsdp_rt {
+
+/// One collective between its start and its wait.
+struct Pending {
+  c10::intrusive_ptr<c10d::Work> work;
+  /// The staging buffers the collective reads and writes.
+  at::Tensor send, recv;
+  /// After the wait: an all-gather's [ranks, elements] blocks, or a
+  /// reduction's result (this rank's block for a reduce-scatter).
+  at::Tensor result;
+  /// The result is one row of `send` (reduced in place): the wait copies it
+  /// out and drops the rest.
+  bool rowOfSend = false;
+};
+
+/// A collective as it was handed to the backend: the c10d operation, the
+/// bytes of the buffer it reduced (all_reduce), gathered into (all_gather)
+/// or scattered from (reduce_scatter), and the group's size.
+struct IssuedCollective {
+  std::string op;
+  int64_t bytes, ranks;
+};
+
+class Collectives {
+public:
+  /// The implementation for `group`'s backend on `device`; throws for a
+  /// backend fsdpc does not drive.
+  static std::unique_ptr<Collectives> forGroup(c10d::ProcessGroup &group, c10::Device device,
+                                               std::chrono::milliseconds timeout);
+  virtual ~Collectives() = default;
+
+  int64_t rank() const { return group_.getRank(); }
+  int64_t ranks() const { return group_.getSize(); }
+  const std::string &backend() const { return backend_; }
+
+  /// A buffer of `elements` for this rank's block of an all-gather, to be
+  /// packed by the caller before `allGather`.
+  virtual at::Tensor gatherBlock(Pending &pending, int64_t elements, const at::TensorOptions &options) = 0;
+  virtual IssuedCollective allGather(Pending &pending) = 0;
+  /// Reduces `packed` ([ranks, elements], one row per destination rank)
+  /// and leaves this rank's row as the result.
+  virtual IssuedCollective reduceScatter(Pending &pending, at::Tensor packed, c10d::ReduceOp op) = 0;
+  /// Reduces `flat` in place; the result is `flat`.
+  IssuedCollective allReduce(Pending &pending, at::Tensor flat, c10d::ReduceOp op);
+  /// Orders what follows after the collective; `pending.result` is then valid.
+  void wait(Pending &pending);
+
+protected:
+  virtual void waitForWork(c10d::Work &work) = 0;
+
+  Collectives(c10d::ProcessGroup &group, std::string backend) : group_(group), backend_(std::move(backend)) {}
+
+  c10d::ProcessGroup &group_;
+  std::string backend_;
+};
+
+/// Drops a finished collective's staging buffer now, also where the process
+/// group still holds a reference to it (until its worker lets go of the
+/// work), which would keep the memory alive at a moment nobody planned.
+void freeStagingNow(at::Tensor &buffer);
+
+} // namespace fsdp_rt
+
+#endif // FSDP_RT_COLLECTIVES_H

@@ -1,0 +1,125 @@
+//===- Collectives.cpp - Gloo and NCCL behind one interface ---------------===//
+
+#include "fsdp_rt/Collectives.h"
+
+#include <stdexcept>
+
+namespace fsdp_rt {
+
+namespace {
+
+class GlooCollectives final : public Collectives {
+public:
+  GlooCollectives(c10d::ProcessGroup &group, std::chrono::milliseconds timeout)
+      : Collectives(group, "gloo"), timeout_(timeout) {}
+
+  // The gathered buffer starts as negative zeros with this rank's block
+  // packed in; summing in place fills in the others (x + -0 is exactly x,
+  // also for +0, -0, inf and NaN).
+  at::Tensor gatherBlock(Pending &pending, int64_t elements, const at::TensorOptions &options) override {
+    pending.recv = at::empty({ranks(), elements}, options).fill_(-0.0);
+    return pending.recv.select(0, rank());
+  }
+
+  IssuedCollective allGather(Pending &pending) override {
+    pending.result = pending.recv;
+    return allReduce(pending, pending.recv.view(-1), c10d::ReduceOp::SUM);
+  }
+
+  IssuedCollective reduceScatter(Pending &pending, at::Tensor packed, c10d::ReduceOp op) override {
+    pending.send = packed;
+    pending.result = packed.select(0, rank());
+    pending.rowOfSend = true;
+    return allReduce(pending, packed.view(-1), op);
+  }
+
+  void waitForWork(c10d::Work &work) override {
+    if (!work.wait(timeout_))
+      throw std::runtime_error("did not complete");
+  }
+
+private:
+  std::chrono::milliseconds timeout_;
+};
+
+class NcclCollectives final : public Collectives {
+public:
+  explicit NcclCollectives(c10d::ProcessGroup &group) : Collectives(group, "nccl") {}
+
+  at::Tensor gatherBlock(Pending &pending, int64_t elements, const at::TensorOptions &options) override {
+    pending.send = at::empty({elements}, options);
+    return pending.send;
+  }
+
+  IssuedCollective allGather(Pending &pending) override {
+    pending.recv = at::empty({ranks() * pending.send.numel()}, pending.send.options());
+    pending.work = group_._allgather_base(pending.recv, pending.send);
+    pending.result = pending.recv.view({ranks(), pending.send.numel()});
+    return {"all_gather", static_cast<int64_t>(pending.recv.nbytes()), ranks()};
+  }
+
+  IssuedCollective reduceScatter(Pending &pending, at::Tensor packed, c10d::ReduceOp op) override {
+    pending.send = packed.view(-1);
+    pending.recv = at::empty({packed.size(1)}, packed.options());
+    c10d::ReduceScatterOptions options;
+    options.reduceOp = op;
+    pending.work = group_._reduce_scatter_base(pending.recv, pending.send, options);
+    pending.result = pending.recv;
+    return {"reduce_scatter", static_cast<int64_t>(pending.send.nbytes()), ranks()};
+  }
+
+  // No timeout: ProcessGroupNCCL blocks the host until the collective ends
+  // when given one. Without, the compute stream waits for its end event and
+  // the group's watchdog enforces the group's timeout.
+  void waitForWork(c10d::Work &work) override { work.wait(); }
+};
+
+} // namespace
+
+IssuedCollective Collectives::allReduce(Pending &pending, at::Tensor flat, c10d::ReduceOp op) {
+  c10d::AllreduceOptions options;
+  options.reduceOp = op;
+  std::vector<at::Tensor> tensors{flat};
+  pending.work = group_.allreduce(tensors, options);
+  if (!pending.result.defined())
+    pending.result = flat;
+  return {"all_reduce", static_cast<int64_t>(flat.nbytes()), ranks()};
+}
+
+void Collectives::wait(Pending &pending) {
+  waitForWork(*pending.work);
+  pending.work.reset();
+  if (pending.rowOfSend) {
+    pending.result = pending.result.clone();
+    freeStagingNow(pending.send);
+  }
+}
+
+std::unique_ptr<Collectives> Collectives::forGroup(c10d::ProcessGroup &group, c10::Device device,
+                                                   std::chrono::milliseconds timeout) {
+  std::string name;
+  try {
+    name = group.getBackend(device.type())->getBackendName();
+  } catch (const std::exception &) {
+    throw std::runtime_error("process group '" + group.getGroupName() + "' has no backend for " +
+                             c10::DeviceTypeName(device.type(), /*lower_case=*/true) +
+                             " tensors (create the job's groups with gloo for cpu, nccl or gloo for cuda)");
+  }
+  if (name == "gloo")
+    return std::make_unique<GlooCollectives>(group, timeout);
+  if (name == "nccl")
+    return std::make_unique<NcclCollectives>(group);
+  throw std::runtime_error("process group '" + group.getGroupName() + "' uses the " + name +
+                           " backend; fsdpc's runtime drives gloo and nccl");
+}
+
+void freeStagingNow(at::Tensor &buffer) {
+  if (!buffer.defined())
+    return;
+  c10::StorageImpl *storage = buffer.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, buffer.device()));
+  storage->set_nbytes(0);
+  buffer = at::Tensor();
+}
+
+} // namespace fsdp_rt
