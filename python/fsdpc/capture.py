@@ -380,6 +380,24 @@ def _tracing_safe_names(model: nn.Module):
             module.__dict__[table] = entries
 
 
+class _ScalarTensorsAsOps(torch.overrides.TorchFunctionMode):
+    """`torch.tensor(number, ...)` inside forward becomes `torch.full((), number, ...)`:
+    export lifts a tensor made from Python data to a constant input, and on
+    the meta device (where capture runs) its value is lost; as an op, the
+    number is in the graph (Hugging Face's masks do `torch.tensor(0.0, device=...)`)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.tensor and len(args) == 1 and type(args[0]) in (bool, int, float) and \
+                set(kwargs) <= {"dtype", "device", "requires_grad"}:
+            number = args[0]
+            dtype = kwargs.get("dtype") or (torch.bool if isinstance(number, bool) else torch.int64
+                                            if isinstance(number, int) else torch.get_default_dtype())
+            return torch.full((), number, dtype=dtype, device=kwargs.get("device"),
+                              requires_grad=kwargs.get("requires_grad", False))
+        return func(*args, **kwargs)
+
+
 def capture_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *,
                           mixed_precision: MixedPrecision | None = None,
                           unit_modules: Sequence[str] = (), device: str = "cpu") -> CapturedStep:
@@ -394,7 +412,8 @@ def capture_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_
     step = _TrainingStep(model, loss_fn)
     units = [model.get_submodule(name) for name in unit_modules]
     with _tracing_safe_names(model) as real_fqn:
-        with _mixed_precision_casts(model, units, mixed_precision), FusedAttentionFor(device):
+        with (_mixed_precision_casts(model, units, mixed_precision), FusedAttentionFor(device),
+              _ScalarTensorsAsOps()):
             program = _export(step, batch)
             aliases = {identity: [real_fqn.get(n, n) for n in names]
                        for identity, names in _alias_groups(model).items()}

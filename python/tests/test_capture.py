@@ -211,3 +211,48 @@ def test_mixed_precision_capture_matches_eager_under_the_same_policy(name):
     assert reads
     for value in reads:
         assert re.search(rf"= fsdp.cast {value} : tensor<[0-9x]+f32> to tensor<[0-9x]+bf16>", result.mlir)
+
+
+class MaskedLinear(nn.Module):
+    """Makes tensors from Python numbers inside forward, as Hugging Face's
+    masks do (`torch.tensor(0.0, device=...)`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.linear(x)
+        keep = y > torch.tensor(0.25, device=y.device)
+        return torch.where(keep, y, torch.tensor(-0.5, device=y.device, dtype=y.dtype)) * torch.tensor(3)
+
+
+def test_tensors_made_from_python_numbers_keep_their_values_on_meta():
+    def loss_fn(model, x):
+        return model(x).square().mean()
+
+    torch.manual_seed(0)
+    model, batch = MaskedLinear(), (torch.randn(4, 8),)
+    with torch.device("meta"):
+        on_meta = MaskedLinear()
+    result = export_training_step(on_meta, [torch.empty(4, 8, device="meta")], loss_fn)
+    for number in (r"2\.50*e-01", r"-5\.0*e-01"):
+        assert re.search(rf'"aten::full" \(\) args \[\[\], {number}', result.mlir), f"{number} was lost"
+    real = export_training_step(model, batch, loss_fn)
+    loss, grads = run_joint(real, model, batch)
+    eager = loss_fn(model, *batch)
+    eager.backward()
+    torch.testing.assert_close(loss, eager)
+    for fqn, grad in grads.items():
+        torch.testing.assert_close(grad, model.get_parameter(fqn).grad)
+    # Other tensors from Python data are still refused, naming the line.
+    class ListConstant(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.linear(x) * torch.tensor([1.0, 2.0])
+
+    with pytest.raises(CaptureError, match="register_buffer"):
+        export_training_step(ListConstant(), [torch.randn(3, 2)], loss_fn)
