@@ -603,8 +603,10 @@ def _attribute_nodes(graph: fx.Graph, loss_location: SourceLocation | None
             if seq is not None:
                 by_seq.setdefault(seq, (module, where))
         elif seq is not None and seq in by_seq:
+            # A backward node's own stack (where torch records one, as 2.11
+            # does) is the loss's line: the forward op's line says more.
             module, borrowed = by_seq[seq]
-            where = where or borrowed
+            where = borrowed or where
         if module is not None:
             modules[node] = module
         if where is not None:

@@ -16,7 +16,9 @@ class MLP(nn.Module):
 
 
 def mse_loss(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return F.mse_loss(model(x), target)
+    # In the target's dtype: under a bf16 policy the output is bf16, and
+    # torch 2.11's mse_loss backward fails on mixed dtypes.
+    return F.mse_loss(model(x).to(target.dtype), target)
 
 
 def make_mlp(batch: int = 8, **_options):
