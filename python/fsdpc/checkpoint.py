@@ -162,14 +162,15 @@ def load(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optim
 
 def full_state_dict(model: nn.Module, *, rank0_only: bool = False) -> dict[str, torch.Tensor]:
     """Collective: the model's state dict unsharded and unpadded (DTensors
-    gathered one at a time), on every rank or, with `rank0_only`, on rank 0
-    (the others get {} and hold one tensor at a time)."""
+    gathered one at a time) in host memory, on every rank or, with
+    `rank0_only`, on rank 0 (the others get {} and hold one tensor at a
+    time); a whole model seldom fits next to its shards on a GPU."""
     keep = not rank0_only or dist.get_rank() == 0
     full = {}
     for name, value in model.state_dict().items():
         value = value.full_tensor() if isinstance(value, DTensor) else value
         if keep:
-            full[name] = value.detach().clone()
+            full[name] = value.detach().to("cpu", copy=True)
     return full
 
 

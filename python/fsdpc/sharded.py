@@ -203,6 +203,7 @@ class ShardedModule(nn.Module):
         self._meta_buffers = {name for name, b in self.named_buffers() if b.is_meta}
         self._storage: dict[str, torch.Tensor] = {}
         on_every_rank("placing the parameter shards", lambda: self._place_shards(model))
+        self._move_buffers()
         if not self._on_meta:  # every rank starts from rank 0's replicated state
             self._broadcast_replicated()
         # The hook holds the flag, not the module: a cycle through the model
@@ -281,6 +282,17 @@ class ShardedModule(nn.Module):
                     _retire(originals[fqn], fqn)
             if not original.is_meta:  # the whole tensor is no longer needed
                 original.data = torch.empty(0, dtype=original.dtype, device=original.device)
+
+    def _move_buffers(self) -> None:
+        """Buffers the step reads live on its device (meta ones wait for init_weights)."""
+        moved: dict[int, torch.Tensor] = {}  # a buffer under two names stays one tensor
+        for name, buffer in list(self.named_buffers(remove_duplicate=False)):
+            if buffer.is_meta or buffer.device == self.device:
+                continue
+            owner, leaf = _owner(self, name)
+            owner._buffers[leaf] = moved.setdefault(id(buffer), buffer.to(self.device))
+            if owner is self:
+                self._original._buffers[leaf] = owner._buffers[leaf]
 
     def _loaded(self, incompatible_keys) -> None:
         self._on_meta = False
