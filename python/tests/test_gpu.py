@@ -6,15 +6,15 @@ strategy, accumulation, hybrid meshes, meta initialization, checkpoints
 GPU <-> CPU and fsdpc <-> FSDP2. Where there is no GPU every test is skipped
 with that reason (make test-gpu prints it)."""
 
+import subprocess
+
 import pytest
 import torch
 
 from test_api import SCRIPT, environment, torchrun
 
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU on this machine: make test-gpu runs these on a GPU host", allow_module_level=True)
-
-import subprocess  # noqa: E402
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="no CUDA GPU on this machine: make test-gpu runs these on a GPU host")
 
 
 def run(ranks: int, scenario: str, *extra, device: str = "cuda", backend: str | None = None,
