@@ -597,7 +597,7 @@ SCENARIOS = {name.removeprefix("scenario_"): value for name, value in globals().
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=sorted(SCENARIOS))
+    parser.add_argument("scenarios", help=f"comma-separated, run in order in one job: {', '.join(sorted(SCENARIOS))}")
     parser.add_argument("--out", default=os.devnull)
     parser.add_argument("--save")
     parser.add_argument("--save-at", type=int, default=0)
@@ -614,8 +614,16 @@ def main() -> None:
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32: compared with CPU eager
         torch.backends.cudnn.allow_tf32 = False
     dist.init_process_group(args.backend)
-    SCENARIOS[args.scenario](args)
-    dist.barrier()
+    names = args.scenarios.split(",")
+    unknown = [name for name in names if name not in SCENARIOS]
+    if unknown:
+        raise SystemExit(f"unknown scenarios {unknown}; known: {', '.join(sorted(SCENARIOS))}")
+    for name in names:  # one job for several scenarios saves a start-up each
+        try:
+            SCENARIOS[name](args)
+        except Exception as error:
+            raise RuntimeError(f"scenario '{name}' failed: {error}") from error
+        dist.barrier()
     dist.destroy_process_group()
 
 

@@ -36,15 +36,16 @@ def run(ranks: int, scenario: str, *extra, port_offset: int = 0) -> subprocess.C
     return done
 
 
-@pytest.mark.parametrize("scenario, ranks", [
-    ("train", 2), ("hybrid", 4), ("replicated", 3), ("meta", 2), ("accumulate", 2), ("shapes", 2), ("misuse", 2), ("fsdp2", 2),
-    ("scalar", 4),
+# Scenarios at one rank count share a job (each checks itself and names
+# itself when it fails): a torchrun start costs seconds on the CI machine.
+@pytest.mark.parametrize("scenarios, ranks", [
+    ("train,meta,accumulate,shapes,fsdp2,misuse", 2), ("replicated", 3), ("hybrid,scalar", 4),
 ])
-def test_scenario(scenario, ranks, tmp_path):
-    run(ranks, scenario, "--save", tmp_path)
+def test_scenarios(scenarios, ranks, tmp_path):
+    run(ranks, scenarios, "--save", tmp_path)
 
 
-@pytest.mark.parametrize("saved_on, loaded_on", [(1, 3), (4, 2)])  # grows (one rank to uneven shards), shrinks
+@pytest.mark.parametrize("saved_on, loaded_on", [(1, 3), (3, 2)])  # grows (one rank to uneven shards), shrinks
 def test_checkpoint_resumes_on_another_rank_count_with_the_same_losses(saved_on, loaded_on, tmp_path):
     whole, resumed = tmp_path / "whole.pt", tmp_path / "resumed.pt"
     run(saved_on, "checkpoint", "--steps", 5, "--save", tmp_path / "ckpt", "--save-at", 2, "--out", whole)
