@@ -34,6 +34,7 @@ import torch.distributed as dist
 from fsdpc.models.gpt import GPT, GPT_23M, Block
 from fsdpc.models.language import next_token_loss
 from fsdpc.models.llama import Llama, LlamaConfig, TransformerBlock
+from fsdpc.profiling import device_stream_intervals
 
 H100_BF16_DENSE = 989e12
 MODELS = {
@@ -57,17 +58,14 @@ def exposed_communication(trace_path: Path) -> dict:
     """From a Chrome trace of one step: the compute stream is the one with
     the most kernels; every other stream's busy time not covered by a
     compute kernel is exposed communication."""
-    streams: dict[int, list] = {}
-    for event in json.loads(trace_path.read_text())["traceEvents"]:
-        if event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in event:
-            streams.setdefault(event["args"]["stream"], []).append((event["ts"], event["ts"] + event["dur"]))
+    streams = device_stream_intervals(trace_path)
     if not streams:
         return {}
     compute = max(streams, key=lambda stream: len(streams[stream]))
 
     def merged(intervals):
         out = []
-        for begin, end in sorted(intervals):
+        for begin, end, *_ in sorted(intervals):
             if out and begin <= out[-1][1]:
                 out[-1][1] = max(out[-1][1], end)
             else:

@@ -23,7 +23,7 @@ import fsdpc
 from fsdpc import checkpoint
 from fsdpc.models.gpt import GPT, GPTConfig
 from fsdpc.models.language import next_token_loss
-from fsdpc.profiling import peak_allocated_above_start
+from fsdpc.profiling import device_stream_intervals, peak_allocated_above_start
 from fsdpc.sharded import new_shard
 
 DEVICE = torch.device("cpu")  # where the sharded side runs (--device)
@@ -574,11 +574,7 @@ def scenario_overlap(args):
         torch.cuda.synchronize()
     trace_path = Path(args.save, "overlap-trace.json")
     profiled.export_chrome_trace(str(trace_path))
-    streams: dict[int, list] = {}
-    for event in json.loads(trace_path.read_text())["traceEvents"]:
-        if event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in event:
-            streams.setdefault(event["args"]["stream"], []).append(
-                (event["ts"], event["ts"] + event["dur"], event["name"]))
+    streams = device_stream_intervals(trace_path)
     compute = max(streams, key=lambda stream: len(streams[stream]))  # the step's kernels
     others = [interval for stream, intervals in streams.items() if stream != compute for interval in intervals]
     overlapping = [o for o in others if any(k[0] < o[1] and o[0] < k[1] for k in streams[compute])]

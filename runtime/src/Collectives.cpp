@@ -11,7 +11,7 @@ namespace {
 class GlooCollectives final : public Collectives {
 public:
   GlooCollectives(c10d::ProcessGroup &group, std::chrono::milliseconds timeout)
-      : Collectives(group, "gloo"), timeout_(timeout) {}
+      : Collectives(group), timeout_(timeout) {}
 
   // The gathered buffer starts as negative zeros with this rank's block
   // packed in; summing in place fills in the others (x + -0 is exactly x,
@@ -44,7 +44,7 @@ private:
 
 class NcclCollectives final : public Collectives {
 public:
-  explicit NcclCollectives(c10d::ProcessGroup &group) : Collectives(group, "nccl") {}
+  explicit NcclCollectives(c10d::ProcessGroup &group) : Collectives(group) {}
 
   at::Tensor gatherBlock(Pending &pending, int64_t elements, const at::TensorOptions &options) override {
     pending.send = at::empty({elements}, options);

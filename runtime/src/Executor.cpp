@@ -58,7 +58,7 @@ struct InFlight {
   Collectives *backend = nullptr;
   Pending collective;
   std::vector<int64_t> offsets; // element offset of each input in the per-rank block
-  int64_t ranks = 1, rank = 0, total = 0, startUs = 0;
+  int64_t ranks = 1, total = 0, startUs = 0;
   bool started = false;
 };
 
@@ -246,7 +246,6 @@ private:
     Collectives &backend = collectives(inst.group);
     InFlight pending{&inst, &backend};
     pending.ranks = backend.ranks();
-    pending.rank = backend.rank();
     std::vector<at::Tensor> shards;
     for (size_t i = 0; i < inst.inputs.size(); ++i) {
       const at::Tensor &shard = tensor(inst.inputs[i]);
@@ -273,7 +272,6 @@ private:
     Collectives &backend = collectives(inst.group);
     InFlight pending{&inst, &backend};
     pending.ranks = backend.ranks();
-    pending.rank = backend.rank();
     for (const std::vector<int64_t> &shape : inst.shapes) {
       pending.offsets.push_back(pending.total);
       pending.total += c10::multiply_integers(shape);

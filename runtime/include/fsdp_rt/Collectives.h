@@ -65,7 +65,6 @@ public:
 
   int64_t rank() const { return group_.getRank(); }
   int64_t ranks() const { return group_.getSize(); }
-  const std::string &backend() const { return backend_; }
 
   /// A buffer of `elements` for this rank's block of an all-gather, to be
   /// packed by the caller before `allGather`.
@@ -82,10 +81,9 @@ public:
 protected:
   virtual void waitForWork(c10d::Work &work) = 0;
 
-  Collectives(c10d::ProcessGroup &group, std::string backend) : group_(group), backend_(std::move(backend)) {}
+  explicit Collectives(c10d::ProcessGroup &group) : group_(group) {}
 
   c10d::ProcessGroup &group_;
-  std::string backend_;
 };
 
 /// Drops a finished collective's staging buffer now, also where the process
