@@ -39,28 +39,34 @@ def run(ranks: int, scenario: str, *extra, port_offset: int = 0) -> subprocess.C
 # Scenarios at one rank count share a job (each checks itself and names
 # itself when it fails): a torchrun start costs seconds on the CI machine.
 @pytest.mark.parametrize("scenarios, ranks", [
-    ("train,meta,accumulate,shapes,fsdp2,misuse", 2), ("replicated", 3), ("hybrid,scalar", 4),
+    ("train,meta,accumulate,shapes,fsdp2,misuse", 2), ("hybrid,scalar", 4),
 ])
 def test_scenarios(scenarios, ranks, tmp_path):
     run(ranks, scenarios, "--save", tmp_path)
 
 
-@pytest.mark.parametrize("saved_on, loaded_on", [(1, 3), (3, 2)])  # grows (one rank to uneven shards), shrinks
-def test_checkpoint_resumes_on_another_rank_count_with_the_same_losses(saved_on, loaded_on, tmp_path):
-    whole, resumed = tmp_path / "whole.pt", tmp_path / "resumed.pt"
-    run(saved_on, "checkpoint", "--steps", 5, "--save", tmp_path / "ckpt", "--save-at", 2, "--out", whole)
-    run(loaded_on, "checkpoint", "--steps", 5, "--load", tmp_path / "ckpt", "--out", resumed)
-    whole, resumed = torch.load(whole), torch.load(resumed)
-    assert resumed["start"] == 2
-    torch.testing.assert_close(torch.tensor(resumed["losses"]), torch.tensor(whole["losses"][2:]),
-                               rtol=1e-5, atol=1e-6)
+def test_checkpoints_resume_on_other_rank_counts_with_the_same_losses(tmp_path):
+    """Saved on 1 rank after step 2, resumed on 3 (uneven shards) and saved
+    after step 3, resumed on 2. The 3-rank job also runs the `replicated`
+    scenario (its only 3-rank check), saving a job's start-up."""
+    whole, on_three, on_two = tmp_path / "whole.pt", tmp_path / "three.pt", tmp_path / "two.pt"
+    run(1, "checkpoint", "--steps", 5, "--save", tmp_path / "ckpt1", "--save-at", 2, "--out", whole)
+    run(3, "replicated,checkpoint", "--steps", 5, "--load", tmp_path / "ckpt1", "--save", tmp_path / "ckpt3",
+        "--save-at", 3, "--out", on_three)
+    run(2, "checkpoint", "--steps", 5, "--load", tmp_path / "ckpt3", "--out", on_two)
+    whole = torch.load(whole)
+    for resumed, start in ((torch.load(on_three), 2), (torch.load(on_two), 3)):
+        assert resumed["start"] == start
+        torch.testing.assert_close(torch.tensor(resumed["losses"]), torch.tensor(whole["losses"][start:]),
+                                   rtol=1e-5, atol=1e-6)
     assert not any(".partial-" in p.name for p in tmp_path.iterdir())
-    # The checkpoint holds true shapes: padding never reaches it (257 rows do not divide by 2, 3 or 4).
+    # The checkpoints hold true shapes: padding never reaches them (257 rows do not divide by 2 or 3).
     import torch.distributed.checkpoint as dcp
 
-    saved = dcp.FileSystemReader(tmp_path / "ckpt").read_metadata().state_dict_metadata
-    assert tuple(saved["model.tok_emb.weight"].size) == (257, 32)
-    assert tuple(saved["optim.state.tok_emb.weight.exp_avg"].size) == (257, 32)
+    for saved in ("ckpt1", "ckpt3"):
+        metadata = dcp.FileSystemReader(tmp_path / saved).read_metadata().state_dict_metadata
+        assert tuple(metadata["model.tok_emb.weight"].size) == (257, 32)
+        assert tuple(metadata["optim.state.tok_emb.weight.exp_avg"].size) == (257, 32)
 
 
 def test_a_save_killed_half_way_leaves_the_previous_checkpoint(tmp_path):
