@@ -471,10 +471,9 @@ class ShardedModule(nn.Module):
             param = named[fqn]
             local = rows(grad, 0, self._shard_rows(self.layout[fqn])[1])
             if param.grad is None:
-                param.grad = DTensor.from_local(local, self.mesh, param.placements, run_check=False,
-                                                shape=param.shape, stride=param.stride())
+                param.grad = _gradient_dtensor(param, local)
             else:
-                param.grad.to_local().add_(local)
+                param.grad._local_tensor.add_(local)
         return out["loss"]
 
     def _agree_on_call(self, description: str) -> None:
@@ -528,7 +527,7 @@ class ShardedModule(nn.Module):
         """The padded shard the program reads, holding the parameter's
         current values (a load that replaced the local tensor is copied in)."""
         storage = self._storage[fqn]
-        local = param.to_local().detach()
+        local = param._local_tensor  # not to_local(): an autograd function per parameter and call
         if local.numel() and local.data_ptr() != storage.data_ptr():
             rows(storage, 0, local.shape[0] if local.dim() else 1).copy_(local)
         return storage
@@ -662,6 +661,17 @@ def new_shard(spec: ParamSpec, dtype: torch.dtype, device: torch.device | str = 
     if not spec.shape:
         return torch.zeros((), dtype=dtype, device=device)
     return torch.zeros((spec.shard_rows, *spec.shape[1:]), dtype=dtype, device=device)
+
+
+def _gradient_dtensor(param: nn.Parameter, local: torch.Tensor) -> DTensor:
+    """`local` as the gradient of `param`. Where the dtypes agree, the
+    gradient shares the parameter's sharding spec (mesh, placements, global
+    shape and stride), as FSDP2 builds its gradients: `from_local` would
+    build a spec through an autograd function, per parameter and step."""
+    if local.dtype == param.dtype:
+        return DTensor(local, param._spec, requires_grad=False)
+    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
+                              shape=param.shape, stride=param.stride())
 
 
 def rows(tensor: torch.Tensor, begin: int, count: int) -> torch.Tensor:
