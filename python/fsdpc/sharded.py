@@ -664,14 +664,15 @@ def new_shard(spec: ParamSpec, dtype: torch.dtype, device: torch.device | str = 
 
 
 def _gradient_dtensor(param: nn.Parameter, local: torch.Tensor) -> DTensor:
-    """`local` as the gradient of `param`. Where the dtypes agree, the
-    gradient shares the parameter's sharding spec (mesh, placements, global
-    shape and stride), as FSDP2 builds its gradients: `from_local` would
-    build a spec through an autograd function, per parameter and step."""
-    if local.dtype == param.dtype:
-        return DTensor(local, param._spec, requires_grad=False)
-    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
-                              shape=param.shape, stride=param.stride())
+    """`local` as the gradient of `param`, sharing the parameter's sharding
+    spec (mesh, placements, global shape, stride and dtype), as FSDP2 builds
+    its gradients: `from_local` would build a spec through an autograd
+    function, per parameter and step. The program returns every gradient in
+    its parameter's dtype (reduce_dtype is cast back inside the step)."""
+    if local.dtype != param.dtype:
+        raise StepError(f"the program returned a {local.dtype} gradient for a {param.dtype} parameter of shape "
+                        f"{tuple(param.shape)}: the compiled step and this module disagree")
+    return DTensor(local, param._spec, requires_grad=False)
 
 
 def rows(tensor: torch.Tensor, begin: int, count: int) -> torch.Tensor:
