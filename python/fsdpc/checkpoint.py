@@ -42,11 +42,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
 from torch.distributed.tensor import DTensor
 
 from fsdpc.device import collective_backend
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
-                                                     set_state_dict)
 
 EXTRA_FILE = "fsdpc_extra.pt"
 
@@ -170,27 +170,33 @@ def full_state_dict(model: nn.Module, *, rank0_only: bool = False) -> dict[str, 
     time); a whole model seldom fits next to its shards on a GPU."""
     keep = not rank0_only or dist.get_rank() == 0
     full = {}
+    host_meshes: dict[int, DeviceMesh | None] = {}
     for name, value in model.state_dict().items():
-        value = _gatherable(value).full_tensor() if isinstance(value, DTensor) else value
+        if isinstance(value, DTensor):
+            mesh = value.device_mesh
+            if id(mesh) not in host_meshes:
+                host_meshes[id(mesh)] = _host_mesh_for_gloo(mesh, value.device)
+            host_mesh = host_meshes[id(mesh)]
+            if host_mesh is not None:
+                value = DTensor.from_local(value.to_local().cpu(), host_mesh, value.placements, run_check=False,
+                                           shape=value.shape, stride=value.stride())
+            value = value.full_tensor()
         if keep:
             full[name] = value.detach().to("cpu", copy=True)
     return full
 
 
-def _gatherable(value: DTensor) -> DTensor:
-    """`value` itself, or, where Gloo moves the device's tensors, its shard
-    in host memory on the same groups: Gloo's all-gather reads device
-    pointers as host memory and crashes (pytorch#152645), and the gathered
-    tensor goes to host memory anyway."""
-    if value.device.type == "cpu" or collective_backend(value.device) != "gloo":
-        return value
-    mesh = value.device_mesh
+def _host_mesh_for_gloo(mesh: DeviceMesh, device: torch.device) -> DeviceMesh | None:
+    """Where Gloo moves `device`'s tensors, `mesh`'s groups as a host mesh to
+    gather in: Gloo's all-gather reads device pointers as host memory and
+    crashes (pytorch#152645), and the gathered tensor goes to host memory
+    anyway. None where the mesh can gather itself."""
+    if device.type == "cpu" or collective_backend(device) != "gloo":
+        return None
     groups = mesh.get_all_groups()
     names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))  # from_group needs names
-    host_mesh = DeviceMesh.from_group(groups if mesh.ndim > 1 else groups[0], "cpu", mesh=mesh.mesh,
-                                      mesh_dim_names=names)
-    return DTensor.from_local(value.to_local().cpu(), host_mesh, value.placements, run_check=False,
-                              shape=value.shape, stride=value.stride())
+    return DeviceMesh.from_group(groups if mesh.ndim > 1 else groups[0], "cpu", mesh=mesh.mesh,
+                                 mesh_dim_names=names)
 
 
 def save_full(path: str | os.PathLike, model: nn.Module) -> None:
