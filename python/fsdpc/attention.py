@@ -13,8 +13,8 @@ operator, and both reach the IR whole. No GPU is needed to capture: the
 choice restates the rules of PyTorch's CUDA dispatcher (`sdp_utils.cpp`,
 torch 2.11 to 2.15).
 
-For a CPU target nothing changes (math attention, as the core-ATen
-decomposition of the CPU flash kernel gives).
+For a CPU target, and wherever no fused kernel applies, capture takes math
+attention by name, so that autograd differentiates its ops one by one.
 """
 
 from __future__ import annotations
@@ -115,15 +115,23 @@ class FusedAttentionFor(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention or self.device != "cuda":
+        if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
         call = _SDPA_PARAMETERS.bind(*args, **kwargs)
         call.apply_defaults()
         a = call.arguments
         q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
-        kernel = cuda_attention_kernel(q, k, v, mask, a["is_causal"], a["enable_gqa"], self.gpu)
-        self.chosen.append(kernel)
         aten = torch.ops.aten
+        kernel = (cuda_attention_kernel(q, k, v, mask, a["is_causal"], a["enable_gqa"], self.gpu)
+                  if self.device == "cuda" else AttentionKernel.MATH)
+        self.chosen.append(kernel)
+        if kernel is AttentionKernel.MATH:
+            # Math attention by name, whatever device the traced tensors are
+            # on: autograd then differentiates its ops one by one. (On CPU
+            # tensors PyTorch would pick its CPU flash kernel, whose core-ATen
+            # decomposition returns no true logsumexp for the fused backward.)
+            return aten._scaled_dot_product_attention_math(
+                q, k, v, mask, a["dropout_p"], a["is_causal"], scale=a["scale"], enable_gqa=a["enable_gqa"])[0]
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if kernel in (AttentionKernel.CUDNN, AttentionKernel.FLASH) and q.shape[1] != k.shape[1]:
             repeat = q.shape[1] // k.shape[1]  # grouped heads: the kernels take equal ones here
@@ -134,7 +142,5 @@ class FusedAttentionFor(TorchFunctionMode):
         if kernel is AttentionKernel.FLASH:
             return aten._scaled_dot_product_flash_attention(q, k, v, a["dropout_p"], a["is_causal"],
                                                             scale=a["scale"])[0]
-        if kernel is AttentionKernel.EFFICIENT:
-            return aten._scaled_dot_product_efficient_attention(q, k, v, mask, needs_grad, a["dropout_p"],
-                                                                a["is_causal"], scale=a["scale"])[0]
-        return func(*args, **kwargs)
+        return aten._scaled_dot_product_efficient_attention(q, k, v, mask, needs_grad, a["dropout_p"],
+                                                            a["is_causal"], scale=a["scale"])[0]

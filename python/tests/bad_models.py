@@ -58,3 +58,11 @@ def vector_loss():
 def branchy_for_training(batch: int = 4, **_options):
     """Branchy as a training factory (for the end-to-end failure test)."""
     return Branchy(), (torch.randn(batch, 4),), _sum_loss
+
+
+def _scaling_loss(model, x):
+    return model(x.mul_(2)).sum()
+
+
+def batch_update():
+    return nn.Linear(4, 4), (torch.randn(2, 4),), _scaling_loss

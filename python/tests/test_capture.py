@@ -167,6 +167,11 @@ def test_buffer_updates_are_refused_by_name():
         export_training_step(*load_bad("batch_norm"))
 
 
+def test_batch_updates_are_refused():
+    with pytest.raises(CaptureError, match="updates batch item 0 in place"):
+        export_training_step(*load_bad("batch_update"))
+
+
 def test_loss_must_be_a_scalar():
     with pytest.raises(CaptureError, match="scalar floating-point loss"):
         export_training_step(*load_bad("vector_loss"))
