@@ -70,12 +70,15 @@ def SelectiveRecomputePass : Pass<"fsdp-selective-recompute", "::mlir::ModuleOp"
   let summary = "Recompute cheap forward ops in backward instead of saving their results.";
   let description = [{
     A forward call of one of `ops` whose result backward reads is cloned
-    right before its first backward reader, and backward reads the clone,
-    when every tensor it reads is read by backward anyway. The original
-    result then dies in forward, so the activations saved for backward
-    shrink and no lifetime grows. The default `ops` are cheap next to the
-    matmuls around them: pointwise activations (`aten::gelu`, `aten::relu`,
-    `aten::silu`, `aten::sigmoid`, `aten::tanh`) and `aten::native_layer_norm`.
+    in backward, and backward reads the clone, when every tensor it reads
+    is read by backward anyway or is itself recomputed. Calls that read each
+    other's results form a chain (SwiGLU's `silu` and the `mul` after it;
+    RMSNorm's two `mul`s), cloned together in program order right before
+    the first backward reader of any of them. The original results then die
+    in forward, so the activations saved for backward shrink. The default
+    `ops` are cheap next to the matmuls around them: pointwise activations
+    (`aten::gelu`, `aten::relu`, `aten::silu`, `aten::sigmoid`,
+    `aten::tanh`), `aten::mul.Tensor` and `aten::native_layer_norm`.
     Random operators are never recomputed.
   }];
   let options = [

@@ -19,9 +19,10 @@
 //   %gw = fsdp.aten "aten::mm" (%gt, %y2) ...
 //   %gh = fsdp.aten "aten::gelu_backward" (%gy, %h) ...
 //
-// Only operators in `ops` (cheap: pointwise activations, layer norm) and only
-// when every tensor they read is read by backward anyway, so the recompute
-// never extends a lifetime: what is saved shrinks, nothing grows.
+// Only operators in `ops` (cheap: pointwise activations, mul, layer norm) and
+// only when every tensor they read is read by backward anyway or recomputed
+// itself (a chain, such as silu then mul, recomputes together): what is saved
+// shrinks.
 //
 // Test: test/Transforms/selective-recompute.mlir.
 //
@@ -32,6 +33,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/SmallPtrSet.h"
 
 namespace mlir::fsdp {
@@ -49,22 +51,33 @@ public:
   SelectiveRecomputer(Step &step, ArrayRef<std::string> ops) : step(step), ops(ops) {}
 
   void run() {
+    // Candidates in program order, each joined to the candidates whose
+    // results it reads: a chain recomputes together.
     SmallVector<AtenOp> candidates;
     for (Operation &op : step.body()) {
       if (&op == step.loss.getOperation())
         break;
-      if (auto aten = dyn_cast<AtenOp>(op); aten && isCandidate(aten))
+      if (auto aten = dyn_cast<AtenOp>(op); aten && isCandidate(aten)) {
+        unsigned index = candidates.size();
         candidates.push_back(aten);
+        chainOf.push_back(index);
+        for (Value input : aten.getInputs())
+          if (auto producer = recomputedBy.find(input); producer != recomputedBy.end())
+            join(producer->second, index);
+        for (Value alias : aliasesOf(aten))
+          recomputedBy[alias] = index;
+      }
     }
-    for (AtenOp op : candidates)
-      recompute(op);
+    llvm::MapVector<unsigned, SmallVector<AtenOp>> chains;
+    for (unsigned index = 0; index < candidates.size(); ++index)
+      chains[root(index)].push_back(candidates[index]);
+    for (auto &chain : chains)
+      recompute(chain.second);
   }
 
 private:
-  bool readInBackward(Value value, Operation *except = nullptr) {
-    return llvm::any_of(value.getUsers(), [&](Operation *user) {
-      return user != except && step.isBackward(user);
-    });
+  bool readInBackward(Value value) {
+    return llvm::any_of(value.getUsers(), [&](Operation *user) { return step.isBackward(user); });
   }
 
   /// The op's results and the views made of them: backward often reads a
@@ -76,35 +89,42 @@ private:
     return aliases;
   }
 
+  /// A cheap op whose result backward reads, and whose every input is kept
+  /// for backward anyway or recomputed itself.
   bool isCandidate(AtenOp op) {
     if (op.getRandom() || !llvm::is_contained(ops, op.getCallee().str()))
       return false;
     if (!llvm::any_of(aliasesOf(op), [&](Value alias) { return readInBackward(alias); }))
       return false;
     return llvm::all_of(op.getInputs(), [&](Value input) {
-      return !isa<RankedTensorType>(input.getType()) || readInBackward(input);
+      return !isa<RankedTensorType>(input.getType()) || readInBackward(input) || recomputedBy.count(input);
     });
   }
 
-  /// Clones the op, and the views of its results that backward reads (or
-  /// makes further views of), before the first backward reader of any.
-  void recompute(AtenOp op) {
-    SmallVector<Value> aliases = aliasesOf(op);
+  unsigned root(unsigned index) {
+    while (chainOf[index] != index)
+      index = chainOf[index] = chainOf[chainOf[index]];
+    return index;
+  }
+  void join(unsigned a, unsigned b) { chainOf[root(b)] = root(a); }
+
+  /// Clones the chain's ops in program order, with the views of their
+  /// results made in forward, before the first backward reader of any, and
+  /// points backward's readers at the clones.
+  void recompute(ArrayRef<AtenOp> chain) {
+    SmallVector<Value> aliases;
+    for (AtenOp op : chain)
+      llvm::append_range(aliases, aliasesOf(op));
     llvm::SmallPtrSet<Value, 8> aliasSet(aliases.begin(), aliases.end());
-    Operation *first = nullptr;
-    for (Value alias : aliases)
-      if (Operation *user = firstUser(step.body(), alias,
-                                      [&](Operation *user) { return step.isBackward(user); }))
-        if (!first || user->isBeforeInBlock(first))
-          first = user;
+    Operation *first = firstUser(step.body(), aliases, [&](Operation *user) { return step.isBackward(user); });
     OpBuilder builder(first);
     IRMapping mapping;
-    builder.clone(*op, mapping);
-    // Forward views in program order, each after the value it views.
-    for (Operation *view = op->getNextNode(); view && view != step.loss.getOperation();
-         view = view->getNextNode())
-      if (isViewOf(view) && aliasSet.contains(view->getOperand(0)))
-        builder.clone(*view, mapping);
+    llvm::SmallPtrSet<Operation *, 8> members;
+    for (AtenOp op : chain)
+      members.insert(op);
+    for (Operation *op = chain.front(); op && op != step.loss.getOperation(); op = op->getNextNode())
+      if (members.contains(op) || (isViewOf(op) && aliasSet.contains(op->getOperand(0))))
+        builder.clone(*op, mapping);
     // Views made in backward are themselves backward readers: they now view
     // the clone, and need no clone of their own.
     for (Value alias : aliases)
@@ -116,6 +136,8 @@ private:
 
   Step &step;
   ArrayRef<std::string> ops;
+  SmallVector<unsigned> chainOf;                // union-find over candidates
+  llvm::DenseMap<Value, unsigned> recomputedBy; // alias -> its candidate
 };
 
 struct SelectiveRecomputePass
@@ -126,7 +148,7 @@ struct SelectiveRecomputePass
     SmallVector<std::string> chosen(ops.begin(), ops.end());
     if (chosen.empty())
       chosen = {"aten::gelu", "aten::relu", "aten::silu", "aten::sigmoid", "aten::tanh",
-                "aten::native_layer_norm"};
+                "aten::native_layer_norm", "aten::mul.Tensor"};
     for (Step &step : collectSteps(getOperation()))
       SelectiveRecomputer(step, chosen).run();
   }

@@ -9,7 +9,11 @@ options and world size, and the versions of Python, torch, the program
 format and fsdpc's compiler binaries. Capture runs on every start, cold or
 warm (on rank 0 only): a key computed without capturing cannot see what
 the Python code reads while it traces, and a stale program trains with the
-wrong loss without a word. `FSDPC_CACHE` moves the cache (default
+wrong loss without a word. Capture's first trace (export, about a third of
+its time) also keys an entry: `forward_key` digests that trace whole (every
+op, literal, shape and source line) with fsdpc's own code, and the joint
+trace and the IR are functions of both, so a start whose export is
+unchanged skips the rest. `FSDPC_CACHE` moves the cache (default
 ~/.cache/fsdpc); `FSDPC_CACHE=off` turns it off.
 
 `setup_key` is a different fingerprint, computed without capturing: the
@@ -154,6 +158,21 @@ def program_key(captured_ir: str, *, pipeline: str) -> str:
         "torch": torch.__version__, "program": runtime_extension().PROGRAM_VERSION, "pipeline": pipeline,
         "tools": [_file_digest(tools, digests), _file_digest(tools.with_name("fsdp-translate"), digests)],
         "captured": hashlib.sha256(captured_ir.encode()).hexdigest(),
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def forward_key(fingerprint: str, *, pipeline: str) -> str:
+    """The cache key of the program compiled from a capture whose forward
+    has `fingerprint` (export's trace, see `ExportStage.fingerprint`): the
+    rest of capture is a function of it and of fsdpc's own code, so a warm
+    start that exports the same forward skips the joint trace too."""
+    digests: dict = {}
+    package = Path(__file__).parent
+    key = {
+        "program": program_key(fingerprint, pipeline=pipeline),
+        "fsdpc": [[str(path.relative_to(package)), _file_digest(path, digests)]
+                  for path in sorted(package.rglob("*.py"))],
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 

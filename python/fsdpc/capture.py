@@ -24,6 +24,7 @@ device and a 70B-parameter model captures in a few GiB.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import logging
 import os
@@ -32,7 +33,7 @@ import sys
 import traceback
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import fx, nn
@@ -397,12 +398,53 @@ class _ScalarTensorsAsOps(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def capture_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *,
-                          mixed_precision: MixedPrecision | None = None,
-                          unit_modules: Sequence[str] = (), device: str = "cpu") -> CapturedStep:
-    """Traces ``loss_fn(model, *batch)`` and its backward into one ATen graph
-    for the target `device` ("cpu" or "cuda": which fused kernels stay
-    whole). `unit_modules` (FQNs; "" is the model) are where
+@dataclass
+class ForwardTrace:
+    """Export's trace of forward + loss, before the joint trace: what the
+    joint trace reads, and a fingerprint of it."""
+
+    program: ExportedProgram
+    step: _TrainingStep
+    batch: tuple
+    aliases: dict[int, list[str]]
+    real_fqn: dict[str, str]
+    loss_fn: Callable
+    mixed_precision: MixedPrecision | None
+    device: str
+
+    def fingerprint(self) -> str:
+        """Everything the joint trace and the IR are made from: every op of
+        the forward with its literal arguments, result metadata, module and
+        source stack (so whatever Python the trace ran is in it as the value
+        it had), the signature, the parameters', buffers' and batch's
+        metadata, ties, names, the loss's definition, the policy and the
+        target device."""
+        parts = [self.device, repr(self.mixed_precision), str(_definition_of(self.loss_fn)),
+                 sorted(self.aliases.values()), sorted(self.real_fqn.items()), str(self.program.graph_signature),
+                 [(name, tuple(t.shape), str(t.dtype), t.requires_grad)
+                  for name, t in (*self.program.named_parameters(), *self.program.named_buffers())],
+                 [(tuple(t.shape), str(t.dtype)) for t in self.batch]]
+        for node in self.program.graph.nodes:
+            value = node.meta.get("val")
+            shape = ((tuple(value.shape), str(value.dtype), value.stride(), str(value.device))
+                     if isinstance(value, torch.Tensor) else repr(value))
+            parts.append((node.format_node(), shape, node.meta.get("stack_trace"),
+                          repr(node.meta.get("nn_module_stack"))))
+        return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+    def joint(self) -> CapturedStep:
+        return _joint_step(self.program, self.step, self.batch, self.aliases, self.real_fqn, self.loss_fn,
+                           self.mixed_precision, self.device)
+
+
+@contextlib.contextmanager
+def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *,
+                   mixed_precision: MixedPrecision | None = None, unit_modules: Sequence[str] = (),
+                   device: str = "cpu") -> Iterator[ForwardTrace]:
+    """Exports ``loss_fn(model, *batch)`` for the target `device` ("cpu" or
+    "cuda": which fused kernels stay whole); the joint trace must run inside
+    (parameters are identified by the tensors the model holds, under safe
+    names). `unit_modules` (FQNs; "" is the model) are where
     `mixed_precision` casts forward inputs and outputs."""
     batch = tuple(batch)
     for index, item in enumerate(batch):
@@ -417,9 +459,7 @@ def capture_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_
             aliases = {identity: [real_fqn.get(n, n) for n in names]
                        for identity, names in _alias_groups(model).items()}
         _check_outputs(program)
-        # Parameters are identified by the tensors the model holds, so this
-        # runs after the casts are undone but while the safe names hold.
-        return _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device)
+        yield ForwardTrace(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device)
 
 
 def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device) -> CapturedStep:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.util
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
 
-from fsdpc.capture import CapturedStep, MixedPrecision, capture_training_step
+from fsdpc import capture
+from fsdpc.capture import CapturedStep, ForwardTrace, MixedPrecision
 from fsdpc.emit import emit_mlir
 from fsdpc.units import UnitPlan, WrapPolicy, plan_units
 
@@ -55,18 +58,48 @@ def _numel(shape) -> int:
     return count
 
 
+@dataclass
+class ExportStage:
+    """A step traced up to its forward (see `traced_forward`)."""
+
+    forward: ForwardTrace
+    plan: UnitPlan
+    start: float
+
+    def fingerprint(self) -> str:
+        """The forward's fingerprint and the wrap units: what the IR is made of."""
+        units = [(unit.name, unit.module_class, unit.is_root) for unit in self.plan.units]
+        return hashlib.sha256(f"{self.forward.fingerprint()} {units!r}".encode()).hexdigest()
+
+    def export(self, header: str = "") -> ExportResult:
+        """The joint trace, printed as IR."""
+        step = self.forward.joint()
+        mlir = emit_mlir(step, self.plan, header=header)
+        return ExportResult(mlir, step, self.plan, time.perf_counter() - self.start)
+
+
+@contextlib.contextmanager
+def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable,
+                   *, wrap: WrapPolicy = None, mixed_precision: MixedPrecision | None = None,
+                   device: str = "cpu") -> Iterator[ExportStage]:
+    """Exports `loss_fn(model, *batch)` for the target `device`; inside,
+    the stage's fingerprint is known, and `export()` finishes the capture."""
+    start = time.perf_counter()
+    plan = plan_units(model, wrap)
+    unit_modules = ["" if unit.is_root else unit.name for unit in plan.units]
+    with capture.traced_forward(model, batch, loss_fn, mixed_precision=mixed_precision,
+                                unit_modules=unit_modules, device=device) as forward:
+        yield ExportStage(forward, plan, start)
+
+
 def export_training_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable,
                          *, wrap: WrapPolicy = None, mixed_precision: MixedPrecision | None = None,
                          header: str = "", device: str = "cpu") -> ExportResult:
     """Captures `loss_fn(model, *batch)` with its backward for the target
     `device` and prints it as IR."""
-    start = time.perf_counter()
-    plan = plan_units(model, wrap)
-    unit_modules = ["" if unit.is_root else unit.name for unit in plan.units]
-    step = capture_training_step(model, batch, loss_fn, mixed_precision=mixed_precision,
-                                 unit_modules=unit_modules, device=device)
-    mlir = emit_mlir(step, plan, header=header)
-    return ExportResult(mlir, step, plan, time.perf_counter() - start)
+    with traced_forward(model, batch, loss_fn, wrap=wrap, mixed_precision=mixed_precision,
+                        device=device) as stage:
+        return stage.export(header)
 
 
 def load_factory(spec: str) -> Callable:

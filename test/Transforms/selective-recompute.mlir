@@ -70,3 +70,37 @@ func.func @backward_view(%x: tensor<4x4xf32>, %g: tensor<4x4xf32>) {
   %m = fsdp.aten "aten::mm" (%t, %d) : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
   return
 }
+
+// -----
+
+// SwiGLU: silu's result is read only by the mul after it and by that mul's
+// backward, and the mul's result by w2's weight gradient, which backward
+// runs first. The two recompute as one chain before that first reader, the
+// mul reading silu's clone; forward keeps only the two matmul results.
+// CHECK-LABEL: func.func @swiglu_chain
+// CHECK:       fsdp.loss
+// CHECK-NEXT:  %[[S2:.*]] = fsdp.aten "aten::silu"(%[[A:[^)]*]])
+// CHECK-NEXT:  %[[M2:.*]] = fsdp.aten "aten::mul.Tensor"(%[[S2]], %[[B:[^)]*]])
+// CHECK-NEXT:  %[[T:.*]] = fsdp.aten "aten::t"(%[[M2]])
+// CHECK-NEXT:  fsdp.aten "aten::mm"(%[[T]],
+// CHECK-NEXT:  fsdp.aten "aten::mm"
+// CHECK-NEXT:  %[[DS:.*]] = fsdp.aten "aten::mul.Tensor"(%{{.*}}, %[[B]])
+// CHECK-NEXT:  fsdp.aten "aten::mul.Tensor"(%{{.*}}, %[[S2]])
+// CHECK-NEXT:  fsdp.aten "aten::silu_backward"(%[[DS]], %[[A]])
+// ONLY-RELU-LABEL: func.func @swiglu_chain
+// ONLY-RELU:       fsdp.loss
+// ONLY-RELU-NEXT:  fsdp.aten "aten::t"
+func.func @swiglu_chain(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>, %w2: tensor<8x2xf32>, %g: tensor<4x2xf32>) {
+  %s = fsdp.aten "aten::silu" (%a) : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %m = fsdp.aten "aten::mul.Tensor" (%s, %b) : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %o = fsdp.aten "aten::mm" (%m, %w2) : (tensor<4x8xf32>, tensor<8x2xf32>) -> tensor<4x2xf32>
+  %l = fsdp.aten "aten::sum" (%o) : (tensor<4x2xf32>) -> tensor<f32>
+  fsdp.loss %l : tensor<f32>
+  %t = fsdp.aten "aten::t" (%m) : (tensor<4x8xf32>) -> tensor<8x4xf32>
+  %gw2 = fsdp.aten "aten::mm" (%t, %g) : (tensor<8x4xf32>, tensor<4x2xf32>) -> tensor<8x2xf32>
+  %gm = fsdp.aten "aten::mm" (%g, %w2) : (tensor<4x2xf32>, tensor<8x2xf32>) -> tensor<4x8xf32>
+  %gs = fsdp.aten "aten::mul.Tensor" (%gm, %b) : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %gb = fsdp.aten "aten::mul.Tensor" (%gm, %s) : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %ga = fsdp.aten "aten::silu_backward" (%gs, %a) : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  return
+}
