@@ -38,17 +38,28 @@ def Fsdp_UnitOp : Fsdp_Op<"unit", [Symbol, HasParent<"::mlir::ModuleOp">]> {
     nested unit, and FSDP2 keeps it unsharded after forward by default.
     `class` records the PyTorch module class the unit was made from.
 
+    `offloaded` (FSDP2's `CPUOffloadPolicy`, set by `fsdp-offload-units`)
+    keeps the unit's parameter shards, their gradients and so their
+    optimizer state in host memory: its all-gathers read the shards from the
+    host and its gradient reductions deliver to the host (`host` on those
+    collectives), and the optimizer steps them where they are. On a CPU
+    target host memory is the device's, so only the memory report's split
+    changes.
+
     ```mlir
     fsdp.unit @root root
     fsdp.unit @"layers.0" class "Block"
+    fsdp.unit @"layers.1" class "Block" offloaded
     ```
 
-    Rules: at most one root unit per module.
+    Rules: at most one root unit per module; the parameters of an
+    `offloaded` unit are sharded, each read only by `host` all-gathers, and
+    each trainable one's synchronized gradient comes from a `host` reduction.
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, UnitAttr:$root,
-                       OptionalAttr<StrAttr>:$module_class);
+                       OptionalAttr<StrAttr>:$module_class, UnitAttr:$offloaded);
   let assemblyFormat = [{
-    $sym_name (`root` $root^)? (`class` $module_class^)? attr-dict
+    $sym_name (`root` $root^)? (`class` $module_class^)? (`offloaded` $offloaded^)? attr-dict
   }];
   let hasVerifier = 1;
 }
@@ -343,11 +354,12 @@ class Fsdp_ReducingStartOp<string mnemonic> : Fsdp_CollectiveStartOp<mnemonic> {
                        TypeAttr:$reduce_dtype,
                        OptionalAttr<F64Attr>:$pre_divide,
                        OptionalAttr<F64Attr>:$post_divide,
-                       OptionalAttr<FlatSymbolRefAttr>:$unit);
+                       OptionalAttr<FlatSymbolRefAttr>:$unit,
+                       UnitAttr:$host);
   let assemblyFormat = [{
     $inputs `on` $grid `axes` `=` $grid_axes `reduction` `=` $reduction
     `reduce_dtype` `=` $reduce_dtype (`pre_divide` `=` $pre_divide^)?
-    (`post_divide` `=` $post_divide^)? (`unit` $unit^)?
+    (`post_divide` `=` $post_divide^)? (`unit` $unit^)? (`host` $host^)?
     attr-dict `:` type($inputs) `->` qualified(type($future))
   }];
 }
@@ -366,6 +378,13 @@ def Fsdp_AllGatherStartOp : Fsdp_CollectiveStartOp<"all_gather_start"> {
     `unit` names the wrap unit whose parameters this bucket holds; `prefetch
     k` (k >= 1) records that the prefetch pass issued it k units before the
     unit runs. The inputs stay alive until the wait.
+    `host` marks a bucket of an offloaded unit: the shards are in host
+    memory. On a GPU the copy-in then runs on the transfer stream, after the
+    compute stream's work issued before the start, so that the host-to-device
+    copy overlaps compute: each shard is copied to the device (straight into
+    the send buffer, or, when it must be cast, whole into a device copy of its
+    own dtype that lives until the wait) and the collective follows on that
+    stream.
 
     ```mlir
     %f = fsdp.all_gather_start %w, %b on @dp axes = [0] unit @"layers.0"
@@ -378,15 +397,17 @@ def Fsdp_AllGatherStartOp : Fsdp_CollectiveStartOp<"all_gather_start"> {
     ceil(result dim0 / N); one result element type, reached from each input
     by a float-to-float cast or no cast; grid axes distinct, in range and
     static; `unit` names an `fsdp.unit`; `prefetch` >= 1 and only with
-    `unit`; the future has exactly one use, an `fsdp.wait` in the same block.
+    `unit`; `host` only with an offloaded `unit`, and then every input is an
+    `fsdp.get_param`; the future has exactly one use, an `fsdp.wait` in
+    the same block.
   }];
   let arguments = (ins Variadic<Fsdp_StaticTensor>:$inputs,
                        FlatSymbolRefAttr:$grid, Shard_GridAxesAttr:$grid_axes,
                        OptionalAttr<FlatSymbolRefAttr>:$unit,
-                       OptionalAttr<I64Attr>:$prefetch);
+                       OptionalAttr<I64Attr>:$prefetch, UnitAttr:$host);
   let assemblyFormat = [{
     $inputs `on` $grid `axes` `=` $grid_axes (`unit` $unit^)?
-    (`prefetch` $prefetch^)? attr-dict `:` type($inputs) `->` qualified(type($future))
+    (`prefetch` $prefetch^)? (`host` $host^)? attr-dict `:` type($inputs) `->` qualified(type($future))
   }];
 }
 
@@ -403,6 +424,10 @@ def Fsdp_ReduceScatterStartOp : Fsdp_ReducingStartOp<"reduce_scatter_start"> {
     `average` is the FSDP2 default for fp32 and bf16. For fp16, whose range
     overflows when summing, use `sum` with `pre_divide` (applied before the
     reduction) and `post_divide` (after), as FSDP2 does.
+    `host` delivers the results in host memory, as the gradients of an
+    offloaded unit: on a GPU the wait copies them (cast first, on the device)
+    to pinned host memory on the transfer stream, and the step's end waits
+    for that stream, so the gradients are complete when the step returns.
 
     ```mlir
     %f = fsdp.reduce_scatter_start %gw on @dp axes = [0] reduction = average reduce_dtype = f32
@@ -414,8 +439,9 @@ def Fsdp_ReduceScatterStartOp : Fsdp_ReducingStartOp<"reduce_scatter_start"> {
     `reduce_dtype` floating point; reduction `sum` or `average`; `average`
     not with an f16 reduce dtype; divide factors positive and only with
     `sum`; grid axes distinct, in range and static; `unit` names an
-    `fsdp.unit`; the future has exactly one use, an `fsdp.wait` in the same
-    block.
+    `fsdp.unit`; `host` only with an offloaded `unit`, and then the results
+    are read only by `fsdp.gradients`; the future has exactly one use, an
+    `fsdp.wait` in the same block.
   }];
 }
 
@@ -438,8 +464,9 @@ def Fsdp_AllReduceStartOp : Fsdp_ReducingStartOp<"all_reduce_start"> {
     inputs, results and `reduce_dtype` floating point; reduction `sum`,
     `average`, `max`, `min` or `product`; `average` not with an f16 reduce
     dtype; divide factors positive and only with `sum`; grid axes distinct,
-    in range and static; `unit` names an `fsdp.unit`; the future has exactly
-    one use, an `fsdp.wait` in the same block.
+    in range and static; `unit` names an `fsdp.unit`; `host` as for
+    `fsdp.reduce_scatter_start` (it ends hybrid sharding's reduction); the
+    future has exactly one use, an `fsdp.wait` in the same block.
   }];
 }
 

@@ -171,6 +171,25 @@ def FuseCastsPass : Pass<"fsdp-fuse-casts", "::mlir::ModuleOp"> {
   ];
 }
 
+def OffloadUnitsPass : Pass<"fsdp-offload-units", "::mlir::ModuleOp"> {
+  let summary = "Keep wrap units' shards, gradients and optimizer state in host memory.";
+  let description = [{
+    FSDP2's `CPUOffloadPolicy`, per wrap unit. Marks the chosen units
+    `offloaded`, their all-gathers that read shards `host` (the copy-in moves
+    the shards to the device) and the reductions that hand their gradients
+    to `fsdp.gradients` `host` (the wait delivers them to host memory). The
+    optimizer then steps those parameters where their state is, on the host.
+    Nothing moves: the schedule, its lifetimes and the collective sequence
+    are unchanged, so prefetch already issues each host copy one unit early.
+
+    `units` names the units, `*` every unit. Only sharded parameters are
+    offloaded: a unit with a replicated (no-shard) parameter is refused.
+  }];
+  let options = [
+    ListOption<"units", "units", "std::string", "Wrap units to offload (* for all)">,
+  ];
+}
+
 def VerifySchedulePass : Pass<"fsdp-verify-schedule", "::mlir::ModuleOp"> {
   let summary = "Check the collective schedule and hash it.";
   let description = [{

@@ -79,10 +79,17 @@ public:
     return param;
   }
 
-  LogicalResult unit(FlatSymbolRefAttr name) const {
-    if (!tables.lookupNearestSymbolFrom<UnitOp>(user, name))
+  FailureOr<UnitOp> unit(FlatSymbolRefAttr name) const {
+    auto unit = tables.lookupNearestSymbolFrom<UnitOp>(user, name);
+    if (!unit)
       return user->emitOpError() << name << " does not name an fsdp.unit";
-    return success();
+    return unit;
+  }
+
+  /// The offloaded unit that owns `param`, if its unit is offloaded.
+  UnitOp offloadedUnitOf(ParamOp param) const {
+    auto unit = tables.lookupNearestSymbolFrom<UnitOp>(param, param.getUnitAttr());
+    return unit && unit.getOffloaded() ? unit : UnitOp();
   }
 
   /// The type this rank stores for `param`: its padded shard when sharded,
@@ -290,8 +297,13 @@ LogicalResult ParamOp::verify() {
 
 LogicalResult ParamOp::verifySymbolUses(SymbolTableCollection &tables) {
   SymbolResolver resolve(*this, tables);
-  if (failed(resolve.unit(getUnitAttr())))
+  FailureOr<UnitOp> unit = resolve.unit(getUnitAttr());
+  if (failed(unit))
     return failure();
+  if (unit->getOffloaded() && !isSharded())
+    return emitOpError() << "belongs to offloaded unit " << getUnitAttr()
+                         << " but is not sharded: only shards are offloaded (no-shard keeps whole "
+                            "parameters on the device)";
   if (ArrayAttr aliases = getAliasesAttr()) {
     for (Attribute alias : aliases) {
       auto ref = FlatSymbolRefAttr::get(cast<StringAttr>(alias));
@@ -335,6 +347,16 @@ LogicalResult GetParamOp::verifySymbolUses(SymbolTableCollection &tables) {
                          << " is not the local type of " << getNameAttr() << ", "
                          << *expected
                          << (param->isSharded() ? " (its padded shard)" : "");
+  if (UnitOp unit = resolve.offloadedUnitOf(*param))
+    for (Operation *user : getResult().getUsers()) {
+      auto gather = dyn_cast<AllGatherStartOp>(user);
+      if (isa<ReleaseOp>(user) || (gather && gather.getHost()))
+        continue;
+      return emitOpError() << "reads " << getNameAttr() << " of offloaded unit @"
+                           << unit.getSymName()
+                           << ", a shard in host memory, which only a `host` all-gather may read; "
+                           << user->getName() << " at " << user->getLoc() << " reads it";
+    }
   return success();
 }
 
@@ -506,6 +528,15 @@ LogicalResult GradientsOp::verifySymbolUses(SymbolTableCollection &tables) {
                            << ", expected " << *expected
                            << (param->isSharded() && !getUnreduced() ? " (its padded shard)"
                                                                      : " (its logical type)");
+    if (getUnreduced())
+      continue;
+    if (UnitOp unit = resolve.offloadedUnitOf(*param)) {
+      auto wait = grad.getDefiningOp<WaitOp>();
+      Operation *start = wait ? wait.getFuture().getDefiningOp() : nullptr;
+      if (!start || !start->hasAttr("host"))
+        return emitOpError() << "gradient of " << name << " (offloaded unit @" << unit.getSymName()
+                             << ") must come from a `host` reduction, which delivers it to host memory";
+    }
   }
   return success();
 }
@@ -527,13 +558,40 @@ LogicalResult forEachBucketEntry(
   return success();
 }
 
-/// Resolves a collective's unit, if it names one, and its group size.
+/// Resolves a collective's unit, if it names one, and its group size; a
+/// `host` collective needs an offloaded unit.
 template <typename CollectiveOp>
 FailureOr<int64_t> resolveCollective(CollectiveOp op, SymbolTableCollection &tables) {
   SymbolResolver resolve(op, tables);
-  if (op.getUnitAttr() && failed(resolve.unit(op.getUnitAttr())))
-    return failure();
+  UnitOp unit;
+  if (op.getUnitAttr()) {
+    FailureOr<UnitOp> found = resolve.unit(op.getUnitAttr());
+    if (failed(found))
+      return failure();
+    unit = *found;
+  }
+  if (op.getHost() && !(unit && unit.getOffloaded()))
+    return op.emitOpError() << "is `host`, but "
+                            << (unit ? "its unit @" + unit.getSymName().str() + " is not offloaded"
+                                     : std::string("names no unit"))
+                            << "; only an offloaded unit's shards and gradients are in host memory";
   return resolve.groupSize(op.getGridAttr(), op.getGridAxes());
+}
+
+/// A `host` reduction's results are gradients in host memory: only
+/// fsdp.gradients (or a release) may read them.
+template <typename ReducingOp>
+LogicalResult verifyHostResults(ReducingOp op) {
+  if (!op.getHost())
+    return success();
+  for (Operation *wait : op.getFuture().getUsers())
+    for (Value result : wait->getResults())
+      for (Operation *user : result.getUsers())
+        if (!isa<GradientsOp, ReleaseOp>(user))
+          return op.emitOpError() << "delivers its results to host memory, but "
+                                  << user->getName() << " at " << user->getLoc()
+                                  << " reads one on the device; only fsdp.gradients may";
+  return success();
 }
 
 /// Checks each bucket entry's dim-0 rows once the group size is known.
@@ -588,7 +646,14 @@ LogicalResult AllGatherStartOp::verify() {
 }
 
 LogicalResult AllGatherStartOp::verifySymbolUses(SymbolTableCollection &tables) {
-  return verifyBucketRows(*this, tables, /*inputsAreShards=*/true);
+  if (failed(verifyBucketRows(*this, tables, /*inputsAreShards=*/true)))
+    return failure();
+  if (getHost())
+    for (auto [index, input] : llvm::enumerate(getInputs()))
+      if (!input.getDefiningOp<GetParamOp>())
+        return emitOpError() << "is `host`, but input " << index
+                             << " is not a parameter shard (fsdp.get_param); only shards are in host memory";
+  return success();
 }
 
 LogicalResult ReduceScatterStartOp::verify() {
@@ -606,7 +671,9 @@ LogicalResult ReduceScatterStartOp::verify() {
 }
 
 LogicalResult ReduceScatterStartOp::verifySymbolUses(SymbolTableCollection &tables) {
-  return verifyBucketRows(*this, tables, /*inputsAreShards=*/false);
+  if (failed(verifyBucketRows(*this, tables, /*inputsAreShards=*/false)))
+    return failure();
+  return verifyHostResults(*this);
 }
 
 LogicalResult AllReduceStartOp::verify() {
@@ -629,7 +696,9 @@ LogicalResult AllReduceStartOp::verify() {
 }
 
 LogicalResult AllReduceStartOp::verifySymbolUses(SymbolTableCollection &tables) {
-  return failed(resolveCollective(*this, tables)) ? failure() : success();
+  if (failed(resolveCollective(*this, tables)))
+    return failure();
+  return verifyHostResults(*this);
 }
 
 //===----------------------------------------------------------------------===//

@@ -2,7 +2,8 @@
 //
 // `fsdp-sharding-pipeline` takes FSDP2's knobs and runs, in order:
 // shard-parameters, fuse-casts, activation-checkpoint (if units are named),
-// reshard-after-forward, bucket-collectives, prefetch, verify-schedule, and
+// reshard-after-forward, bucket-collectives, prefetch, overlap-reductions,
+// verify-schedule, plan-lifetimes, offload-units (if units are named), and
 // the reports that were asked for.
 //
 //   fsdp-opt gpt.mlir --fsdp-sharding-pipeline="ranks=8 strategy=full-shard
@@ -60,6 +61,9 @@ struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOpti
       *this, "selective-recompute",
       llvm::cl::desc("Recompute cheap ops (activations, layer norm) in backward instead of saving them"),
       llvm::cl::init(true)};
+  ListOption<std::string> offload{*this, "offload",
+                                  llvm::cl::desc("Wrap units whose shards, gradients and optimizer state "
+                                                 "stay in host memory (* for all)")};
   Option<bool> gradientAccumulation{*this, "gradient-accumulation",
                                     llvm::cl::desc("Also emit <step>_no_sync microbatch steps"),
                                     llvm::cl::init(false)};
@@ -123,6 +127,11 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
   pm.addPass(createOverlapReductionsPass(overlap));
   pm.addPass(createVerifySchedulePass());
   pm.addPass(createPlanLifetimesPass());
+  if (!options.offload.empty()) {
+    OffloadUnitsPassOptions offload;
+    offload.units = llvm::to_vector(options.offload);
+    pm.addPass(createOffloadUnitsPass(offload));
+  }
   if (!options.memoryReport.empty()) {
     MemoryReportPassOptions memory;
     memory.optimizer = options.optimizer;
