@@ -14,6 +14,10 @@
 // fsdp.release (see fsdp-plan-lifetimes) drops its last alias, since views
 // share their source's storage; gradient shards and unreleased values live
 // to the end. What ATen allocates inside one operator is not modelled.
+// An offloaded unit's shards, gradients and optimizer state are host memory,
+// reported apart; on a GPU its gradients leave the device at their wait, and
+// a host all-gather holds device copies of the shards it casts until its
+// wait. On a CPU target host memory is the device's, and counts in the peak.
 //
 // Test: test/Transforms/memory-report.mlir.
 //
@@ -39,8 +43,23 @@ namespace {
 
 struct Persistent {
   int64_t params = 0, grads = 0, optimizer = 0, buffers = 0, batch = 0, accumulation = 0;
-  int64_t total() const { return params + grads + optimizer + buffers + batch + accumulation; }
+  /// Offloaded units' shards, gradients and optimizer state, in host memory.
+  int64_t hostParams = 0, hostGrads = 0, hostOptimizer = 0;
+  bool hostIsDevice = false;
+  int64_t host() const { return hostParams + hostGrads + hostOptimizer; }
+  int64_t total() const {
+    return params + grads + optimizer + buffers + batch + accumulation + (hostIsDevice ? host() : 0);
+  }
+  /// What the step makes itself: the gradients of the device (the walk
+  /// counts them from their reduction's wait).
+  int64_t madeByStep() const { return grads + (hostIsDevice ? hostGrads : 0); }
 };
+
+/// Whether the module runs where host memory is the device's (a CPU target).
+bool hostIsDevice(ModuleOp module) {
+  auto device = module->getAttrOfType<StringAttr>("fsdp.device");
+  return !device || device.getValue() == "cpu";
+}
 
 struct Walk {
   int64_t peak = 0, peakGathered = 0, peakActivations = 0, peakStaging = 0, peakGradients = 0;
@@ -64,6 +83,7 @@ FailureOr<int64_t> optimizerStatesPerElement(StringRef optimizer, Operation *anc
 
 Persistent persistentState(ModuleOp module, Step &step, int64_t statesPerElement) {
   Persistent state;
+  state.hostIsDevice = hostIsDevice(module);
   SymbolTableCollection tables;
   for (ParamOp param : module.getOps<ParamOp>()) {
     RankedTensorType local = param.getLogicalType();
@@ -74,10 +94,12 @@ Persistent persistentState(ModuleOp module, Step &step, int64_t statesPerElement
       shape[0] = (shape[0] + ranks - 1) / ranks;
       local = RankedTensorType::get(shape, local.getElementType());
     }
-    state.params += tensorBytes(local);
+    auto unit = tables.lookupNearestSymbolFrom<UnitOp>(param, param.getUnitAttr());
+    bool host = unit && unit.getOffloaded();
+    (host ? state.hostParams : state.params) += tensorBytes(local);
     if (param.isTrainable()) {
-      state.grads += tensorBytes(local);
-      state.optimizer += statesPerElement * tensorBytes(local);
+      (host ? state.hostGrads : state.grads) += tensorBytes(local);
+      (host ? state.hostOptimizer : state.optimizer) += statesPerElement * tensorBytes(local);
     }
   }
   for (BufferOp buffer : module.getOps<BufferOp>())
@@ -98,16 +120,22 @@ Persistent persistentState(ModuleOp module, Step &step, int64_t statesPerElement
 /// temporaries): an all-gather has only its receive buffer, a reduce-scatter
 /// only its packed buffer (its row is kept at the wait, as the gradients).
 /// An all-reduce works in place on its packed buffer either way.
-int64_t stagingBytes(Operation *start, bool gloo) {
+/// A host all-gather on a GPU also holds a device copy of each shard it
+/// casts, from its start to its wait.
+int64_t stagingBytes(Operation *start, bool gloo, bool hostIsDevice) {
   auto grid = SymbolTable::lookupNearestSymbolFrom<shard::GridOp>(
       start, start->getAttrOfType<FlatSymbolRefAttr>("grid"));
   int64_t ranks = groupSize(grid, start->getAttrOfType<DenseI16ArrayAttr>("grid_axes").asArrayRef());
   if (auto gather = dyn_cast<AllGatherStartOp>(start)) {
     Type wire = cast<RankedTensorType>(futureTypes(start).front()).getElementType();
-    int64_t sent = 0;
-    for (Value input : gather.getInputs())
-      sent += cast<RankedTensorType>(input.getType()).getNumElements() * elementBytes(wire);
-    return sent * ranks + (gloo ? 0 : sent);
+    int64_t sent = 0, castCopies = 0;
+    for (Value input : gather.getInputs()) {
+      auto type = cast<RankedTensorType>(input.getType());
+      sent += type.getNumElements() * elementBytes(wire);
+      if (gather.getHost() && !hostIsDevice && type.getElementType() != wire)
+        castCopies += tensorBytes(type);
+    }
+    return sent * ranks + (gloo ? 0 : sent) + castCopies;
   }
   Type reduce = start->getAttrOfType<TypeAttr>("reduce_dtype").getValue();
   int64_t shards = 0;
@@ -121,7 +149,7 @@ int64_t stagingBytes(Operation *start, bool gloo) {
 /// Walks the schedule in program order, tracking the storage the step
 /// allocates: the same lifetimes the runtime follows (fsdp.release and
 /// fsdp.reshard free; a value nothing releases lives to the end of the step).
-Walk walkSchedule(Step &step, bool gloo) {
+Walk walkSchedule(Step &step, bool gloo, bool hostIsDevice) {
   Block &body = step.body();
   DenseMap<Operation *, int64_t> index;
   for (auto [i, op] : llvm::enumerate(body))
@@ -156,7 +184,18 @@ Walk walkSchedule(Step &step, bool gloo) {
     }
     if (isCollectiveStart(&op)) {
       WaitOp wait = waitOf(&op);
-      storages.push_back({stagingBytes(&op, gloo), here, index[wait], Staging, Value(), {}});
+      storages.push_back({stagingBytes(&op, gloo, hostIsDevice), here, index[wait], Staging, Value(), {}});
+      if (op.hasAttr("host") && !isa<AllGatherStartOp>(op) && !hostIsDevice) {
+        // Gradients that go to host memory: only a cast to their dtype
+        // passes through the device, within the wait.
+        Type reduce = op.getAttrOfType<TypeAttr>("reduce_dtype").getValue();
+        int64_t casts = 0;
+        for (Value result : wait.getResults())
+          if (cast<RankedTensorType>(result.getType()).getElementType() != reduce)
+            casts += tensorBytes(result.getType());
+        storages.push_back({casts, index[wait], index[wait], Staging, Value(), {}});
+        continue;
+      }
       for (Value result : wait.getResults())
         allocate(result, index[wait], isa<AllGatherStartOp>(op) ? Gathered : Gradient);
       continue;
@@ -264,10 +303,10 @@ struct MemoryReportPass : public fsdp::impl::MemoryReportPassBase<MemoryReportPa
     Builder builder(module.getContext());
     for (Step &step : collectSteps(module)) {
       Persistent state = persistentState(module, step, *states);
-      Walk walk = walkSchedule(step, backend == "gloo");
+      Walk walk = walkSchedule(step, backend == "gloo", state.hostIsDevice);
       // Gradient shards are made by the step (the walk counts them from their
       // reduction's wait); the rest exists when the step starts.
-      int64_t atStart = state.total() - state.grads;
+      int64_t atStart = state.total() - state.madeByStep();
       int64_t total = atStart + walk.peak;
       auto attr = [&](StringRef name, int64_t value) {
         return builder.getNamedAttr(name, builder.getI64IntegerAttr(value));
@@ -278,7 +317,8 @@ struct MemoryReportPass : public fsdp::impl::MemoryReportPassBase<MemoryReportPa
            attr("batch", state.batch), attr("grad_accumulation", state.accumulation),
            attr("peak_above_step_start", walk.peak), attr("peak_gathered_params", walk.peakGathered),
            attr("peak_activations", walk.peakActivations),
-           attr("saved_activations", walk.savedActivations), attr("peak_total", total)}));
+           attr("saved_activations", walk.savedActivations), attr("peak_total", total),
+           attr("host", state.host())}));
 
       llvm::json::Array largest;
       for (auto &[bytes, value] : walk.largestAtPeak)
@@ -294,6 +334,9 @@ struct MemoryReportPass : public fsdp::impl::MemoryReportPassBase<MemoryReportPa
                                             {"grad_accumulation", state.accumulation},
                                             {"total", state.total()},
                                             {"at_step_start", atStart}}},
+          {"host", llvm::json::Object{{"params", state.hostParams}, {"grads", state.hostGrads},
+                                      {"optimizer", state.hostOptimizer}, {"total", state.host()},
+                                      {"counted_in_peak", state.hostIsDevice}}},
           {"peak", llvm::json::Object{{"total", total}, {"above_step_start", walk.peak},
                                       {"gathered_params", walk.peakGathered},
                                       {"activations", walk.peakActivations},
@@ -313,6 +356,10 @@ struct MemoryReportPass : public fsdp::impl::MemoryReportPassBase<MemoryReportPa
                                  std::pair{"batch", state.batch},
                                  std::pair{"gradient accumulation", state.accumulation}})
         out << llvm::format("  %-24s %14lld B  %s\n", name, (long long)bytes, mib(bytes).c_str());
+      if (state.host())
+        out << llvm::format("  %-24s %14lld B  %s%s\n", "offloaded to host", (long long)state.host(),
+                            mib(state.host()).c_str(),
+                            state.hostIsDevice ? " (host memory is the device's: in the peak)" : "");
       out << llvm::format("  %-24s %14lld B  %s\n", "peak (persistent + live)",
                           (long long)total, mib(total).c_str());
       out << llvm::format("    %-22s %14lld B  %s\n", "above the step's start", (long long)walk.peak,

@@ -175,11 +175,14 @@ def full_state_dict(model: nn.Module, *, rank0_only: bool = False) -> dict[str, 
         if isinstance(value, DTensor):
             mesh = value.device_mesh
             if id(mesh) not in host_meshes:
-                host_meshes[id(mesh)] = _host_mesh_for_gloo(mesh, value.device)
+                host_meshes[id(mesh)] = _host_mesh_for_gloo(mesh, torch.device(mesh.device_type))
             host_mesh = host_meshes[id(mesh)]
             if host_mesh is not None:
                 value = DTensor.from_local(value.to_local().cpu(), host_mesh, value.placements, run_check=False,
                                            shape=value.shape, stride=value.stride())
+            elif value.device.type != mesh.device_type:  # an offloaded shard gathers on the device
+                value = DTensor.from_local(value.to_local().to(mesh.device_type), mesh, value.placements,
+                                           run_check=False, shape=value.shape, stride=value.stride())
             value = value.full_tensor()
         if keep:
             full[name] = value.detach().to("cpu", copy=True)

@@ -91,7 +91,7 @@ def _mixed_precision(policy) -> MixedPrecision | None:
                     f"got {type(policy).__name__}")
 
 
-def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_after_forward,
+def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_after_forward, offload: bool,
                   policy: MixedPrecision | None, gradient_accumulation: bool, backend: str) -> str:
     """The sharding pipeline's options from fully_shard's vocabulary; the
     same knob given twice with different values is an error."""
@@ -112,6 +112,8 @@ def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_af
                                            else str(int(reshard_after_forward)))
     if gradient_accumulation:
         wanted["gradient-accumulation"] = "true"
+    if offload:
+        wanted["offload"] = "*"
     wanted["backend"] = backend  # the reports count what this backend moves and allocates
     checked = dict(wanted)
     if policy is not None and policy.reduce_dtype is not None:  # capture applies it; the pipeline must agree
@@ -156,13 +158,16 @@ class ShardedModule(nn.Module):
                 backend = collective_backend(device)
             except DeviceError as error:
                 raise StepError(str(error)) from None
-            self._check_offload(offload_policy, device)
+            offload = self._check_offload(offload_policy, device)
             policy = _mixed_precision(mp_policy)
-            return device, policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, policy,
-                                                 gradient_accumulation, backend)
+            return device, policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, offload is not None,
+                                                 policy, gradient_accumulation, backend), offload
 
-        device, policy, options = on_every_rank("checking fsdpc.shard's arguments", check_arguments)
+        device, policy, options, offload = on_every_rank("checking fsdpc.shard's arguments", check_arguments)
+
         self.device = device
+        # Offloaded shards live in host memory, pinned for asynchronous copies to a GPU.
+        self._pin_shards = device.type != "cpu" and bool(getattr(offload, "pin_memory", False))
         self._config = dict(loss_fn=loss_fn, options=options, wrap=wrap, mixed_precision=policy)
         # Per-call agreement runs here, under the step's timeout (the default
         # group's may be 30 minutes).
@@ -215,20 +220,19 @@ class ShardedModule(nn.Module):
     # -- construction ------------------------------------------------------
 
     @staticmethod
-    def _check_offload(offload_policy, device: torch.device) -> None:
-        """On CPU, shards, gradients and optimizer state already live in host
-        memory: offloading them is what happens anyway."""
+    def _check_offload(offload_policy, device: torch.device):
+        """The CPUOffloadPolicy to apply, or None. Every unit is offloaded
+        (the pipeline option `offload=` picks units). On a CPU the program is
+        the one a GPU runs; host memory is the device's own there."""
         if offload_policy is None or type(offload_policy).__name__ == "OffloadPolicy":
-            return
+            return None
         if type(offload_policy).__name__ != "CPUOffloadPolicy":
             raise StepError(f"offload_policy must be torch.distributed.fsdp.CPUOffloadPolicy, "
                             f"got {type(offload_policy).__name__}")
-        if device.type != "cpu":
-            raise StepError(f"CPUOffloadPolicy on {device.type} is not supported yet: fsdpc keeps shards, "
-                            "gradients and optimizer state on the device; leave offload_policy out")
         if getattr(offload_policy, "pin_memory", False) and not torch.cuda.is_available():
             raise StepError("CPUOffloadPolicy(pin_memory=True) pins host memory for copies to a GPU, and this "
                             "machine has none; use CPUOffloadPolicy(pin_memory=False)")
+        return offload_policy
 
     def _mesh_of(self, program: Program) -> DeviceMesh:
         shapes = {spec.grid_shape for spec in program.groups.values()}
@@ -264,7 +268,9 @@ class ShardedModule(nn.Module):
                             f"{sorted(originals)}")
         for name, spec in self.layout.items():
             original = originals[name]
-            storage = new_shard(spec, original.dtype, self.device)
+            storage = new_shard(spec, original.dtype, "cpu" if spec.offloaded else self.device)
+            if spec.offloaded and self._pin_shards:
+                storage = storage.pin_memory()
             begin, real = self._shard_rows(spec)
             local = rows(storage, 0, real)
             if not original.is_meta:
@@ -566,7 +572,10 @@ class ShardedModule(nn.Module):
             if spec.group is None:
                 dist.broadcast(tensor, src=0)
             elif self.mesh.ndim == 2:  # replicas of a shard: from the first replica
-                dist.broadcast(tensor, group=self.mesh.get_group(0), group_src=0)
+                moved = tensor.to(self.device)  # an offloaded shard travels through the device
+                dist.broadcast(moved, group=self.mesh.get_group(0), group_src=0)
+                if moved is not tensor:
+                    tensor.copy_(moved)
         for _, buffer in self.named_buffers():
             dist.broadcast(buffer, src=0)
 
@@ -590,7 +599,8 @@ class ShardedModule(nn.Module):
         def partial(tensors: list[torch.Tensor]) -> torch.Tensor:
             if not tensors:
                 return torch.zeros((), dtype=torch.float64, device=self.device)
-            norms = torch.stack([t.detach().double().norm(p) for t in tensors])
+            # Offloaded gradients are in host memory: their norms join the rest on the device.
+            norms = torch.stack([t.detach().double().norm(p).to(self.device) for t in tensors])
             return norms.max() if math.isinf(p) else (norms ** p).sum()
 
         local = partial(sharded)

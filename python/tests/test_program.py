@@ -101,15 +101,15 @@ def test_the_reshard_check_catches_a_view_that_outlives_its_buffer():
     text = json.dumps({
         "format": "fsdpc.program", "version": VERSION, "device": "cpu",
         "groups": [{"key": "g", "grid": "world", "grid_shape": [1], "axes": [0], "size": 1, "members": [[0]]}],
-        "params": [{"name": "w", "shape": [3, 2], "dtype": "f32", "unit": "root", "trainable": True, "tied": [],
-                    "group": "g", "shard_rows": 3, "padding": 0}],
+        "params": [{"name": "w", "shape": [3, 2], "dtype": "f32", "unit": "root", "trainable": True, "offloaded": False,
+                    "tied": [], "group": "g", "shard_rows": 3, "padding": 0}],
         "buffers": [],
         "functions": [{
             "name": "leak", "step": False, "inputs": [], "input_types": [], "slots": 3, "futures": 1,
             "instructions": [
                 {"op": "param", "name": "w", "result": 0},
                 {"op": "all_gather", "group": "g", "inputs": [0], "shapes": [[3, 2]], "dtypes": ["f32"],
-                 "future": 0},
+                 "future": 0, "host": False},
                 {"op": "wait", "future": 0, "results": [1]},
                 {"op": "aten", "name": "aten::t", "overload": "", "args": [{"tensor": 1}], "results": [2]},
                 {"op": "reshard", "values": [1]},

@@ -8,11 +8,27 @@
 // differs). Staging buffers are dropped at the wait. The backend behind a
 // group (fsdp_rt/Collectives.h) issues and waits; nothing here depends on it.
 //
+// Offloaded units (`host` collectives) on a GPU: the copy-in of a bucket of
+// host shards runs on one transfer stream, after an event on the compute
+// stream, and the collective is issued from it, so the host-to-device copy
+// overlaps the kernels issued before it. A `host` reduction's wait copies
+// the results to pinned host memory on that stream; the device memory they
+// came from is recorded on it, so the allocator reuses it only after the
+// copy. The step ends by waiting for the transfer stream: the host then owns
+// the gradients and may update the shards. On a CPU program host memory is
+// the device's, and these collectives run as any other.
+//
 //===----------------------------------------------------------------------===//
 
 #include "fsdp_rt/Executor.h"
 #include "fsdp_rt/ShardLayout.h"
 
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -57,6 +73,9 @@ struct InFlight {
   const Instruction *inst = nullptr;
   Collectives *backend = nullptr;
   Pending collective;
+  /// A host bucket's inputs, and device copies of the shards it casts: the
+  /// transfer stream reads them until the collective has run.
+  std::vector<at::Tensor> held;
   std::vector<int64_t> offsets; // element offset of each input in the per-rank block
   int64_t ranks = 1, total = 0, startUs = 0;
   bool started = false;
@@ -66,7 +85,11 @@ class Executor {
 public:
   Executor(const Program &program, const Function &function, StepInputs inputs)
       : device(program.device()), function(function), in(std::move(inputs)),
-        slots(function.slots), futures(function.futures) {}
+        slots(function.slots), futures(function.futures) {
+    for (const ParamSpec &param : program.params())
+      if (param.offloaded)
+        offloaded.insert(param.name);
+  }
 
   StepOutputs run() {
     c10::DeviceGuard onDevice(device); // the stream and allocator of the program's device
@@ -90,6 +113,8 @@ public:
       if (pending.started)
         throw std::runtime_error("fsdp_rt: rank " + rankText() + ": " + describe(*pending.inst) +
                                  " was never waited for");
+    if (transfer)
+      transfer->synchronize(); // the host optimizer reads the gradients, and writes the shards
     return std::move(out);
   }
 
@@ -108,10 +133,14 @@ private:
 
   void checkInputs() {
     auto checkDevice = [&](const std::map<std::string, at::Tensor> &table, const char *what) {
-      for (const auto &[name, value] : table)
-        if (value.defined() && value.device() != device)
+      for (const auto &[name, value] : table) {
+        // An offloaded shard lives in host memory (the device's own on a CPU program).
+        c10::Device expected = &table == &in.params && offloaded.count(name) ? c10::Device(c10::kCPU) : device;
+        if (value.defined() && value.device() != expected)
           throw std::runtime_error("fsdp_rt: " + std::string(what) + " '" + name + "' is on " + value.device().str() +
-                                   "; the program runs on " + device.str());
+                                   "; the program " +
+                                   (expected == device ? "runs on " + device.str() : std::string("offloads it to cpu")));
+      }
     };
     checkDevice(in.params, "parameter");
     checkDevice(in.buffers, "buffer");
@@ -259,11 +288,59 @@ private:
       pending.total += shard.numel();
       shards.push_back(shard);
     }
-    at::TensorOptions options = shards.front().options().dtype(inst.dtypes.front());
+    at::TensorOptions options = at::TensorOptions().device(device).dtype(inst.dtypes.front());
     at::Tensor mine = backend.gatherBlock(pending.collective, pending.total, options);
+    auto region = [&](size_t i) {
+      return mine.narrow(0, pending.offsets[i], shards[i].numel()).view(shards[i].sizes());
+    };
+    if (inst.host && device.type() != c10::kCPU) {
+      copyInFromHost(inst, pending, shards, region);
+      return;
+    }
     for (size_t i = 0; i < shards.size(); ++i) // the one copy in, cast included
-      mine.narrow(0, pending.offsets[i], shards[i].numel()).view(shards[i].sizes()).copy_(shards[i]);
+      region(i).copy_(shards[i]);
     out.collectives.push_back(backend.allGather(pending.collective));
+    launch(inst, std::move(pending));
+  }
+
+  /// The transfer stream, after the compute stream's work so far.
+  c10::Stream &transferAfterCompute() {
+    c10::impl::VirtualGuardImpl guard(device.type());
+    if (!transfer)
+      transfer = guard.getStreamFromGlobalPool(device);
+    c10::Event computed(device.type());
+    computed.record(guard.getStream(device));
+    computed.block(*transfer);
+    return *transfer;
+  }
+
+  /// A host bucket's copy-in and collective, on the transfer stream. The
+  /// buffers it writes were allocated on the compute stream before the
+  /// event, so their memory is free of earlier work; device copies for
+  /// casting are allocated there too and held to the wait.
+  template <typename Region>
+  void copyInFromHost(const Instruction &inst, InFlight &pending, const std::vector<at::Tensor> &shards,
+                      Region region) {
+    for (size_t i = 0; i < shards.size(); ++i) {
+      if (shards[i].device().type() != c10::kCPU)
+        throw std::runtime_error("input " + std::to_string(i) + " of a host all-gather is on " +
+                                 shards[i].device().str() + ", not in host memory");
+      pending.held.push_back(shards[i]);
+      if (shards[i].scalar_type() != inst.dtypes.front())
+        pending.held.push_back(at::empty(shards[i].sizes(), shards[i].options().device(device)));
+    }
+    c10::StreamGuard onTransfer(transferAfterCompute());
+    for (size_t i = 0, held = 0; i < shards.size(); ++i, ++held) {
+      at::Tensor target = region(i);
+      if (shards[i].scalar_type() != inst.dtypes.front()) {
+        at::Tensor staged = pending.held[++held];
+        staged.copy_(shards[i], /*non_blocking=*/true);
+        target.copy_(staged); // the cast, on the device
+      } else {
+        target.copy_(shards[i], /*non_blocking=*/true);
+      }
+    }
+    out.collectives.push_back(pending.backend->allGather(pending.collective));
     launch(inst, std::move(pending));
   }
 
@@ -362,6 +439,7 @@ private:
       copyOutGathered(start, pending, inst.results);
     else
       takeReduced(start, pending, inst.results);
+    pending.held.clear(); // the compute stream now runs after the collective and its copy-in
     if (in.trace) {
       // Blocked time is exposed communication; the copy-out is compute.
       out.trace.push_back({describe(start), "collective", "", pending.startUs, arrived - pending.startUs});
@@ -404,14 +482,38 @@ private:
     double divide = start.postDivide * (start.reduction == Reduction::Average ? pending.ranks : 1);
     if (divide != 1.0)
       reduced.div_(divide);
+    std::vector<at::Tensor> values;
     for (size_t i = 0; i < start.shapes.size(); ++i) {
       at::Tensor value = reduced.narrow(0, pending.offsets[i], c10::multiply_integers(start.shapes[i]))
                              .view(start.shapes[i]);
       if (start.dtypes[i] != start.reduceType)
         value = value.to(start.dtypes[i]);
-      if (results[i] >= 0)
-        slots[results[i]] = std::move(value);
+      values.push_back(std::move(value));
     }
+    if (start.host && device.type() != c10::kCPU)
+      values = copyToHost(values);
+    for (size_t i = 0; i < values.size(); ++i)
+      if (results[i] >= 0)
+        slots[results[i]] = std::move(values[i]);
+  }
+
+  /// Copies device results to pinned host memory on the transfer stream;
+  /// their device memory is recorded on it, so it is reused only after the
+  /// copy. run() waits for the stream before the step returns.
+  std::vector<at::Tensor> copyToHost(const std::vector<at::Tensor> &values) {
+    c10::Stream &stream = transferAfterCompute();
+    c10::impl::VirtualGuardImpl guard(device.type());
+    std::vector<at::Tensor> onHost;
+    for (const at::Tensor &value : values) {
+      at::Tensor host = at::empty(value.sizes(), value.options().device(c10::kCPU).pinned_memory(true));
+      {
+        c10::StreamGuard onTransfer(stream);
+        host.copy_(value, /*non_blocking=*/true);
+      }
+      guard.recordDataPtrOnStream(value.storage().data_ptr(), stream);
+      onHost.push_back(std::move(host));
+    }
+    return onHost;
   }
 
   void reshard(const Instruction &inst) {
@@ -465,6 +567,8 @@ private:
   c10::Device device;
   const Function &function;
   StepInputs in;
+  std::set<std::string> offloaded;      // parameters whose shards are in host memory
+  std::optional<c10::Stream> transfer;  // host <-> device copies, once a host collective ran
   std::map<std::string, std::unique_ptr<Collectives>> backends;
   std::vector<c10::IValue> slots;
   std::vector<InFlight> futures;

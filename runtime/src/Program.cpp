@@ -343,6 +343,7 @@ Instruction loadInstruction(const Value &json, c10::Device device) {
     inst.group = json.at("group").asString();
     if (const Value *unit = json.find("unit"))
       inst.unit = unit->asString();
+    inst.host = json.at("host").asBool();
     inst.inputs = slotList(json.at("inputs"));
     inst.future = index(json.at("future"));
     for (const Value &shape : json.at("shapes").asArray())
@@ -408,6 +409,7 @@ ParamSpec loadParam(const Value &json) {
   param.dtype = json.at("dtype").asString();
   param.unit = json.at("unit").asString();
   param.trainable = json.at("trainable").asBool();
+  param.offloaded = json.at("offloaded").asBool();
   param.tied = stringList(json.at("tied"));
   if (const Value &group = json.at("group"); !group.isNull()) {
     param.group = group.asString();

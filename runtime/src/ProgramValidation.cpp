@@ -274,8 +274,11 @@ void validateProgram(const Program &program) {
     }
     for (const ParamSpec &param : program.params()) {
       std::string what = checkTensorEntry(params, "parameter", param.name, param.shape, param.dtype);
-      if (!param.group)
+      if (!param.group) {
+        if (param.offloaded)
+          fail(what + " is offloaded but replicated; only shards are offloaded");
         continue;
+      }
       auto it = groups.find(*param.group);
       if (it == groups.end())
         fail(what + ": no group '" + *param.group + "'");

@@ -5,14 +5,26 @@
 // RUN: not fsdp-opt %s --fsdp-memory-report="optimizer=lion" 2>&1 | FileCheck %s --check-prefix=BAD
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4" --fsdp-memory-report="backend=nccl" -o /dev/null | FileCheck %s --check-prefix=NCCL
 // RUN: not fsdp-opt %s --fsdp-memory-report="backend=mpi" 2>&1 | FileCheck %s --check-prefix=BACKEND
+// RUN: fsdp-opt %s --fsdp-sharding-pipeline="ranks=4 offload=*" --fsdp-memory-report -o /dev/null | FileCheck %s --check-prefix=OFFLOAD-CPU
+// RUN: sed -e '1i module attributes {fsdp.device = "cuda"} {' -e '$a }' %s | fsdp-opt --fsdp-sharding-pipeline="ranks=4 offload=*" --fsdp-memory-report="backend=nccl" -o /dev/null | FileCheck %s --check-prefix=OFFLOAD-GPU
 
 // AdamW in fp32 on N ranks: 16 bytes per parameter / N for parameter shards,
 // gradient shards and the two moments. 32 parameters on 4 ranks: 128 bytes.
-// CHECK: fsdp.memory = {batch = 16 : i64, buffers = 0 : i64, grad_accumulation = 0 : i64, grads = 32 : i64, optimizer = 64 : i64, params = 32 : i64
-// SGD: grads = 32 : i64, optimizer = 0 : i64, params = 32 : i64
+// CHECK: fsdp.memory = {batch = 16 : i64, buffers = 0 : i64, grad_accumulation = 0 : i64, grads = 32 : i64, host = 0 : i64, optimizer = 64 : i64, params = 32 : i64
+// SGD: grads = 32 : i64, host = 0 : i64, optimizer = 0 : i64, params = 32 : i64
 // BAD: error: unknown optimizer 'lion'; use adamw, adam, sgd-momentum, sgd or none
 // NCCL:    collective staging                300 B
 // BACKEND: error: unknown collective backend 'mpi'; use gloo or nccl
+
+// Offloaded, the same 128 bytes are host memory. On a CPU target that is the
+// device's memory, so the peak stays 372 B; on a GPU they leave the device,
+// and the gradient leaves it at its wait.
+// OFFLOAD-CPU:      parameter shards                      0 B
+// OFFLOAD-CPU:      offloaded to host                   128 B  0.000 MiB (host memory is the device's: in the peak)
+// OFFLOAD-CPU-NEXT: peak (persistent + live)            372 B
+// OFFLOAD-GPU:      offloaded to host                   128 B  0.000 MiB{{$}}
+// OFFLOAD-GPU-NEXT: peak (persistent + live)            308 B
+// OFFLOAD-GPU:      gradient shards                       0 B
 fsdp.unit @root root
 fsdp.param @w : tensor<8x4xf32> unit @root
 func.func @train_step(%x: tensor<1x4xf32>) -> tensor<f32> {

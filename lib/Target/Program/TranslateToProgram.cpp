@@ -376,6 +376,7 @@ private:
                      {"future", future(op.getResult(0))}};
     if (auto unit = op.getAttrOfType<FlatSymbolRefAttr>("unit"))
       out["unit"] = unit.getValue();
+    out["host"] = op.hasAttr("host");
     if (isa<AllGatherStartOp>(op)) {
       out["op"] = opText(Kind::AllGather);
       return std::optional<json::Object>(std::move(out));
@@ -399,6 +400,11 @@ private:
   json::Array inputSpecs;
 };
 
+bool isOffloaded(ParamOp param) {
+  auto unit = SymbolTable::lookupNearestSymbolFrom<UnitOp>(param, param.getUnitAttr());
+  return unit && unit.getOffloaded();
+}
+
 FailureOr<json::Array> parameters(ModuleOp module, GroupTable &groups) {
   json::Array params;
   for (ParamOp param : module.getOps<ParamOp>()) {
@@ -415,6 +421,7 @@ FailureOr<json::Array> parameters(ModuleOp module, GroupTable &groups) {
                        {"dtype", *dtype},
                        {"unit", param.getUnit()},
                        {"trainable", param.isTrainable()},
+                       {"offloaded", isOffloaded(param)},
                        {"tied", std::move(tied)},
                        {"group", nullptr}};
     if (param.isSharded()) {

@@ -60,6 +60,9 @@ struct Instruction {
   std::vector<std::string> params; // gradients: the parameter of each input
   std::string group;              // collectives and all_slice
   std::string unit;               // collectives: the wrap unit, for traces
+  /// all_gather: the inputs are shards in host memory; reductions: the
+  /// results go to host memory (an offloaded unit's gradients).
+  bool host = false;
   int future = -1;
   std::vector<std::vector<int64_t>> shapes; // collectives: result shapes
   std::vector<c10::ScalarType> dtypes;      // collectives: result dtypes; cast: [target]
@@ -87,6 +90,8 @@ struct ParamSpec {
   std::vector<int64_t> shape;
   std::string dtype, unit;
   bool trainable = true;
+  /// Its shard, gradient and optimizer state live in host memory.
+  bool offloaded = false;
   std::vector<std::string> tied;
   std::optional<std::string> group; // nullopt: replicated on every rank
   int64_t shardRows = 0, padding = 0;
