@@ -9,7 +9,9 @@ Systems, all bf16 compute with fp32 master weights and fused AdamW:
 fsdpc (compiled step, MixedPrecision(bf16, fp32)); fsdp2 (fully_shard per
 block and the root, MixedPrecisionPolicy(bf16, fp32), eager); fsdp2-compile
 (the same with each block under torch.compile); compile (the unsharded
-model under torch.compile and bf16 autocast).
+model under torch.compile and bf16 autocast); fsdpc-offload and
+fsdp2-offload (fsdpc and fsdp2 with CPUOffloadPolicy(): shards, gradients
+and AdamW state in pinned host memory, the optimizer on the host).
 
 Measured: compile (model built to the end of the first step), median step
 time over the timed steps (forward, backward and optimizer, synchronized),
@@ -86,27 +88,31 @@ def exposed_communication(trace_path: Path) -> dict:
 
 def build(system: str, model: torch.nn.Module, example, block_class):
     """(forward_backward(batch) -> loss, parameters, extras)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy() if system.endswith("-offload") else None  # pinned host memory
+    system = system.removesuffix("-offload")
     extras = {}
     if system == "fsdpc":
         import fsdpc
 
-        sharded = fsdpc.shard(model, example, next_token_loss, mp_policy=policy)
+        sharded = fsdpc.shard(model, example, next_token_loss, mp_policy=policy, offload_policy=offload)
         extras["compile_phases_s"] = sharded.compile_seconds
         extras["report_peak_above_start_gib"] = sharded.memory_report["train_step"]["peak"]["above_step_start"] / 2**30
         return (lambda batch: sharded(*batch)), list(sharded.parameters()), extras
     if system in ("fsdp2", "fsdp2-compile"):
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import OffloadPolicy, fully_shard
 
-        model.cuda()
+        if offload is None:  # offloaded, FSDP2 keeps the model's shards in host memory
+            model.cuda()
+        options = dict(mp_policy=policy, offload_policy=offload or OffloadPolicy())
         for module in model.modules():
             if isinstance(module, block_class):
                 if system == "fsdp2-compile":
                     module.compile()
-                fully_shard(module, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
+                fully_shard(module, **options)
+        fully_shard(model, **options)
         run = model
     elif system == "compile":
         model.cuda()
