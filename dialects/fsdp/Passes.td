@@ -184,9 +184,22 @@ def OffloadUnitsPass : Pass<"fsdp-offload-units", "::mlir::ModuleOp"> {
 
     `units` names the units, `*` every unit. Only sharded parameters are
     offloaded: a unit with a replicated (no-shard) parameter is refused.
+
+    `fit-bytes` offloads only what does not fit (the pipeline's
+    `offload-to-fit` gives MiB): as long as a step's device peak (the memory
+    report's model, for `optimizer` and `backend`) exceeds the budget, one
+    more unit is offloaded, the smallest whose state
+    covers the excess, else the largest. Every byte left on the device
+    spares a host copy and host optimizer work. A budget that even full
+    offload cannot meet is an error that says by how much. On a CPU target
+    host memory is the device's, so there is nothing to fit.
   }];
   let options = [
     ListOption<"units", "units", "std::string", "Wrap units to offload (* for all)">,
+    Option<"fitBytes", "fit-bytes", "int64_t", "0",
+           "Offload the fewest units that bring the device peak within this many bytes (0: off)">,
+    Option<"optimizer", "optimizer", "std::string", "\"adamw\"", "adamw | adam | sgd-momentum | sgd | none">,
+    Option<"backend", "backend", "std::string", "\"gloo\"", "gloo | nccl (the memory model's staging)">,
   ];
 }
 

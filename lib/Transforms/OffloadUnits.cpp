@@ -17,14 +17,18 @@
 //   %f = fsdp.all_gather_start %w on @dp axes = [0] unit @l0 host : ...
 //   %r = fsdp.reduce_scatter_start %gw on @dp axes = [0] ... unit @l0 host : ...
 //
+// With fit-bytes=N the units are chosen by the memory model instead: the
+// fewest bytes whose offload brings the device peak within N bytes.
+//
 // Test: test/Transforms/offload-units.mlir.
 //
 //===----------------------------------------------------------------------===//
 
-#include "fsdp/Analysis/Step.h"
+#include "fsdp/Analysis/Memory.h"
 #include "fsdp/Transforms/Passes.h"
 
 #include "llvm/ADT/StringSet.h"
+#include "llvm/Support/Format.h"
 
 namespace mlir::fsdp {
 #define GEN_PASS_DEF_OFFLOADUNITSPASS
@@ -88,6 +92,74 @@ LogicalResult offloadUnits(ModuleOp module, const llvm::StringSet<> &chosen) {
   return success();
 }
 
+std::string mib(int64_t bytes) {
+  std::string text;
+  llvm::raw_string_ostream(text) << llvm::format("%.1f MiB", bytes / 1048576.0);
+  return text;
+}
+
+/// Undoes offloadUnits, so that another choice can be tried.
+void clearOffload(ModuleOp module) {
+  for (UnitOp unit : module.getOps<UnitOp>())
+    unit.setOffloaded(false);
+  module.walk([](Operation *op) {
+    if (isCollectiveStart(op))
+      op->removeAttr("host");
+  });
+}
+
+/// Adds units to `chosen` until every step's device peak is within
+/// `budget` bytes: each round the smallest unit whose state covers the
+/// excess, else the largest, then the model is walked again (offloading
+/// also changes what the collectives stage).
+LogicalResult offloadToFit(ModuleOp module, int64_t budget, int64_t states, bool gloo,
+                           llvm::StringSet<> &chosen) {
+  if (hostIsDevice(module))
+    return module.emitError() << "offload to fit a device memory budget needs a GPU target: on a CPU "
+                                 "target host memory is the device's (fsdp.device is cpu)";
+  SymbolTableCollection tables;
+  llvm::StringMap<int64_t> saving; // bytes a unit's offload takes off the device
+  llvm::StringSet<> offloadable;
+  for (UnitOp unit : module.getOps<UnitOp>())
+    offloadable.insert(unit.getSymName());
+  for (ParamOp param : module.getOps<ParamOp>()) {
+    StringRef unit = param.getUnitAttr().getValue();
+    if (!param.isSharded())
+      offloadable.erase(unit);
+    saving[unit] += localBytes(param, tables) * (param.isTrainable() ? 2 + states : 1);
+  }
+  SmallVector<Step> steps = collectSteps(module);
+  auto peak = [&] {
+    int64_t most = 0;
+    for (Step &step : steps)
+      most = std::max(most, devicePeak(module, step, states, gloo));
+    return most;
+  };
+  for (int64_t now = peak(); now > budget; now = peak()) {
+    int64_t excess = now - budget;
+    StringRef pick;
+    for (UnitOp unit : module.getOps<UnitOp>()) {
+      StringRef name = unit.getSymName();
+      if (chosen.contains(name) || !offloadable.contains(name) || saving.lookup(name) == 0)
+        continue;
+      int64_t bytes = saving.lookup(name), best = pick.empty() ? 0 : saving.lookup(pick);
+      bool covers = bytes >= excess, bestCovers = !pick.empty() && best >= excess;
+      if (pick.empty() || (covers && (!bestCovers || bytes < best)) || (!covers && !bestCovers && bytes > best))
+        pick = name;
+    }
+    if (pick.empty())
+      return module.emitError() << "the step does not fit " << budget << " bytes (" << mib(budget)
+                                << ") of device memory even with every unit it can offload in host memory: "
+                                << "its peak is " << now << " bytes, " << excess << " (" << mib(excess)
+                                << ") over";
+    chosen.insert(pick);
+    clearOffload(module);
+    if (failed(offloadUnits(module, chosen)))
+      return failure();
+  }
+  return success();
+}
+
 struct OffloadUnitsPass : public fsdp::impl::OffloadUnitsPassBase<OffloadUnitsPass> {
   using OffloadUnitsPassBase::OffloadUnitsPassBase;
 
@@ -112,6 +184,11 @@ struct OffloadUnitsPass : public fsdp::impl::OffloadUnitsPassBase<OffloadUnitsPa
       chosen.insert(name);
     }
     if (!chosen.empty() && failed(offloadUnits(module, chosen)))
+      return signalPassFailure();
+    if (fitBytes <= 0)
+      return;
+    FailureOr<int64_t> states = optimizerStatesPerElement(optimizer, module);
+    if (failed(states) || failed(offloadToFit(module, fitBytes, *states, backend == "gloo", chosen)))
       signalPassFailure();
   }
 };

@@ -64,6 +64,10 @@ struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOpti
   ListOption<std::string> offload{*this, "offload",
                                   llvm::cl::desc("Wrap units whose shards, gradients and optimizer state "
                                                  "stay in host memory (* for all)")};
+  Option<int64_t> offloadToFit{*this, "offload-to-fit",
+                               llvm::cl::desc("Offload the fewest units that bring the device peak "
+                                              "within this many MiB (0: off)"),
+                               llvm::cl::init(0)};
   Option<bool> gradientAccumulation{*this, "gradient-accumulation",
                                     llvm::cl::desc("Also emit <step>_no_sync microbatch steps"),
                                     llvm::cl::init(false)};
@@ -127,9 +131,12 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
   pm.addPass(createOverlapReductionsPass(overlap));
   pm.addPass(createVerifySchedulePass());
   pm.addPass(createPlanLifetimesPass());
-  if (!options.offload.empty()) {
+  if (!options.offload.empty() || options.offloadToFit > 0) {
     OffloadUnitsPassOptions offload;
     offload.units = llvm::to_vector(options.offload);
+    offload.fitBytes = options.offloadToFit * 1048576;
+    offload.optimizer = options.optimizer;
+    offload.backend = options.backend;
     pm.addPass(createOffloadUnitsPass(offload));
   }
   if (!options.memoryReport.empty()) {

@@ -1,0 +1,217 @@
+//===- Memory.cpp - the per-rank memory model of a step ------------------===//
+
+#include "fsdp/Analysis/Memory.h"
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+namespace {
+
+/// Bytes of a collective's staging buffers, which the runtime allocates at
+/// the start and frees at the wait. With NCCL an all-gather packs the shards
+/// and receives every rank's; a reduce-scatter packs the padded full
+/// tensors and receives one shard of each. With Gloo the runtime reduces in
+/// place instead (Gloo's own all-gather and reduce-scatter copy through
+/// temporaries): an all-gather has only its receive buffer, a reduce-scatter
+/// only its packed buffer (its row is kept at the wait, as the gradients).
+/// An all-reduce works in place on its packed buffer either way.
+/// A host all-gather on a GPU also holds a device copy of each shard it
+/// casts, from its start to its wait.
+int64_t stagingBytes(Operation *start, bool gloo, bool hostIsDevice) {
+  auto grid = SymbolTable::lookupNearestSymbolFrom<shard::GridOp>(
+      start, start->getAttrOfType<FlatSymbolRefAttr>("grid"));
+  int64_t ranks = groupSize(grid, start->getAttrOfType<DenseI16ArrayAttr>("grid_axes").asArrayRef());
+  if (auto gather = dyn_cast<AllGatherStartOp>(start)) {
+    Type wire = cast<RankedTensorType>(futureTypes(start).front()).getElementType();
+    int64_t sent = 0, castCopies = 0;
+    for (Value input : gather.getInputs()) {
+      auto type = cast<RankedTensorType>(input.getType());
+      sent += type.getNumElements() * elementBytes(wire);
+      if (gather.getHost() && !hostIsDevice && type.getElementType() != wire)
+        castCopies += tensorBytes(type);
+    }
+    return sent * ranks + (gloo ? 0 : sent) + castCopies;
+  }
+  Type reduce = start->getAttrOfType<TypeAttr>("reduce_dtype").getValue();
+  int64_t shards = 0;
+  for (Type result : futureTypes(start))
+    shards += cast<RankedTensorType>(result).getNumElements() * elementBytes(reduce);
+  if (isa<AllReduceStartOp>(start))
+    return shards;
+  return shards * ranks + (gloo ? 0 : shards);
+}
+
+} // namespace
+
+bool mlir::fsdp::hostIsDevice(ModuleOp module) {
+  auto device = module->getAttrOfType<StringAttr>("fsdp.device");
+  return !device || device.getValue() == "cpu";
+}
+
+FailureOr<int64_t> mlir::fsdp::optimizerStatesPerElement(StringRef optimizer, Operation *anchor) {
+  if (optimizer == "adamw" || optimizer == "adam")
+    return 2;
+  if (optimizer == "sgd-momentum")
+    return 1;
+  if (optimizer == "sgd" || optimizer == "none")
+    return 0;
+  return anchor->emitError() << "unknown optimizer '" << optimizer
+                             << "'; use adamw, adam, sgd-momentum, sgd or none";
+}
+
+int64_t mlir::fsdp::localBytes(ParamOp param, SymbolTableCollection &tables) {
+  RankedTensorType local = param.getLogicalType();
+  if (param.isSharded()) {
+    auto grid = tables.lookupNearestSymbolFrom<shard::GridOp>(param, param.getGridAttr());
+    int64_t ranks = groupSize(grid, *param.getGridAxes());
+    SmallVector<int64_t> shape(local.getShape());
+    shape[0] = (shape[0] + ranks - 1) / ranks;
+    local = RankedTensorType::get(shape, local.getElementType());
+  }
+  return tensorBytes(local);
+}
+
+Persistent mlir::fsdp::persistentState(ModuleOp module, Step &step, int64_t statesPerElement) {
+  Persistent state;
+  state.hostIsDevice = hostIsDevice(module);
+  SymbolTableCollection tables;
+  for (ParamOp param : module.getOps<ParamOp>()) {
+    int64_t shard = localBytes(param, tables);
+    auto unit = tables.lookupNearestSymbolFrom<UnitOp>(param, param.getUnitAttr());
+    bool host = unit && unit.getOffloaded();
+    (host ? state.hostParams : state.params) += shard;
+    if (param.isTrainable()) {
+      (host ? state.hostGrads : state.grads) += shard;
+      (host ? state.hostOptimizer : state.optimizer) += statesPerElement * shard;
+    }
+  }
+  for (BufferOp buffer : module.getOps<BufferOp>())
+    state.buffers += tensorBytes(buffer.getType());
+  for (Type type : step.func.getArgumentTypes())
+    state.batch += tensorBytes(type);
+  step.func.walk([&](GetAccumulatedGradOp read) {
+    state.accumulation += tensorBytes(read.getResult().getType());
+  });
+  return state;
+}
+
+/// Walks the schedule in program order, tracking the storage the step
+/// allocates: the same lifetimes the runtime follows (fsdp.release and
+/// fsdp.reshard free; a value nothing releases lives to the end of the step).
+Walk mlir::fsdp::walkSchedule(Step &step, bool gloo, bool hostIsDevice) {
+  Block &body = step.body();
+  DenseMap<Operation *, int64_t> index;
+  for (auto [i, op] : llvm::enumerate(body))
+    index[&op] = i;
+  int64_t end = body.getOperations().size();
+
+  enum Kind { Gathered, Activation, Staging, Gradient, NumKinds };
+  struct Storage {
+    int64_t bytes, allocated, freed;
+    Kind kind;
+    Value value;                 // null for staging buffers
+    SmallVector<Value> aliases;  // the value and its views
+  };
+  DenseMap<Value, size_t> storageOf; // value or view -> its storage
+  SmallVector<Storage> storages;
+  auto allocate = [&](Value value, int64_t at, Kind kind) {
+    storageOf[value] = storages.size();
+    storages.push_back({tensorBytes(value.getType()), at, -1, kind, value, {value}});
+  };
+  for (Operation &op : body) {
+    int64_t here = index[&op];
+    if (isViewOf(&op)) {
+      auto it = storageOf.find(op.getOperand(0));
+      if (it == storageOf.end())
+        continue;
+      size_t source = it->second; // inserting below invalidates `it`
+      for (Value result : op.getResults()) {
+        storageOf[result] = source;
+        storages[source].aliases.push_back(result);
+      }
+      continue;
+    }
+    if (isCollectiveStart(&op)) {
+      WaitOp wait = waitOf(&op);
+      storages.push_back({stagingBytes(&op, gloo, hostIsDevice), here, index[wait], Staging, Value(), {}});
+      if (op.hasAttr("host") && !isa<AllGatherStartOp>(op) && !hostIsDevice) {
+        // Gradients that go to host memory: only a cast to their dtype
+        // passes through the device, within the wait.
+        Type reduce = op.getAttrOfType<TypeAttr>("reduce_dtype").getValue();
+        int64_t casts = 0;
+        for (Value result : wait.getResults())
+          if (cast<RankedTensorType>(result.getType()).getElementType() != reduce)
+            casts += tensorBytes(result.getType());
+        storages.push_back({casts, index[wait], index[wait], Staging, Value(), {}});
+        continue;
+      }
+      for (Value result : wait.getResults())
+        allocate(result, index[wait], isa<AllGatherStartOp>(op) ? Gathered : Gradient);
+      continue;
+    }
+    if (isa<AtenOp, CastOp, AllSliceOp>(op))
+      for (Value result : op.getResults())
+        if (isa<RankedTensorType>(result.getType()))
+          allocate(result, here, Activation);
+  }
+  // A storage is freed when its last alias is: at the alias's release or
+  // reshard; never when the step hands it over (loss, gradients) or nothing
+  // releases it.
+  auto freedAt = [&](Value alias) -> int64_t {
+    int64_t at = -1;
+    for (Operation *user : alias.getUsers()) {
+      if (isa<LossOp, GradientsOp>(user) || user->hasTrait<OpTrait::IsTerminator>())
+        return end;
+      if (isa<ReleaseOp, ReshardOp>(user))
+        at = index[body.findAncestorOpInBlock(*user)];
+    }
+    return at < 0 ? end : at;
+  };
+  for (Storage &storage : storages)
+    if (storage.value) {
+      storage.freed = 0;
+      for (Value alias : storage.aliases)
+        storage.freed = std::max(storage.freed, freedAt(alias));
+    }
+
+  SmallVector<SmallVector<int64_t>> byKind(NumKinds, SmallVector<int64_t>(end + 1, 0));
+  for (Storage &storage : storages) {
+    byKind[storage.kind][storage.allocated] += storage.bytes;
+    byKind[storage.kind][std::min(storage.freed + 1, end)] -= storage.bytes;
+  }
+  Walk walk;
+  SmallVector<int64_t> live(NumKinds, 0);
+  int64_t peakIndex = 0;
+  for (int64_t i = 0; i < end; ++i) {
+    int64_t total = 0;
+    for (int kind = 0; kind < NumKinds; ++kind)
+      total += live[kind] += byKind[kind][i];
+    walk.timeline.push_back(total);
+    walk.mostGathered = std::max(walk.mostGathered, live[Gathered]);
+    if (total > walk.peak) {
+      walk.peak = total;
+      walk.peakGathered = live[Gathered];
+      walk.peakActivations = live[Activation];
+      walk.peakStaging = live[Staging];
+      walk.peakGradients = live[Gradient];
+      peakIndex = i;
+    }
+  }
+  walk.peakOp = &*std::next(body.begin(), peakIndex);
+  int64_t lossIndex = index[step.loss];
+  for (Storage &storage : storages) {
+    if (storage.kind == Activation && storage.allocated < lossIndex && storage.freed > lossIndex)
+      walk.savedActivations += storage.bytes;
+    if (storage.value && storage.allocated <= peakIndex && storage.freed >= peakIndex)
+      walk.largestAtPeak.push_back({storage.bytes, storage.value});
+  }
+  llvm::sort(walk.largestAtPeak, [](auto &a, auto &b) { return a.first > b.first; });
+  if (walk.largestAtPeak.size() > 5)
+    walk.largestAtPeak.resize(5);
+  return walk;
+}
+
+int64_t mlir::fsdp::devicePeak(ModuleOp module, Step &step, int64_t statesPerElement, bool gloo) {
+  Persistent state = persistentState(module, step, statesPerElement);
+  return state.total() - state.madeByStep() + walkSchedule(step, gloo, state.hostIsDevice).peak;
+}
