@@ -166,8 +166,10 @@ class ShardedModule(nn.Module):
         device, policy, options, offload = on_every_rank("checking fsdpc.shard's arguments", check_arguments)
 
         self.device = device
-        # Offloaded shards live in host memory, pinned for asynchronous copies to a GPU.
-        self._pin_shards = device.type != "cpu" and bool(getattr(offload, "pin_memory", False))
+        # Offloaded shards (CPUOffloadPolicy, or the pipeline's offload options)
+        # live in host memory, pinned for asynchronous copies to a GPU unless
+        # CPUOffloadPolicy(pin_memory=False) says otherwise.
+        self._pin_shards = device.type != "cpu" and (offload is None or bool(offload.pin_memory))
         self._config = dict(loss_fn=loss_fn, options=options, wrap=wrap, mixed_precision=policy)
         # Per-call agreement runs here, under the step's timeout (the default
         # group's may be 30 minutes).

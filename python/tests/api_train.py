@@ -594,6 +594,17 @@ def scenario_offload(args):
         again = resumed.full_state_dict()
         for name, value in full.items():
             close(again[name], value, f"{name} after a checkpoint round trip", rtol=0, atol=0)
+    # Some units offloaded, the others on the device: one optimizer steps both.
+    partial = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, pipeline="offload=blocks.1")
+    on_host = {name for name, spec in partial.layout.items() if spec.offloaded}
+    assert on_host == {name for name, _ in partial.named_parameters() if name.startswith("blocks.1.")}, on_host
+    for name, param in partial.named_parameters():
+        local = param.to_local()
+        assert local.device.type == ("cpu" if name in on_host else DEVICE.type), (name, local.device)
+        assert local.is_pinned() == (pin and name in on_host), name
+    losses, _ = train(partial, optimizer_for(partial), data, clip=0.5)
+    expected, _ = eager_losses(reference_model(), data, clip=0.5, schedule=False)
+    close(torch.tensor(losses), torch.tensor(expected), "losses with one unit offloaded")
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     results = []
     for offload in (None, CPUOffloadPolicy(pin_memory=pin)):
