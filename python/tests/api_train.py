@@ -565,6 +565,12 @@ def scenario_offload(args):
     for name, param in sharded.named_parameters():
         local = param.to_local()
         assert local.device.type == "cpu" and local.is_pinned() == pin, (name, local.device, local.is_pinned())
+    # The program a GPU runs: every unit offloaded, its collectives `host`;
+    # the report keeps the offloaded state apart.
+    units = [line for line in sharded.sharded_ir.splitlines() if line.lstrip().startswith("fsdp.unit")]
+    assert units and all(" offloaded" in line for line in units), units
+    assert " host :" in sharded.sharded_ir
+    assert sharded.memory_report["train_step"]["host"]["total"] > 0
     optimizer = optimizer_for(sharded)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
     losses, norms = train(sharded, optimizer, data, clip=0.5, scheduler=scheduler)

@@ -7,7 +7,6 @@ import os
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import CPUOffloadPolicy
 
 from fsdpc.capture import MixedPrecision
 from fsdpc.export import load_factory
@@ -49,7 +48,6 @@ def main() -> None:
     parser.add_argument("--trace", default=None, help="record the last step as a Chrome trace here")
     parser.add_argument("--measure-memory", action="store_true",
                         help="profile the last step's allocations (peak above its start, every rank)")
-    parser.add_argument("--offload", action="store_true", help="CPUOffloadPolicy(pin_memory=False)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     dist.init_process_group("gloo")
@@ -71,9 +69,8 @@ def main() -> None:
     pipeline = args.pipeline + (" gradient-accumulation=true" if args.accumulate > 1 else "")
     if rank == 1 and args.rank1_pipeline is not None:
         pipeline = args.rank1_pipeline
-    offload = CPUOffloadPolicy(pin_memory=False) if args.offload else None
     step = fsdpc.shard(model, my_part(batches[0], 0), loss_fn, pipeline=pipeline, mp_policy=policy,
-                       offload_policy=offload, check_reshard_frees=args.check_reshard_frees)
+                       check_reshard_frees=args.check_reshard_frees)
     optimizer = torch.optim.AdamW(step.parameters(), lr=1e-2, weight_decay=0.1, eps=ADAM_EPS)
     losses = []
     for i in range(args.steps):
@@ -100,10 +97,6 @@ def main() -> None:
     if rank == 0:
         torch.save({"losses": losses, "params": params, "trace_summary": summary,
                     "compile_phases": step.compile_seconds,
-                    "offloaded_units": sum("fsdp.unit" in line and " offloaded" in line
-                                           for line in step.sharded_ir.splitlines()),
-                    "offloaded_params": sum(spec.offloaded for spec in step.layout.values()),
-                    "host_bytes": step.memory_report["train_step"]["host"]["total"],
                     "measured_peaks": measured_peaks if args.measure_memory else None,
                     "predicted_peak": step.memory_report["train_step"]["peak"]["above_step_start"]},
                    args.out)

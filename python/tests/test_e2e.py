@@ -162,15 +162,6 @@ def test_frozen_parameter_stays_put(tmp_path):
     torch.testing.assert_close(result["params"]["fc1.bias"], initial.fc1.bias.detach())
 
 
-def test_cpu_offload_compiles_the_gpu_program_and_matches_eager(tmp_path):
-    """CPUOffloadPolicy on CPU: the program a GPU runs (every unit offloaded,
-    host collectives), on host memory that is the device's; same results."""
-    result = launch(tmp_path, "gpt", 2, "--offload")
-    check(result, eager("gpt"))
-    assert result["offloaded_units"] >= 3 and result["host_bytes"] > 0
-    assert result["offloaded_params"] == len(result["params"])
-
-
 def test_bf16_compute_with_fp32_reduction_is_close_to_eager(tmp_path):
     # bf16 compute: documented tolerance (bf16 keeps 8 bits of mantissa).
     policy = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
