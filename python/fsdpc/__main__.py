@@ -1,4 +1,5 @@
-"""Command line: `python -m fsdpc export --model gpt --out gpt.mlir`."""
+"""Command line: `python -m fsdpc export --model gpt --out gpt.mlir`, and
+`python -m fsdpc plan --model llama3-70b --gpus 8 --gpu h100-sxm` (will it fit)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from fsdpc.capture import CaptureError, MixedPrecision
 from fsdpc.compiler import FsdpOptError, run_fsdp_opt
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
 from fsdpc.export import build, export_training_step, load_factory
+from fsdpc.plan import PlanError, capture_for_plan, gpu_kind, plan_memory
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -28,6 +30,24 @@ def _export(args: argparse.Namespace) -> int:
     print(f"fsdpc export: {args.model} ({type(model).__name__}) -> {args.out}"
           f"{' (verified by fsdp-opt)' if args.verify else ''}")
     print("  " + result.summary().replace("\n", "\n  "))
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    gpu = gpu_kind(args.gpu, args.memory_gib)
+    if args.mlir:
+        if args.model or args.batch or args.seq or args.param_dtype:
+            raise PlanError("--mlir is an already captured step: leave out --model, --batch, --seq and the dtypes")
+        name, ir = args.mlir, Path(args.mlir).read_text()
+    elif args.model:
+        name = args.model
+        ir = capture_for_plan(args.model, batch=args.batch, seq=args.seq, mixed_precision=_mixed_precision(args))
+    else:
+        raise PlanError("give --model (a built-in name or file.py:factory) or --mlir (a captured step)")
+    plan = plan_memory(ir, gpus=args.gpus, gpu=gpu, model=name, optimizer=args.optimizer, pipeline=args.pipeline)
+    print(f"fsdpc plan: {name} on {args.gpus} x {gpu.name}, optimizer {args.optimizer}")
+    print(plan.table())
+    print(plan.verdict)
     return 0
 
 
@@ -77,11 +97,29 @@ def main(argv: list[str] | None = None) -> int:
                         help="build the model on the meta device (default; capture needs only shapes)")
     export.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                         help="check the result with fsdp-opt (default)")
+    plan = commands.add_parser(
+        "plan", help="will the step fit N GPUs: per-rank memory and a verdict, before any GPU runs",
+        description="Capture the step on meta for a CUDA target (or take a captured one), shard it for N GPUs "
+                    "and hold the memory report of that schedule against the GPU's memory.")
+    plan.add_argument("--model", help="built-in name or path/to/file.py:factory")
+    plan.add_argument("--mlir", help="an already captured step (python -m fsdpc export --device cuda)")
+    plan.add_argument("--gpus", type=int, required=True, help="GPUs the step is sharded over")
+    plan.add_argument("--gpu", default="h100-sxm", help="GPU kind: h100-sxm, a100-80gb, or custom")
+    plan.add_argument("--memory-gib", type=float, help="memory of a custom GPU, GiB")
+    plan.add_argument("--batch", type=int, help="batch size per GPU, passed to the factory")
+    plan.add_argument("--seq", type=int, help="sequence length passed to the factory")
+    plan.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd-momentum, sgd or none")
+    plan.add_argument("--param-dtype", choices=sorted(_DTYPES), help="mixed precision compute dtype")
+    plan.add_argument("--reduce-dtype", choices=sorted(_DTYPES), help="mixed precision reduction dtype")
+    plan.add_argument("--pipeline", default="",
+                      help="more fsdp-sharding-pipeline options (strategy=, checkpoint=, offload-to-fit=, ...)")
+    plan.set_defaults(output_dtype=None, cast_forward_inputs=True)
     args = parser.parse_args(argv)
+    run = _export if args.command == "export" else _plan
     try:
-        return _export(args)
+        return run(args)
     except (CaptureError, ValueError, FsdpOptError, FileNotFoundError) as error:
-        print(f"fsdpc export: error: {error}", file=sys.stderr)
+        print(f"fsdpc {args.command}: error: {error}", file=sys.stderr)
         return 1
 
 
