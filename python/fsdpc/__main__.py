@@ -12,7 +12,7 @@ from fsdpc.capture import CaptureError, MixedPrecision
 from fsdpc.compiler import FsdpOptError, run_fsdp_opt
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
 from fsdpc.export import build, export_training_step, load_factory
-from fsdpc.plan import PlanError, capture_for_plan, gpu_kind, plan_memory
+from fsdpc.plan import PlanError, capture_for_plan, gpu_kind, plan_memory, what_would_fit
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -47,6 +47,10 @@ def _plan(args: argparse.Namespace) -> int:
     plan = plan_memory(ir, gpus=args.gpus, gpu=gpu, model=name, optimizer=args.optimizer, pipeline=args.pipeline)
     print(f"fsdpc plan: {name} on {args.gpus} x {gpu.name}, optimizer {args.optimizer}")
     print(plan.table())
+    ways = what_would_fit(ir, plan, optimizer=args.optimizer, pipeline=args.pipeline)
+    if ways:
+        print("what would fit:")
+        print("\n".join(f"  {way}" for way in ways))
     print(plan.verdict)
     return 0
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fsdpc.capture import MixedPrecision
-from fsdpc.compiler import run_fsdp_opt
+from fsdpc.compiler import FsdpOptError, run_fsdp_opt
 from fsdpc.export import build, export_training_step, load_factory
 
 GIB = 2**30
@@ -149,3 +149,37 @@ def capture_for_plan(model_spec: str, *, batch: int | None, seq: int | None,
     options = {key: value for key, value in (("batch", batch), ("seq", seq)) if value is not None}
     model, example, loss_fn = build(factory, meta=True, **options)
     return export_training_step(model, example, loss_fn, mixed_precision=mixed_precision, device="cuda").mlir
+
+
+MOST_GPUS = 1024
+
+
+def what_would_fit(ir: str, plan: Plan, *, optimizer: str = "adamw", pipeline: str = "") -> list[str]:
+    """For a plan that does not fit, what would, each a line: the fewest GPUs
+    (doubling, up to 1024), recomputing every unit's activations
+    (`checkpoint=*`), and offloading the fewest units to host memory
+    (`offload-to-fit`), each at the plan's GPU count and alone."""
+    if plan.headroom >= 0:
+        return []
+    ways = []
+    gpus = plan.gpus * 2
+    while gpus <= MOST_GPUS:
+        bigger = plan_memory(ir, gpus=gpus, gpu=plan.gpu, model=plan.model, optimizer=optimizer, pipeline=pipeline)
+        if bigger.headroom >= 0:
+            ways.append(f"{gpus} GPUs: {size(bigger.memory.peak)} per GPU")
+            break
+        gpus *= 2
+    else:
+        ways.append(f"no GPU count up to {MOST_GPUS} fits with these settings")
+    for option, what in (("checkpoint=*", "recomputing every unit's activations in backward (checkpoint=*)"),
+                         (f"offload-to-fit={plan.gpu.memory // 2**20}",
+                          "offloading the fewest units to host memory (offload-to-fit)")):
+        try:
+            changed = plan_memory(ir, gpus=plan.gpus, gpu=plan.gpu, model=plan.model, optimizer=optimizer,
+                                  pipeline=f"{pipeline} {option}")
+        except FsdpOptError:  # offload-to-fit says it cannot: nothing to suggest there
+            continue
+        if changed.headroom >= 0:
+            host = f", {size(changed.memory.host)} in host memory" if changed.memory.host else ""
+            ways.append(f"{plan.gpus} GPUs {what}: {size(changed.memory.peak)} per GPU{host}")
+    return ways

@@ -4,7 +4,7 @@ memory, with a verdict; bad input gets one clear line."""
 import pytest
 
 from fsdpc.__main__ import main
-from fsdpc.plan import GPU_KINDS, Plan, PlanError, capture_for_plan, gpu_kind, plan_memory
+from fsdpc.plan import GPU_KINDS, Plan, PlanError, capture_for_plan, gpu_kind, plan_memory, what_would_fit
 from test_cli import BAD_MODELS, fsdpc
 
 
@@ -31,6 +31,22 @@ def test_the_verdict_says_by_how_much(gpt_ir):
     assert exact.headroom == pytest.approx(0, abs=1) and exact.verdict.startswith("fits: ")
     short = Plan(exact.model, exact.gpus, gpu_kind("custom", (peak - 3 * 2**20) / 2**30), exact.memory)
     assert short.verdict.startswith("does not fit: ") and "3.00 MiB more than" in short.verdict
+
+
+def test_what_would_fit_names_only_settings_its_model_says_fit(gpt_ir):
+    at_two = plan_memory(gpt_ir, gpus=2, gpu=GPU_KINDS["h100-sxm"], model="gpt")
+    at_four = plan_memory(gpt_ir, gpus=4, gpu=GPU_KINDS["h100-sxm"], model="gpt")
+    assert what_would_fit(gpt_ir, at_two) == []  # it fits: nothing to suggest
+    between = gpu_kind("custom", (at_four.memory.peak + at_two.memory.peak) / 2 / 2**30)
+    tight = plan_memory(gpt_ir, gpus=2, gpu=between, model="gpt")
+    assert tight.verdict.startswith("does not fit")
+    ways = what_would_fit(gpt_ir, tight)
+    assert ways[0] == f"4 GPUs: {at_four.verdict.split(': ')[1].split(' per GPU')[0]} per GPU", ways
+    for way in ways[1:]:  # each at 2 GPUs, re-planned with its option, fits
+        option = way[way.index("(") + 1:way.index(")")]
+        if option.startswith("offload-to-fit"):
+            option = f"offload-to-fit={between.memory // 2**20}"
+        assert plan_memory(gpt_ir, gpus=2, gpu=between, model="gpt", pipeline=option).headroom >= 0, way
 
 
 def test_offload_to_fit_brings_the_peak_within_the_budget(gpt_ir):
