@@ -553,9 +553,11 @@ def scenario_mixed_fsdp2(args):
 
 def scenario_offload(args):
     """CPUOffloadPolicy: shards, gradients and optimizer state in host memory
-    (pinned on a GPU), the optimizer steps there; clipping, eval, full state
-    and a checkpoint round trip work; fp32 equals eager, and bf16 equals the
-    same step without offload (the device computes the same kernels)."""
+    (pinned on a GPU), the optimizer steps there; clipping, eval and full
+    state work; fp32 equals eager, also with one unit offloaded. On a GPU
+    also a checkpoint round trip (DCP with host shards on a GPU mesh) and
+    bf16 equal to the same step without offload (the device runs the same
+    kernels); on a CPU both are the paths the other scenarios test."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
     pin = DEVICE.type == "cuda"
@@ -589,7 +591,7 @@ def scenario_offload(args):
     with torch.no_grad():
         sharded(*mine(data[0]))
     sharded.train()
-    if args.save:
+    if DEVICE.type == "cuda" and args.save:
         target = Path(args.save, "offload-ckpt")
         checkpoint.save(target, sharded, optimizer, extra={"step": 4})
         resumed = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
@@ -611,6 +613,8 @@ def scenario_offload(args):
     losses, _ = train(partial, optimizer_for(partial), data, clip=0.5)
     expected, _ = eager_losses(reference_model(), data, clip=0.5, schedule=False)
     close(torch.tensor(losses), torch.tensor(expected), "losses with one unit offloaded")
+    if DEVICE.type != "cuda":
+        return
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     results = []
     for offload in (None, CPUOffloadPolicy(pin_memory=pin)):
