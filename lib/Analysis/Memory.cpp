@@ -71,19 +71,22 @@ int64_t mlir::fsdp::localBytes(ParamOp param, SymbolTableCollection &tables) {
   return tensorBytes(local);
 }
 
+ParamState mlir::fsdp::paramState(ParamOp param, SymbolTableCollection &tables, int64_t statesPerElement) {
+  int64_t shard = localBytes(param, tables);
+  return param.isTrainable() ? ParamState{shard, shard, statesPerElement * shard} : ParamState{shard, 0, 0};
+}
+
 Persistent mlir::fsdp::persistentState(ModuleOp module, Step &step, int64_t statesPerElement) {
   Persistent state;
   state.hostIsDevice = hostIsDevice(module);
   SymbolTableCollection tables;
   for (ParamOp param : module.getOps<ParamOp>()) {
-    int64_t shard = localBytes(param, tables);
+    ParamState bytes = paramState(param, tables, statesPerElement);
     auto unit = tables.lookupNearestSymbolFrom<UnitOp>(param, param.getUnitAttr());
     bool host = unit && unit.getOffloaded();
-    (host ? state.hostParams : state.params) += shard;
-    if (param.isTrainable()) {
-      (host ? state.hostGrads : state.grads) += shard;
-      (host ? state.hostOptimizer : state.optimizer) += statesPerElement * shard;
-    }
+    (host ? state.hostParams : state.params) += bytes.shard;
+    (host ? state.hostGrads : state.grads) += bytes.grad;
+    (host ? state.hostOptimizer : state.optimizer) += bytes.optimizer;
   }
   for (BufferOp buffer : module.getOps<BufferOp>())
     state.buffers += tensorBytes(buffer.getType());

@@ -126,7 +126,7 @@ LogicalResult offloadToFit(ModuleOp module, int64_t budget, int64_t states, bool
     StringRef unit = param.getUnitAttr().getValue();
     if (!param.isSharded())
       offloadable.erase(unit);
-    saving[unit] += localBytes(param, tables) * (param.isTrainable() ? 2 + states : 1);
+    saving[unit] += paramState(param, tables, states).total();
   }
   SmallVector<Step> steps = collectSteps(module);
   auto peak = [&] {

@@ -101,6 +101,22 @@ def train(sharded, optimizer, data, *, clip=None, scheduler=None):
                      scheduler, data, clip=clip)
 
 
+def train_like_eager(sharded, data, what: str):
+    """Trains with the optimizer groups, a scheduler and clipping; the losses,
+    clipped norms and full state must equal eager's. Returns the optimizer."""
+    optimizer = optimizer_for(sharded)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+    losses, norms = train(sharded, optimizer, data, clip=0.5, scheduler=scheduler)
+    reference = reference_model()
+    expected, expected_norms = eager_losses(reference, data, clip=0.5)
+    close(torch.tensor(losses), torch.tensor(expected), f"{what}losses")
+    close(torch.tensor(norms), torch.tensor(expected_norms), f"{what}clipped norms", rtol=1e-6, atol=0)
+    full = sharded.full_state_dict()
+    for name, value in reference.state_dict().items():
+        close(full[name], value, name, atol=5e-6)
+    return optimizer, reference, full
+
+
 def mean_over_ranks(loss) -> float:
     value = torch.tensor([float(loss)], device=DEVICE)
     dist.all_reduce(value)
@@ -119,16 +135,7 @@ def scenario_train(args):
     for name, param in sharded.named_parameters():
         assert isinstance(param.data, torch.distributed.tensor.DTensor), name
         assert tuple(param.shape) == shapes[name], (name, param.shape)
-    optimizer = optimizer_for(sharded)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
-    losses, norms = train(sharded, optimizer, data, clip=0.5, scheduler=scheduler)
-    reference = reference_model()
-    expected, expected_norms = eager_losses(reference, data, clip=0.5)
-    close(torch.tensor(losses), torch.tensor(expected), "losses")
-    close(torch.tensor(norms), torch.tensor(expected_norms), "clipped norms", rtol=1e-6, atol=0)
-    full = sharded.full_state_dict()
-    for name, value in reference.state_dict().items():
-        close(full[name], value, name, atol=5e-6)
+    _, reference, _ = train_like_eager(sharded, data, "")
     # Evaluation: forward only, no gradients, no reduce-scatter.
     sharded.eval()
     with torch.no_grad():
@@ -573,20 +580,11 @@ def scenario_offload(args):
     assert units and all(" offloaded" in line for line in units), units
     assert " host :" in sharded.sharded_ir
     assert sharded.memory_report["train_step"]["host"]["total"] > 0
-    optimizer = optimizer_for(sharded)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
-    losses, norms = train(sharded, optimizer, data, clip=0.5, scheduler=scheduler)
+    optimizer, _, full = train_like_eager(sharded, data, "offloaded ")
     for name, param in sharded.named_parameters():
         assert param.grad.to_local().device.type == "cpu", name
         assert all(state.device.type == "cpu" for state in optimizer.state[param].values()
                    if isinstance(state, torch.Tensor) and state.dim()), name
-    reference = reference_model()
-    expected, expected_norms = eager_losses(reference, data, clip=0.5)
-    close(torch.tensor(losses), torch.tensor(expected), "offloaded losses")
-    close(torch.tensor(norms), torch.tensor(expected_norms), "offloaded clipped norms", rtol=1e-6, atol=0)
-    full = sharded.full_state_dict()
-    for name, value in reference.state_dict().items():
-        close(full[name], value, name, atol=5e-6)
     sharded.eval()
     with torch.no_grad():
         sharded(*mine(data[0]))

@@ -48,6 +48,14 @@ FailureOr<int64_t> optimizerStatesPerElement(StringRef optimizer, Operation *anc
 /// whole parameter when replicated.
 int64_t localBytes(ParamOp param, SymbolTableCollection &tables);
 
+/// What one parameter keeps on a rank: its shard, and for a trainable one
+/// its gradient shard and optimizer state.
+struct ParamState {
+  int64_t shard, grad, optimizer;
+  int64_t total() const { return shard + grad + optimizer; }
+};
+ParamState paramState(ParamOp param, SymbolTableCollection &tables, int64_t statesPerElement);
+
 Persistent persistentState(ModuleOp module, Step &step, int64_t statesPerElement);
 
 /// Walks `step`'s schedule; `gloo`: the runtime's Gloo staging rules.
