@@ -35,16 +35,14 @@ import torch.distributed as dist
 
 from fsdpc.models.gpt import GPT, GPT_23M, Block
 from fsdpc.models.language import next_token_loss
-from fsdpc.models.llama import Llama, LlamaConfig, TransformerBlock
+from fsdpc.models.llama import LLAMA_0_9B, LLAMA_2_6B, Llama, TransformerBlock
 from fsdpc.profiling import device_stream_intervals
 
 H100_BF16_DENSE = 989e12
 MODELS = {
     # name: (factory, config, local batch, seq, block class)
-    "llama-0.9b": (Llama, LlamaConfig(vocab_size=32000, dim=2048, n_layers=16, n_heads=16, n_kv_heads=8,
-                                      ffn_dim=5632, max_seq=2048), 4, 2048, TransformerBlock),
-    "llama-2.6b": (Llama, LlamaConfig(vocab_size=32000, dim=3072, n_layers=24, n_heads=24, n_kv_heads=8,
-                                      ffn_dim=8192, max_seq=2048), 2, 2048, TransformerBlock),
+    "llama-0.9b": (Llama, LLAMA_0_9B, 4, 2048, TransformerBlock),
+    "llama-2.6b": (Llama, LLAMA_2_6B, 2, 2048, TransformerBlock),
     "gpt-23m": (GPT, GPT_23M, 32, 128, Block),
 }
 

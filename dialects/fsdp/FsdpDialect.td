@@ -50,7 +50,10 @@ def Fsdp_Dialect : Dialect {
     `cast_forward_inputs`: bool). The passes add `fsdp.collective_hash`
     (string) and `fsdp.collective_count` (integer) and the reports
     `fsdp.memory` and `fsdp.comm` (dictionaries of integers) to step
-    functions. Other `fsdp.` attributes are errors.
+    functions; the recompute passes mark each op they clone into backward
+    with `fsdp.recomputed` (a unit attribute), so that the work done twice
+    can be told apart (model FLOPs leave it out). Other `fsdp.` attributes
+    are errors.
 
     Padding never leaves the dialect's collectives: all-gather results and
     reduce-scatter inputs have the parameter's logical shape, and only shards

@@ -276,18 +276,52 @@ def CommReportPass : Pass<"fsdp-comm-report", "::mlir::ModuleOp"> {
   ];
 }
 
-def ScheduleTracePass : Pass<"fsdp-schedule-trace", "::mlir::ModuleOp"> {
-  let summary = "Write the schedule as a Chrome trace / Perfetto JSON.";
+def StepTimePass : Pass<"fsdp-step-time", "::mlir::ModuleOp"> {
+  let summary = "Predicted time of one rank's step on a GPU, and its trace.";
   let description = [{
-    One track for compute and one per collective kind, with durations from
-    a simple cost model (bytes over bandwidth plus latency), so a person can
-    see what overlaps what. Open the file in chrome://tracing or Perfetto.
+    Replays the compiled schedule in program order on a model of a GPU
+    (`gpu`: h100-sxm, h100-96gb, h200, a100-80gb, or custom with every
+    hardware number given): a host thread issues each instruction in
+    `issue-us`; compute kernels take their roofline time (FLOPs of matrix
+    products, convolutions and fused attention over the peak times an
+    efficiency, bytes read and written over the memory bandwidth times an
+    efficiency, at least `shortest-kernel-us`); collectives run on one
+    stream per communication group, as NCCL keeps one per communicator,
+    after their copy-in, and take a ring's time over the link their group
+    crosses (NVLink inside a node of `gpus-per-node` GPUs, the network
+    across); a wait holds the compute stream until its collective ends;
+    offloaded units' copies run on the transfer stream over the host link;
+    the optimizer steps after the schedule, on the device or the host.
+
+    Writes, per step function, the step time split into compute, exposed
+    communication (compute waiting for a collective), host-bound time
+    (compute waiting for the host) and the optimizer, with FLOPs with and
+    without recomputation (`fsdp.recomputed`) and the machine's numbers, as
+    a table or JSON; `trace` writes the predicted step as a Chrome trace /
+    Perfetto JSON (one track per stream). Any number given overrides the
+    kind's; 0 keeps it.
   }];
   let options = [
-    Option<"output", "output", "std::string", "\"fsdp-trace.json\"", "Trace file">,
-    Option<"computeGbps", "compute-gbps", "double", "200.0", "Modeled compute throughput (GB/s of results)">,
-    Option<"networkGbps", "network-gbps", "double", "50.0", "Modeled collective bus bandwidth (GB/s)">,
-    Option<"latencyUs", "latency-us", "double", "10.0", "Modeled latency of one collective (us)">,
+    Option<"gpu", "gpu", "std::string", "\"h100-sxm\"", "h100-sxm | h100-96gb | h200 | a100-80gb | custom">,
+    Option<"optimizer", "optimizer", "std::string", "\"adamw\"", "adamw | adam | sgd-momentum | sgd | none">,
+    Option<"format", "format", "std::string", "\"table\"", "table | json">,
+    Option<"output", "output", "std::string", "\"-\"", "Report file; - for stdout, empty for none">,
+    Option<"trace", "trace", "std::string", "\"\"", "Trace file of the predicted step (empty: none)">,
+    Option<"gpusPerNode", "gpus-per-node", "int64_t", "8", "GPUs that share a node's NVLink domain">,
+    Option<"memoryGib", "memory-gib", "double", "0", "GPU memory (GiB)">,
+    Option<"tensorTflops", "tensor-tflops", "double", "0", "Dense bf16/f16 peak (TFLOP/s)">,
+    Option<"fp32Tflops", "fp32-tflops", "double", "0", "fp32 matmul peak (TFLOP/s)">,
+    Option<"memoryGbps", "memory-gbps", "double", "0", "GPU memory bandwidth (GB/s)">,
+    Option<"intraNodeGbps", "intra-node-gbps", "double", "0", "Collective bus bandwidth inside a node (GB/s)">,
+    Option<"interNodeGbps", "inter-node-gbps", "double", "0", "Collective bus bandwidth per GPU across nodes (GB/s)">,
+    Option<"hostLinkGbps", "host-link-gbps", "double", "0", "Pinned host <-> device copy bandwidth (GB/s)">,
+    Option<"hostOptimizerGbps", "host-optimizer-gbps", "double", "0", "Bytes an optimizer streams on the host (GB/s)">,
+    Option<"matmulEfficiency", "matmul-efficiency", "double", "0", "Share of the peak matrix products reach">,
+    Option<"attentionEfficiency", "attention-efficiency", "double", "0", "Share of the peak fused attention reaches">,
+    Option<"memoryEfficiency", "memory-efficiency", "double", "0", "Share of the memory bandwidth other kernels reach">,
+    Option<"collectiveLatencyUs", "collective-latency-us", "double", "-1", "Latency of one collective (us; -1 keeps it)">,
+    Option<"issueUs", "issue-us", "double", "-1", "Host time to issue one instruction (us; -1 keeps it)">,
+    Option<"shortestKernelUs", "shortest-kernel-us", "double", "-1", "Shortest kernel (us; -1 keeps it)">,
   ];
 }
 

@@ -67,6 +67,24 @@ bool mlir::fsdp::isCollectiveStart(Operation *op) {
   return isa_and_nonnull<AllGatherStartOp, ReduceScatterStartOp, AllReduceStartOp>(op);
 }
 
+int64_t mlir::fsdp::collectivePayloadBytes(Operation *start, int64_t ranks) {
+  int64_t bytes = 0;
+  if (isa<AllGatherStartOp>(start)) {
+    Type wire = cast<RankedTensorType>(futureTypes(start).front()).getElementType();
+    for (Value input : start->getOperands())
+      bytes += ranks * cast<RankedTensorType>(input.getType()).getNumElements() * elementBytes(wire);
+    return bytes;
+  }
+  Type wire = start->getAttrOfType<TypeAttr>("reduce_dtype").getValue();
+  for (auto [input, result] : llvm::zip(start->getOperands(), futureTypes(start))) {
+    int64_t elements = cast<RankedTensorType>(input.getType()).getNumElements();
+    if (isa<ReduceScatterStartOp>(start)) // padded to ranks x shard rows
+      elements = ranks * cast<RankedTensorType>(result).getNumElements();
+    bytes += elements * elementBytes(wire);
+  }
+  return bytes;
+}
+
 Operation *mlir::fsdp::inBlock(Block &block, Operation *op) {
   return block.findAncestorOpInBlock(*op);
 }

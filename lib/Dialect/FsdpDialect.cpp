@@ -94,5 +94,10 @@ LogicalResult FsdpDialect::verifyOperationAttribute(Operation *op, NamedAttribut
       return op->emitError() << name << " must be a dictionary of integers";
     return success();
   }
+  if (name == kRecomputedAttr) {
+    if (!isa<UnitAttr>(value) || !isa_and_nonnull<FunctionOpInterface>(op->getParentOp()))
+      return op->emitError("fsdp.recomputed must be a unit attribute on an op of a function");
+    return success();
+  }
   return op->emitError() << "unknown fsdp attribute '" << name << "'";
 }

@@ -89,7 +89,7 @@ public:
     IRMapping recomputed;
     for (Operation *op : forward)
       if (needed.contains(op))
-        builder.clone(*op, recomputed);
+        builder.clone(*op, recomputed)->setAttr(kRecomputedAttr, builder.getUnitAttr());
     // The clones read the mapped values, so every backward use left is a reader.
     for (Value value : saved)
       value.replaceUsesWithIf(recomputed.lookup(value), [&](OpOperand &use) {

@@ -39,28 +39,6 @@ struct Volume {
   int64_t payloadBytes = 0; // full tensors in the wire dtype, before the (n-1)/n factor
 };
 
-/// Full padded tensor bytes of a collective, in the dtype it communicates.
-int64_t payload(Operation *start, int64_t ranks) {
-  int64_t bytes = 0;
-  if (isa<AllGatherStartOp>(start)) {
-    for (Value input : start->getOperands()) {
-      auto shard = cast<RankedTensorType>(input.getType());
-      Type wire = cast<RankedTensorType>(futureTypes(start).front()).getElementType();
-      bytes += ranks * shard.getNumElements() * elementBytes(wire);
-    }
-    return bytes;
-  }
-  Type wire = start->getAttrOfType<TypeAttr>("reduce_dtype").getValue();
-  for (auto [input, result] : llvm::zip(start->getOperands(), futureTypes(start))) {
-    auto type = cast<RankedTensorType>(input.getType());
-    int64_t elements = type.getNumElements();
-    if (isa<ReduceScatterStartOp>(start)) // padded to ranks x shard rows
-      elements = ranks * cast<RankedTensorType>(result).getNumElements();
-    bytes += elements * elementBytes(wire);
-  }
-  return bytes;
-}
-
 struct CommReportPass : public fsdp::impl::CommReportPassBase<CommReportPass> {
   using CommReportPassBase::CommReportPassBase;
 
@@ -88,7 +66,7 @@ struct CommReportPass : public fsdp::impl::CommReportPassBase<CommReportPass> {
         auto grid = tables.lookupNearestSymbolFrom<shard::GridOp>(&op, gridRef);
         auto axes = op.getAttrOfType<DenseI16ArrayAttr>("grid_axes").asArrayRef();
         int64_t ranks = groupSize(grid, axes);
-        int64_t full = payload(&op, ranks);
+        int64_t full = collectivePayloadBytes(&op, ranks);
         int64_t factor = everyCollectiveAllReduces || isa<AllReduceStartOp>(op) ? 2 : 1;
         StringRef kind = op.getName().stripDialect().drop_back(strlen("_start"));
         Volume &volume = volumes[kind];

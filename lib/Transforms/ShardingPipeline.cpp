@@ -85,7 +85,7 @@ struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOpti
                               llvm::cl::init("gloo")};
   Option<std::string> reportFormat{*this, "report-format", llvm::cl::desc("table | json"),
                                    llvm::cl::init("table")};
-  Option<std::string> trace{*this, "trace", llvm::cl::desc("Write a Chrome trace of the schedule here"),
+  Option<std::string> trace{*this, "trace", llvm::cl::desc("Write the predicted step on an H100 (fsdp-step-time) as a Chrome trace here"),
                             llvm::cl::init("")};
 };
 
@@ -155,9 +155,11 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
     pm.addPass(createCommReportPass(comm));
   }
   if (!options.trace.empty()) {
-    ScheduleTracePassOptions trace;
-    trace.output = options.trace;
-    pm.addPass(createScheduleTracePass(trace));
+    StepTimePassOptions time;
+    time.output = "";
+    time.trace = options.trace;
+    time.optimizer = options.optimizer;
+    pm.addPass(createStepTimePass(time));
   }
 }
 

@@ -12,7 +12,8 @@ from fsdpc.capture import CaptureError, MixedPrecision
 from fsdpc.compiler import FsdpOptError, run_fsdp_opt
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
 from fsdpc.export import build, export_training_step, load_factory
-from fsdpc.plan import PlanError, capture_for_plan, gpu_kind, plan_memory, what_would_fit
+from fsdpc.models import BUILTIN_MODELS
+from fsdpc.plan import HARDWARE_OPTIONS, PlanError, capture_for_plan, machine, plan_step, what_would_fit
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -34,7 +35,17 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    gpu = gpu_kind(args.gpu, args.memory_gib)
+    gpus = args.gpus
+    if args.nodes is not None:
+        if args.nodes < 1:
+            raise PlanError(f"--nodes must be at least 1, got {args.nodes}")
+        if gpus is not None and gpus != args.nodes * args.gpus_per_node:
+            raise PlanError(f"--gpus {gpus} is not --nodes {args.nodes} x --gpus-per-node {args.gpus_per_node}")
+        gpus = args.nodes * args.gpus_per_node
+    if gpus is None:
+        raise PlanError("give --gpus, or --nodes (with --gpus-per-node)")
+    chosen = machine(args.gpu, args.gpus_per_node,
+                     **{name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name in HARDWARE_OPTIONS})
     if args.mlir:
         if args.model or args.batch or args.seq or args.param_dtype:
             raise PlanError("--mlir is an already captured step: leave out --model, --batch, --seq and the dtypes")
@@ -44,9 +55,12 @@ def _plan(args: argparse.Namespace) -> int:
         ir = capture_for_plan(args.model, batch=args.batch, seq=args.seq, mixed_precision=_mixed_precision(args))
     else:
         raise PlanError("give --model (a built-in name or file.py:factory) or --mlir (a captured step)")
-    plan = plan_memory(ir, gpus=args.gpus, gpu=gpu, model=name, optimizer=args.optimizer, pipeline=args.pipeline)
-    print(f"fsdpc plan: {name} on {args.gpus} x {gpu.name}, optimizer {args.optimizer}")
+    plan = plan_step(ir, gpus=gpus, machine=chosen, model=name, optimizer=args.optimizer, pipeline=args.pipeline,
+                     trace=args.trace)
+    print(f"fsdpc plan: {name} on {gpus} x {plan.gpu_name}, optimizer {args.optimizer}")
     print(plan.table())
+    if args.trace:
+        print(f"predicted step's trace: {args.trace} (open in ui.perfetto.dev)")
     ways = what_would_fit(ir, plan, optimizer=args.optimizer, pipeline=args.pipeline)
     if ways:
         print("what would fit:")
@@ -78,8 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Capture forward, loss and backward of a model as fsdp-dialect IR. "
                     "A factory returns (model, batch, loss_fn) with loss_fn(model, *batch) -> loss.")
     export.add_argument("--model", required=True,
-                        help="built-in name (mlp, gpt, llama, llama3-70b, hf-gpt2, hf-llama) "
-                             "or path/to/file.py:factory")
+                        help=f"built-in name ({', '.join(BUILTIN_MODELS)}) or path/to/file.py:factory")
     export.add_argument("--out", required=True, help="where to write the .mlir file")
     export.add_argument("--batch", type=int, help="batch size passed to the factory")
     export.add_argument("--seq", type=int, help="sequence length passed to the factory")
@@ -102,14 +115,23 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                         help="check the result with fsdp-opt (default)")
     plan = commands.add_parser(
-        "plan", help="will the step fit N GPUs: per-rank memory and a verdict, before any GPU runs",
-        description="Capture the step on meta for a CUDA target (or take a captured one), shard it for N GPUs "
-                    "and hold the memory report of that schedule against the GPU's memory.")
-    plan.add_argument("--model", help="built-in name or path/to/file.py:factory")
+        "plan", help="will the step fit N GPUs, and how fast: per-rank memory, predicted time and a verdict",
+        description="Capture the step on meta for a CUDA target (or take a captured one), shard it for N GPUs, "
+                    "hold the memory report of that schedule against the GPU's memory and predict its time.")
+    plan.add_argument("--model", help=f"built-in name ({', '.join(BUILTIN_MODELS)}) or path/to/file.py:factory")
     plan.add_argument("--mlir", help="an already captured step (python -m fsdpc export --device cuda)")
-    plan.add_argument("--gpus", type=int, required=True, help="GPUs the step is sharded over")
-    plan.add_argument("--gpu", default="h100-sxm", help="GPU kind: h100-sxm, a100-80gb, or custom")
-    plan.add_argument("--memory-gib", type=float, help="memory of a custom GPU, GiB")
+    plan.add_argument("--gpus", type=int, help="GPUs the step is sharded over")
+    plan.add_argument("--nodes", type=int, help="nodes of --gpus-per-node GPUs (instead of --gpus)")
+    plan.add_argument("--gpus-per-node", type=int, default=8, help="GPUs sharing a node's NVLink (default 8)")
+    plan.add_argument("--gpu", default="h100-sxm",
+                      help="GPU kind: h100-sxm, h100-96gb, h200, a100-80gb, or custom with every number below")
+    for number, what in (("memory-gib", "GPU memory, GiB"), ("tensor-tflops", "dense bf16 peak, TFLOP/s"),
+                         ("fp32-tflops", "fp32 matmul peak, TFLOP/s"), ("memory-gbps", "memory bandwidth, GB/s"),
+                         ("intra-node-gbps", "collective bus bandwidth inside a node, GB/s"),
+                         ("inter-node-gbps", "collective bus bandwidth per GPU across nodes, GB/s"),
+                         ("host-link-gbps", "pinned host <-> device copies, GB/s")):
+        plan.add_argument(f"--{number}", type=float, help=f"{what} (overrides the kind's)")
+    plan.add_argument("--trace", help="write the predicted step as a Perfetto trace here")
     plan.add_argument("--batch", type=int, help="batch size per GPU, passed to the factory")
     plan.add_argument("--seq", type=int, help="sequence length passed to the factory")
     plan.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd-momentum, sgd or none")

@@ -321,6 +321,20 @@ func.func private @f() attributes {fsdp.memory = {peak = "big"}}
 
 // -----
 
+func.func @f(%x: tensor<2xf32>) {
+  // expected-error @+1 {{fsdp.recomputed must be a unit attribute on an op of a function}}
+  %y = fsdp.aten "aten::relu" (%x) {fsdp.recomputed = true} : (tensor<2xf32>) -> tensor<2xf32>
+  return
+}
+
+// -----
+
+// expected-error @+1 {{fsdp.recomputed must be a unit attribute on an op of a function}}
+module attributes {fsdp.recomputed} {
+}
+
+// -----
+
 // expected-error @+1 {{unknown fsdp attribute 'fsdp.memroy'}}
 func.func private @f() attributes {fsdp.memroy = {peak = 1}}
 

@@ -7,8 +7,8 @@
 // CHECK:      %[[H:.*]] = fsdp.aten "aten::addmm"(%[[B:.*]], %arg0, %[[W:.*]]) module "l0"
 // CHECK-NEXT: %[[A:.*]] = fsdp.aten "aten::relu"(%[[H]]) module "l0"
 // CHECK:      fsdp.loss
-// CHECK:      %[[H2:.*]] = fsdp.aten "aten::addmm"(%[[B]], %arg0, %[[W]]) module "l0"
-// CHECK-NEXT: %[[A2:.*]] = fsdp.aten "aten::relu"(%[[H2]]) module "l0"
+// CHECK:      %[[H2:.*]] = fsdp.aten "aten::addmm"(%[[B]], %arg0, %[[W]]) module "l0" {fsdp.recomputed}
+// CHECK-NEXT: %[[A2:.*]] = fsdp.aten "aten::relu"(%[[H2]]) module "l0" {fsdp.recomputed}
 // CHECK-NEXT: fsdp.aten "aten::mm"(%{{.*}}, %[[A2]]) module "l1"
 // CHECK:      fsdp.aten "aten::threshold_backward"(%{{.*}}, %[[A2]])
 // CHECK-NOT:  %[[A]]

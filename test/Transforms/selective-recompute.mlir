@@ -9,8 +9,8 @@
 // CHECK-NEXT:  %[[V:.*]] = fsdp.aten "aten::view"(%[[Y]])
 // CHECK-NEXT:  %[[O:.*]] = fsdp.aten "aten::mm"(%[[V]],
 // CHECK:       fsdp.loss
-// CHECK-NEXT:  %[[Y2:.*]] = fsdp.aten "aten::gelu"(%[[H]])
-// CHECK-NEXT:  %[[V2:.*]] = fsdp.aten "aten::view"(%[[Y2]])
+// CHECK-NEXT:  %[[Y2:.*]] = fsdp.aten "aten::gelu"(%[[H]]) args [0 : index, "none"] {fsdp.recomputed}
+// CHECK-NEXT:  %[[V2:.*]] = fsdp.aten "aten::view"(%[[Y2]]) args [0 : index, [4, 8]] {fsdp.recomputed}
 // CHECK-NEXT:  %[[T:.*]] = fsdp.aten "aten::t"(%[[V2]])
 // CHECK-NEXT:  fsdp.aten "aten::mm"(%[[T]],
 // CHECK-NEXT:  fsdp.aten "aten::gelu_backward"(%{{.*}}, %[[H]])

@@ -42,6 +42,10 @@ ArrayRef<Type> futureTypes(Operation *start);
 WaitOp waitOf(Operation *start);
 /// Whether `op` is an fsdp.*_start.
 bool isCollectiveStart(Operation *op);
+/// The full padded tensors of a collective start over `ranks` ranks, in
+/// bytes of the dtype it communicates (the gathered tensors, or the tensors
+/// reduced).
+int64_t collectivePayloadBytes(Operation *start, int64_t ranks);
 
 /// `op`'s ancestor in `block` (op itself if it is there).
 Operation *inBlock(Block &block, Operation *op);

@@ -15,6 +15,10 @@
 
 namespace mlir::fsdp {
 
+/// Marks an op that a recompute pass cloned into backward: work that the
+/// step does twice, which model FLOPs (MFU) do not count.
+inline constexpr llvm::StringLiteral kRecomputedAttr = "fsdp.recomputed";
+
 /// The communication streams that all collectives read and write.
 struct CommResource : public SideEffects::Resource::Base<CommResource> {
   StringRef getName() final { return "fsdp.comm"; }

@@ -9,7 +9,7 @@ as well; factories take keyword options (``batch``, ``seq``) they may ignore.
 
 from fsdpc.models.convnet import make_convnet
 from fsdpc.models.gpt import make_gpt, make_gpt_23m
-from fsdpc.models.llama import make_llama, make_llama3_70b
+from fsdpc.models.llama import make_llama, make_llama3_8b, make_llama3_70b, make_llama_0_9b, make_llama_2_6b
 from fsdpc.models.mlp import make_mlp
 
 BUILTIN_MODELS = {
@@ -18,6 +18,9 @@ BUILTIN_MODELS = {
     "gpt": make_gpt,
     "gpt-23m": make_gpt_23m,
     "llama": make_llama,
+    "llama-0.9b": make_llama_0_9b,
+    "llama-2.6b": make_llama_2_6b,
+    "llama3-8b": make_llama3_8b,
     "llama3-70b": make_llama3_70b,
 }
 

@@ -1,7 +1,9 @@
 """A Llama-3-style decoder of our own: RMSNorm, rotary positions, grouped-query
-attention, SwiGLU feed-forward, untied output head. `make_llama3_70b` builds
-it with Llama-3-70B's shapes (80 layers, 70,553,706,496 parameters), meant to
-be captured on the meta device."""
+attention, SwiGLU feed-forward, untied output head. Besides the small test
+model, it comes in the shapes the GPU benchmark and the planner use: 0.886B
+and 2.61B (the GPU issue's measurements), Llama-3.1-8B's and Llama-3-70B's
+(70,553,706,496 parameters), the big ones meant to be captured on the meta
+device."""
 
 from dataclasses import dataclass
 
@@ -25,6 +27,12 @@ class LlamaConfig:
     norm_eps: float = 1e-5
 
 
+LLAMA_0_9B = LlamaConfig(vocab_size=32000, dim=2048, n_layers=16, n_heads=16, n_kv_heads=8,
+                         ffn_dim=5632, max_seq=2048)
+LLAMA_2_6B = LlamaConfig(vocab_size=32000, dim=3072, n_layers=24, n_heads=24, n_kv_heads=8,
+                         ffn_dim=8192, max_seq=2048)
+LLAMA3_8B = LlamaConfig(vocab_size=128256, dim=4096, n_layers=32, n_heads=32,
+                        n_kv_heads=8, ffn_dim=14336, max_seq=8192)
 LLAMA3_70B = LlamaConfig(vocab_size=128256, dim=8192, n_layers=80, n_heads=64,
                          n_kv_heads=8, ffn_dim=28672, max_seq=8192)
 
@@ -127,6 +135,18 @@ def _make(config: LlamaConfig, batch: int, seq: int):
 
 def make_llama(batch: int = 2, seq: int = 16, **_options):
     return _make(LlamaConfig(), batch, seq)
+
+
+def make_llama_0_9b(batch: int = 4, seq: int = 2048, **_options):
+    return _make(LLAMA_0_9B, batch, seq)
+
+
+def make_llama_2_6b(batch: int = 2, seq: int = 2048, **_options):
+    return _make(LLAMA_2_6B, batch, seq)
+
+
+def make_llama3_8b(batch: int = 2, seq: int = 8192, **_options):
+    return _make(LLAMA3_8B, batch, seq)
 
 
 def make_llama3_70b(batch: int = 1, seq: int = 16, **_options):

@@ -1,0 +1,397 @@
+//===- Time.cpp - the predicted time of a step on a GPU -------------------===//
+
+#include "fsdp/Analysis/Time.h"
+
+#include "fsdp/Analysis/Memory.h"
+#include "fsdp/Support/AtenOpName.h"
+
+#include "llvm/ADT/StringSwitch.h"
+
+#include <algorithm>
+#include <cmath>
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+namespace {
+
+constexpr int64_t kMiB = 1 << 20;
+
+// Memory totals are nvidia-smi's (H100 SXM 80GB 81,559 MiB and A100 80GB
+// 81,920 MiB as seen in modal-labs/modal-client#2797 and NVIDIA/nccl#1264;
+// H200 143,771 MiB; 96 GB HBM modules 97,871 MiB, as GH200 96GB reports).
+// Peaks and bandwidths are NVIDIA's datasheet figures; bus bandwidths are
+// what nccl-tests reaches: ~370 GB/s for all-gather and reduce-scatter over
+// 8 NVLink-4 H100s, ~230 GB/s over 8 NVLink-3 A100s, and about 90% of the
+// per-GPU network link across nodes (400 Gb/s on H100/H200 clusters, 200 Gb/s
+// on A100 ones). Host links: PCIe 5 (4 on A100) x16, pinned copies.
+const std::pair<StringRef, GpuKind> kGpuKinds[] = {
+    {"h100-sxm", {"H100 SXM 80GB", 81559 * kMiB, 989e12, 67e12, 3.35e12, 370e9, 45e9, 50e9}},
+    {"h100-96gb", {"H100 96GB HBM2e (500 W)", 97871 * kMiB, 989e12, 67e12, 2.4e12, 370e9, 45e9, 50e9}},
+    {"h200", {"H200 141GB", 143771 * kMiB, 989e12, 67e12, 4.8e12, 370e9, 45e9, 50e9}},
+    {"a100-80gb", {"A100 SXM 80GB", 81920 * kMiB, 312e12, 19.5e12, 2.039e12, 230e9, 22.5e9, 25e9}},
+};
+
+} // namespace
+
+const GpuKind *mlir::fsdp::lookupGpuKind(StringRef key) {
+  for (const auto &[name, kind] : kGpuKinds)
+    if (name == key)
+      return &kind;
+  return nullptr;
+}
+
+std::string mlir::fsdp::gpuKindList() {
+  std::string list;
+  for (const auto &[name, kind] : kGpuKinds)
+    list += (list.empty() ? "" : ", ") + name.str();
+  return list;
+}
+
+LogicalResult mlir::fsdp::checkMachine(const Machine &machine, Operation *anchor) {
+  const GpuKind &m = machine.gpu;
+  // Values are checked in SI units and reported in the option's.
+  auto positive = [&](double value, StringRef what, double scale = 1) -> LogicalResult {
+    if (std::isfinite(value) && value > 0)
+      return success();
+    return anchor->emitError() << "time model: " << what << " must be > 0, got " << value / scale;
+  };
+  auto fraction = [&](double value, StringRef what) -> LogicalResult {
+    if (std::isfinite(value) && value > 0 && value <= 1)
+      return success();
+    return anchor->emitError() << "time model: " << what << " must be in (0, 1], got " << value;
+  };
+  auto nonNegative = [&](double value, StringRef what) -> LogicalResult {
+    if (std::isfinite(value) && value >= 0)
+      return success();
+    return anchor->emitError() << "time model: " << what << " must be >= 0, got " << value;
+  };
+  if (failed(positive(double(m.memory), "memory-gib", double(1 << 30))) ||
+      failed(positive(m.tensorFlops, "tensor-tflops", 1e12)) ||
+      failed(positive(m.fp32Flops, "fp32-tflops", 1e12)) ||
+      failed(positive(m.memoryBandwidth, "memory-gbps", 1e9)) ||
+      failed(positive(m.intraNodeBandwidth, "intra-node-gbps", 1e9)) ||
+      failed(positive(m.interNodeBandwidth, "inter-node-gbps", 1e9)) ||
+      failed(positive(m.hostLinkBandwidth, "host-link-gbps", 1e9)) ||
+      failed(positive(machine.hostOptimizerBandwidth, "host-optimizer-gbps", 1e9)) ||
+      failed(fraction(machine.matmulEfficiency, "matmul-efficiency")) ||
+      failed(fraction(machine.attentionEfficiency, "attention-efficiency")) ||
+      failed(fraction(machine.memoryEfficiency, "memory-efficiency")) ||
+      failed(nonNegative(machine.collectiveLatency, "collective-latency-us")) ||
+      failed(nonNegative(machine.intraNodeHopLatency, "intra-node-hop-us")) ||
+      failed(nonNegative(machine.interNodeHopLatency, "inter-node-hop-us")) ||
+      failed(nonNegative(machine.shortestKernel, "shortest-kernel-us")) ||
+      failed(nonNegative(machine.issueTime, "issue-us")))
+    return failure();
+  if (machine.gpusPerNode < 1)
+    return anchor->emitError() << "time model: gpus-per-node must be >= 1, got " << machine.gpusPerNode;
+  return success();
+}
+
+namespace {
+
+RankedTensorType tensorOf(Value value) { return dyn_cast<RankedTensorType>(value.getType()); }
+
+bool onTensorCores(Type type) {
+  auto tensor = dyn_cast<RankedTensorType>(type);
+  return tensor && (tensor.getElementType().isBF16() || tensor.getElementType().isF16());
+}
+
+/// Scaled-dot-product attention kernels: the schema positions of the query,
+/// the key and `is_causal`. The backward kernels take the output gradient
+/// first. Positions follow ATen's native_functions.yaml.
+struct AttentionKernel {
+  unsigned query, key, isCausal;
+  bool backward;
+};
+
+std::optional<AttentionKernel> attentionKernel(StringRef callee) {
+  return llvm::StringSwitch<std::optional<AttentionKernel>>(callee)
+      .Case("aten::_scaled_dot_product_flash_attention", AttentionKernel{0, 1, 4, false})
+      .Case("aten::_scaled_dot_product_efficient_attention", AttentionKernel{0, 1, 6, false})
+      .Case("aten::_scaled_dot_product_cudnn_attention", AttentionKernel{0, 1, 6, false})
+      .Case("aten::_scaled_dot_product_flash_attention_for_cpu", AttentionKernel{0, 1, 4, false})
+      .Case("aten::_scaled_dot_product_flash_attention_backward", AttentionKernel{1, 2, 11, true})
+      .Case("aten::_scaled_dot_product_efficient_attention_backward", AttentionKernel{1, 2, 11, true})
+      .Case("aten::_scaled_dot_product_cudnn_attention_backward", AttentionKernel{1, 2, 14, true})
+      .Case("aten::_scaled_dot_product_flash_attention_for_cpu_backward", AttentionKernel{1, 2, 7, true})
+      .Default(std::nullopt);
+}
+
+/// The tensor operand at schema position `position` of an fsdp.aten op
+/// (its `args` name operands by index), or null.
+Value operandAt(AtenOp op, unsigned position) {
+  ArrayAttr args = op.getArgsAttr();
+  if (!args) // no literals: the operands are the schema's arguments in order
+    return position < op.getInputs().size() ? op.getInputs()[position] : Value();
+  if (position >= args.size())
+    return {};
+  auto index = dyn_cast<IntegerAttr>(args[position]);
+  if (!index || !index.getType().isIndex())
+    return {};
+  return op.getInputs()[index.getInt()];
+}
+
+bool boolAt(AtenOp op, unsigned position) {
+  ArrayAttr args = op.getArgsAttr();
+  auto flag = args && position < args.size() ? dyn_cast<BoolAttr>(args[position]) : BoolAttr();
+  return flag && flag.getValue();
+}
+
+double elements(RankedTensorType type) { return type ? double(type.getNumElements()) : 0; }
+
+OpWork atenWork(AtenOp op) {
+  OpWork work;
+  StringRef callee = op.getCallee();
+  if (isViewOperator(callee)) {
+    work.kind = OpWork::View;
+    return work;
+  }
+  for (Value input : op.getInputs())
+    work.bytes += tensorBytes(input.getType());
+  for (Type result : op->getResultTypes())
+    work.bytes += tensorBytes(result);
+  RankedTensorType result = op->getNumResults() ? dyn_cast<RankedTensorType>(op->getResultTypes()[0])
+                                                : RankedTensorType();
+  work.tensorCores = onTensorCores(result);
+  // Matrix products: 2 x result elements x the contracted size.
+  unsigned matrix = llvm::StringSwitch<unsigned>(callee)
+                        .Cases({"aten::mm", "aten::bmm"}, 0)
+                        .Cases({"aten::addmm", "aten::baddbmm"}, 1)
+                        .Default(~0u);
+  if (matrix != ~0u) {
+    RankedTensorType lhs = tensorOf(operandAt(op, matrix));
+    if (lhs && result && lhs.getRank() >= 2) {
+      work.kind = OpWork::Matmul;
+      work.flops = 2 * elements(result) * double(lhs.getShape().back());
+    }
+    return work;
+  }
+  if (callee == "aten::convolution" || callee == "aten::convolution_backward") {
+    bool backward = callee == "aten::convolution_backward";
+    RankedTensorType weight = tensorOf(operandAt(op, backward ? 2 : 1));
+    RankedTensorType output = backward ? tensorOf(operandAt(op, 0)) : result;
+    if (weight && output && weight.getRank() >= 1 && weight.getShape()[0] > 0) {
+      work.kind = OpWork::Matmul;
+      work.tensorCores = onTensorCores(weight);
+      double perOutput = elements(weight) / double(weight.getShape()[0]);
+      // Backward computes the input's and the weight's gradients.
+      work.flops = (backward ? 4 : 2) * elements(output) * perOutput;
+    }
+    return work;
+  }
+  if (std::optional<AttentionKernel> kernel = attentionKernel(callee)) {
+    RankedTensorType query = tensorOf(operandAt(op, kernel->query));
+    RankedTensorType key = tensorOf(operandAt(op, kernel->key));
+    if (query && key && query.getRank() == 4 && key.getRank() == 4) {
+      work.kind = OpWork::Attention;
+      work.tensorCores = onTensorCores(query);
+      // Q K^T and P V: 4 x batch x heads x queries x keys x head size;
+      // causal masking skips half; backward recomputes P and makes three
+      // gradients, 2.5 times forward (FlashAttention's count).
+      double forward = 4 * elements(query) * double(key.getShape()[2]);
+      if (boolAt(op, kernel->isCausal))
+        forward /= 2;
+      work.flops = kernel->backward ? 2.5 * forward : forward;
+    }
+    return work;
+  }
+  // A lookup reads the indices and the rows it returns, not the table.
+  if (callee == "aten::embedding" && result)
+    work.bytes = tensorBytes(op.getInputs().back().getType()) + 2 * tensorBytes(result);
+  return work;
+}
+
+double kernelSeconds(const OpWork &work, const Machine &machine) {
+  double memory = work.bytes / (machine.gpu.memoryBandwidth * machine.memoryEfficiency);
+  double math = 0;
+  if (work.kind == OpWork::Matmul || work.kind == OpWork::Attention) {
+    double peak = work.tensorCores ? machine.gpu.tensorFlops : machine.gpu.fp32Flops;
+    double efficiency =
+        work.kind == OpWork::Matmul ? machine.matmulEfficiency : machine.attentionEfficiency;
+    math = work.flops / (peak * efficiency);
+  }
+  return std::max({memory, math, machine.shortestKernel});
+}
+
+/// Whether the group of `start` (taken at rank 0: every group of the same
+/// axes has its shape) spans more than one node, ranks numbered row-major
+/// over the grid and `gpusPerNode` consecutive ranks to a node.
+bool crossesNodes(shard::GridOp grid, ArrayRef<int16_t> axes, int64_t gpusPerNode) {
+  ArrayRef<int64_t> shape = grid.getShape();
+  SmallVector<int64_t> strides(shape.size(), 1);
+  for (int64_t axis = int64_t(shape.size()) - 2; axis >= 0; --axis)
+    strides[axis] = strides[axis + 1] * shape[axis + 1];
+  int64_t farthest = 0;
+  for (int16_t axis : axes)
+    farthest += (shape[axis] - 1) * strides[axis];
+  return farthest >= gpusPerNode;
+}
+
+double collectiveSeconds(Operation *start, int64_t ranks, int64_t payload, bool acrossNodes,
+                         const Machine &machine) {
+  if (ranks == 1) // NCCL copies the buffer on the device
+    return payload / (machine.gpu.memoryBandwidth * machine.memoryEfficiency);
+  double bandwidth = acrossNodes ? machine.gpu.interNodeBandwidth : machine.gpu.intraNodeBandwidth;
+  double hop = acrossNodes ? machine.interNodeHopLatency : machine.intraNodeHopLatency;
+  double passes = isa<AllReduceStartOp>(start) ? 2 : 1; // reduce-scatter then all-gather
+  return machine.collectiveLatency + passes * (ranks - 1) * hop +
+         passes * double(ranks - 1) / double(ranks) * double(payload) / bandwidth;
+}
+
+std::string intervalName(Operation *op) {
+  if (auto aten = dyn_cast<AtenOp>(op))
+    return aten.getCallee().str();
+  std::string name = op->getName().getStringRef().str();
+  if (auto unit = op->getAttrOfType<FlatSymbolRefAttr>("unit"))
+    name += " @" + unit.getValue().str();
+  return name;
+}
+
+} // namespace
+
+OpWork mlir::fsdp::workOf(Operation *op) {
+  if (auto aten = dyn_cast<AtenOp>(op))
+    return atenWork(aten);
+  OpWork work;
+  for (Value input : op->getOperands())
+    work.bytes += tensorBytes(input.getType());
+  for (Type result : op->getResultTypes())
+    work.bytes += tensorBytes(result);
+  return work;
+}
+
+StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &machine,
+                                 int64_t statesPerElement) {
+  StepTime time;
+  SymbolTableCollection tables;
+  time.tracks.push_back("compute");
+  constexpr int kCompute = 0;
+  llvm::StringMap<int> trackOf;
+  SmallVector<double> trackFree(1, 0.0);
+  auto track = [&](StringRef name) {
+    auto [it, added] = trackOf.try_emplace(name, int(time.tracks.size()));
+    if (added) {
+      time.tracks.push_back(name.str());
+      trackFree.push_back(0);
+    }
+    return it->second;
+  };
+  double host = 0; // when the host has issued everything so far
+  auto record = [&](Operation *op, std::string name, int onTrack, double begin, double duration,
+                    double flops = 0, int64_t bytes = 0) {
+    time.intervals.push_back({std::move(name), onTrack, begin, begin + duration, op, flops, bytes});
+    trackFree[onTrack] = begin + duration;
+  };
+  // Runs `duration` on the compute stream once the host has issued it.
+  auto onCompute = [&](Operation *op, std::string name, double duration, double flops, int64_t bytes) {
+    if (host > trackFree[kCompute])
+      time.hostBound += host - trackFree[kCompute];
+    record(op, std::move(name), kCompute, std::max(host, trackFree[kCompute]), duration, flops, bytes);
+    time.compute += duration;
+  };
+  DenseMap<Operation *, double> collectiveEnd;
+  auto memorySeconds = [&](double bytes) {
+    return bytes / (machine.gpu.memoryBandwidth * machine.memoryEfficiency);
+  };
+
+  for (Operation &op : step.body()) {
+    if (isa<AtenOp, CastOp, AllSliceOp>(op)) {
+      host += machine.issueTime;
+      ++time.instructions;
+      OpWork work = workOf(&op);
+      if (work.kind == OpWork::View)
+        continue;
+      onCompute(&op, intervalName(&op), kernelSeconds(work, machine), work.flops, int64_t(work.bytes));
+      time.flops += work.flops;
+      if (!op.hasAttr(kRecomputedAttr))
+        time.modelFlops += work.flops;
+      continue;
+    }
+    if (isCollectiveStart(&op)) {
+      host += machine.issueTime;
+      ++time.instructions;
+      auto gridRef = op.getAttrOfType<FlatSymbolRefAttr>("grid");
+      auto grid = tables.lookupNearestSymbolFrom<shard::GridOp>(&op, gridRef);
+      auto axes = op.getAttrOfType<DenseI16ArrayAttr>("grid_axes").asArrayRef();
+      int64_t ranks = groupSize(grid, axes);
+      int64_t payload = collectivePayloadBytes(&op, ranks);
+      int64_t inputBytes = 0;
+      for (Value input : op.getOperands())
+        inputBytes += tensorBytes(input.getType());
+      // Copy-in: every input read once, the bucket written in the wire dtype.
+      double packBytes = double(inputBytes) +
+                         (isa<AllGatherStartOp>(op) ? double(payload) / double(ranks) : double(payload));
+      double ready;
+      if (op.hasAttr("host") && isa<AllGatherStartOp>(op)) {
+        // The shards cross the host link on the transfer stream, after the
+        // compute stream's work so far, and are packed there.
+        int transfer = track("transfer");
+        double begin = std::max({host, trackFree[kCompute], trackFree[transfer]});
+        double copy = inputBytes / machine.gpu.hostLinkBandwidth + memorySeconds(packBytes);
+        record(&op, "host to device " + intervalName(&op), transfer, begin, copy, 0, inputBytes);
+        time.transfer += copy;
+        ready = trackFree[transfer];
+      } else {
+        onCompute(&op, "copy-in " + intervalName(&op), memorySeconds(packBytes), 0, int64_t(packBytes));
+        ready = trackFree[kCompute];
+      }
+      std::string groupName = "collectives @" + gridRef.getValue().str() + " axes [";
+      llvm::raw_string_ostream groupStream(groupName);
+      llvm::interleaveComma(axes, groupStream);
+      groupStream << "]";
+      int onGroup = track(groupName);
+      double duration =
+          collectiveSeconds(&op, ranks, payload, crossesNodes(grid, axes, machine.gpusPerNode), machine);
+      record(&op, intervalName(&op), onGroup, std::max(ready, trackFree[onGroup]), duration, 0, payload);
+      time.communication += duration;
+      collectiveEnd[&op] = trackFree[onGroup];
+      continue;
+    }
+    if (auto wait = dyn_cast<WaitOp>(op)) {
+      Operation *start = wait.getFuture().getDefiningOp();
+      double end = collectiveEnd.lookup(start);
+      double computeFree = std::max(host, trackFree[kCompute]);
+      if (end > computeFree) {
+        time.exposedCommunication += end - computeFree;
+        record(&op, "wait " + intervalName(start), kCompute, computeFree, end - computeFree);
+      }
+      if (start && start->hasAttr("host") && !isa<AllGatherStartOp>(start)) {
+        int64_t bytes = 0;
+        for (Type result : futureTypes(start))
+          bytes += tensorBytes(result);
+        int transfer = track("transfer");
+        double copy = bytes / machine.gpu.hostLinkBandwidth;
+        record(start, "device to host " + intervalName(start), transfer,
+               std::max(end, trackFree[transfer]), copy, 0, bytes);
+        time.transfer += copy;
+      }
+    }
+  }
+
+  // The optimizer steps each parameter where its state is: fused kernels
+  // on the device after the step's kernels, the host's after the transfers.
+  // Per element it reads the shard and gradient and each state tensor and
+  // writes the shard and the states.
+  double deviceBytes = 0, hostBytes = 0;
+  for (ParamOp param : module.getOps<ParamOp>()) {
+    ParamState state = paramState(param, tables, statesPerElement);
+    if (!state.grad)
+      continue;
+    auto unit = tables.lookupNearestSymbolFrom<UnitOp>(param, param.getUnitAttr());
+    bool onHost = unit && unit.getOffloaded();
+    (onHost ? hostBytes : deviceBytes) += 2 * state.shard + state.grad + 2 * state.optimizer;
+  }
+  double deviceEnd = *std::max_element(trackFree.begin(), trackFree.end());
+  double transferEnd = trackOf.count("transfer") ? trackFree[trackOf.lookup("transfer")] : 0;
+  double deviceOptimizer = deviceBytes ? memorySeconds(deviceBytes) : 0;
+  time.hostOptimizer = hostBytes / machine.hostOptimizerBandwidth;
+  time.optimizer = deviceOptimizer + time.hostOptimizer;
+  if (deviceOptimizer)
+    record(nullptr, "optimizer step", kCompute, std::max(host, deviceEnd), deviceOptimizer);
+  if (time.hostOptimizer) // the step returns once the transfer stream is done
+    record(nullptr, "host optimizer step", track("host optimizer"), std::max(host, transferEnd),
+           time.hostOptimizer);
+  time.step = std::max(host, *std::max_element(trackFree.begin(), trackFree.end()));
+  return time;
+}
