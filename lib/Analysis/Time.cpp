@@ -303,6 +303,11 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
       if (work.kind == OpWork::View)
         continue;
       onCompute(&op, intervalName(&op), kernelSeconds(work, machine), work.flops, int64_t(work.bytes));
+      double peak = work.tensorCores ? machine.gpu.tensorFlops : machine.gpu.fp32Flops;
+      (work.kind == OpWork::Matmul      ? time.idealMatmul
+       : work.kind == OpWork::Attention ? time.idealAttention
+                                        : time.idealMemory) +=
+          work.kind == OpWork::Memory ? work.bytes / machine.gpu.memoryBandwidth : work.flops / peak;
       time.flops += work.flops;
       if (!op.hasAttr(kRecomputedAttr))
         time.modelFlops += work.flops;
@@ -334,6 +339,7 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
         ready = trackFree[transfer];
       } else {
         onCompute(&op, "copy-in " + intervalName(&op), memorySeconds(packBytes), 0, int64_t(packBytes));
+        time.idealMemory += packBytes / machine.gpu.memoryBandwidth;
         ready = trackFree[kCompute];
       }
       std::string groupName = "collectives @" + gridRef.getValue().str() + " axes [";

@@ -63,15 +63,16 @@ public:
                            ReduceScatterStartOp::getOperationName(),
                            AllReduceStartOp::getOperationName()}) {
       SmallVector<Operation *> sequence;
+      SmallVector<std::string> keys; // taken before merging changes the block
       for (Operation &op : step.body())
-        if (op.getName().getStringRef() == kind && waitOf(&op))
+        if (op.getName().getStringRef() == kind && waitOf(&op)) {
           sequence.push_back(&op);
+          keys.push_back(bucketKey(&op, step.isBackward(&op)));
+        }
       // Maximal runs of adjacent collectives with one key.
       for (size_t begin = 0; begin < sequence.size();) {
-        std::string key = bucketKey(sequence[begin], step.isBackward(sequence[begin]));
         size_t end = begin + 1;
-        while (end < sequence.size() &&
-               bucketKey(sequence[end], step.isBackward(sequence[end])) == key &&
+        while (end < sequence.size() && keys[end] == keys[begin] &&
                canJoin(ArrayRef(sequence).slice(begin, end - begin), sequence[end]))
           ++end;
         if (end - begin > 1)
@@ -108,16 +109,19 @@ private:
     SmallVector<Value> inputs;
     SmallVector<Type> types;
     SmallVector<Location> locs;
+    SmallVector<Operation *> moving; // decided before any moves: a move renumbers the block
     for (Operation *start : run) {
       for (Value input : start->getOperands()) {
         Operation *def = input.getDefiningOp();
         if (gather && def && anchorStart->isBeforeInBlock(def))
-          def->moveBefore(anchorStart);
+          moving.push_back(def);
         inputs.push_back(input);
       }
       llvm::append_range(types, futureTypes(start));
       locs.push_back(start->getLoc());
     }
+    for (Operation *def : moving)
+      def->moveBefore(anchorStart);
     builder.setInsertionPoint(anchorStart);
     Location loc = builder.getFusedLoc(locs);
     OperationState state(loc, anchorStart->getName());

@@ -175,6 +175,9 @@ struct StepTimePass : public fsdp::impl::StepTimePassBase<StepTimePass> {
                                            {"model_flops", time.modelFlops},
                                            {"model_flops_utilization", utilization},
                                            {"instructions", time.instructions},
+                                           {"ideal_s", llvm::json::Object{{"matmul", time.idealMatmul},
+                                                                          {"attention", time.idealAttention},
+                                                                          {"memory", time.idealMemory}}},
                                            {"first_input_shape", std::move(firstInput)}});
       auto row = [&](StringRef what, double seconds, const std::string &note) {
         out << llvm::format("  %-26s %10.2f ms", what.str().c_str(), seconds * 1e3)
@@ -193,8 +196,9 @@ struct StepTimePass : public fsdp::impl::StepTimePassBase<StepTimePass> {
         row("host <-> device copies", time.transfer, "offloaded units, on the transfer stream");
       row("optimizer step", time.optimizer, llvm::formatv("{0:F2} ms of it on the host", time.hostOptimizer * 1e3).str());
       out << llvm::format("  %-26s %10.1f %%\n", "model FLOPs utilization", utilization * 100);
-      for (llvm::json::Value &event : traceEvents(time, ++process, function))
-        events.push_back(std::move(event));
+      if (!trace.empty())
+        for (llvm::json::Value &event : traceEvents(time, ++process, function))
+          events.push_back(std::move(event));
     }
     if (!output.empty() && failed(writeReport(module, output, format, std::move(reports), table)))
       return signalPassFailure();

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from fsdpc.attention import TARGET_DEVICES
@@ -13,7 +14,8 @@ from fsdpc.compiler import FsdpOptError, run_fsdp_opt
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
 from fsdpc.export import build, export_training_step, load_factory
 from fsdpc.models import BUILTIN_MODELS
-from fsdpc.plan import HARDWARE_OPTIONS, PlanError, capture_for_plan, machine, plan_step, what_would_fit
+from fsdpc.plan import (HARDWARE_OPTIONS, PlanError, Profile, calibrate, capture_for_plan, explain, machine,
+                         plan_step, search, size, what_would_fit)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -55,6 +57,16 @@ def _plan(args: argparse.Namespace) -> int:
         ir = capture_for_plan(args.model, batch=args.batch, seq=args.seq, mixed_precision=_mixed_precision(args))
     else:
         raise PlanError("give --model (a built-in name or file.py:factory) or --mlir (a captured step)")
+    if args.profile:
+        profile = Profile.read(args.profile)
+        profiled = plan_step(ir, gpus=args.profile_gpus, machine=chosen, model=name, optimizer=args.optimizer,
+                             pipeline=args.pipeline)
+        numbers = calibrate(profile, profiled)
+        chosen = machine(chosen.kind, chosen.gpus_per_node, **{**dict(chosen.numbers), **numbers})
+        print(f"calibrated from {args.profile} ({profile.ops} calls): "
+              + ", ".join(f"{key} {value:.3g}" for key, value in numbers.items()))
+    if args.search:
+        return _search(ir, name, gpus, chosen, args)
     plan = plan_step(ir, gpus=gpus, machine=chosen, model=name, optimizer=args.optimizer, pipeline=args.pipeline,
                      trace=args.trace)
     print(f"fsdpc plan: {name} on {gpus} x {plan.gpu_name}, optimizer {args.optimizer}")
@@ -66,6 +78,34 @@ def _plan(args: argparse.Namespace) -> int:
         print("what would fit:")
         print("\n".join(f"  {way}" for way in ways))
     print(plan.verdict)
+    return 0
+
+
+def _search(ir: str, name: str, gpus: int, chosen, args: argparse.Namespace) -> int:
+    budget = int(args.budget_gib * 2**30) if args.budget_gib else None
+    began = time.perf_counter()
+    result = search(ir, gpus=gpus, machine=chosen, model=name, optimizer=args.optimizer, pipeline=args.pipeline,
+                    budget=budget)
+    default = result.default
+    print(f"fsdpc plan --search: {name} on {gpus} x {default.gpu_name}, optimizer {args.optimizer}: "
+          f"{result.tried} configurations planned in {time.perf_counter() - began:.1f} s, "
+          f"{len(result.fitting)} distinct ones fit {size(result.budget)}")
+    if not result.fitting:
+        print(f"does not fit: no configuration fits {size(result.budget)} per GPU on {gpus} GPUs, "
+              f"offloading included; the defaults need {size(default.memory.peak)}")
+        return 0
+    print(f"  {'#':>2} {'step':>10} {'tokens/s/GPU':>13} {'MFU':>6} {'peak':>11}  settings")
+    for rank, candidate in enumerate(result.fitting[:args.top], 1):
+        plan = candidate.plan
+        print(f"  {rank:>2} {plan.time.step * 1e3:>7.1f} ms {plan.time.tokens_per_second:>13,.0f} "
+              f"{plan.time.mfu * 100:>5.1f}% {size(plan.memory.peak):>11}  {candidate.description}")
+    best = result.fitting[0]
+    print(f"why #1: {explain(best, default)}")
+    if args.trace:
+        plan_step(ir, gpus=gpus, machine=chosen, model=name, optimizer=args.optimizer,
+                  pipeline=f"{args.pipeline} {best.settings}", replicas=best.replicas, trace=args.trace)
+        print(f"predicted step's trace of #1: {args.trace} (open in ui.perfetto.dev)")
+    print(best.plan.verdict)
     return 0
 
 
@@ -132,6 +172,14 @@ def main(argv: list[str] | None = None) -> int:
                          ("host-link-gbps", "pinned host <-> device copies, GB/s")):
         plan.add_argument(f"--{number}", type=float, help=f"{what} (overrides the kind's)")
     plan.add_argument("--trace", help="write the predicted step as a Perfetto trace here")
+    plan.add_argument("--profile",
+                      help="a PyTorch profiler Chrome trace of this step measured on the GPU kind: calibrates the "
+                           "time model's efficiencies and host time per call")
+    plan.add_argument("--profile-gpus", type=int, default=1, help="GPUs the profiled step ran on (default 1)")
+    plan.add_argument("--search", action="store_true",
+                      help="plan every combination of fsdpc's knobs and rank those that fit by predicted time")
+    plan.add_argument("--top", type=int, default=5, help="configurations --search lists (default 5)")
+    plan.add_argument("--budget-gib", type=float, help="memory per GPU --search must fit (default: all of it)")
     plan.add_argument("--batch", type=int, help="batch size per GPU, passed to the factory")
     plan.add_argument("--seq", type=int, help="sequence length passed to the factory")
     plan.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd-momentum, sgd or none")

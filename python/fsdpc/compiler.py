@@ -44,19 +44,21 @@ def find_fsdp_opt() -> Path:
 
 
 def run_fsdp_opt(
-    ir: str,
+    ir: str | Path,
     args: Sequence[str] = (),
     *,
     timeout: float = 300.0,
 ) -> str:
-    """Runs fsdp-opt with ``args`` on the IR text ``ir`` and returns its output.
+    """Runs fsdp-opt with ``args`` on the IR text ``ir`` (or the IR file at
+    that Path, text or bytecode) and returns its output.
 
     Raises FsdpOptError with fsdp-opt's diagnostics when it rejects the input;
     locations in them name "<stdin>" or the source locations the IR carries.
     """
-    command = [str(find_fsdp_opt()), "-", *args]
+    from_file = isinstance(ir, Path)
+    command = [str(find_fsdp_opt()), str(ir) if from_file else "-", *args]
     completed = subprocess.run(
-        command, input=ir, capture_output=True, text=True, timeout=timeout, check=False
+        command, input=None if from_file else ir, capture_output=True, text=True, timeout=timeout, check=False
     )
     if completed.returncode != 0:
         raise FsdpOptError(command, completed.returncode, completed.stderr)

@@ -10,11 +10,16 @@ on a model of the GPU and its links for the step's time.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import re
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from fsdpc.capture import MixedPrecision
 from fsdpc.compiler import FsdpOptError, run_fsdp_opt
@@ -39,6 +44,8 @@ class PlanError(ValueError):
 # `python -m fsdpc plan` gives them (--memory-gib, --tensor-tflops, ...).
 HARDWARE_OPTIONS = ("memory-gib", "tensor-tflops", "fp32-tflops", "memory-gbps", "intra-node-gbps",
                     "inter-node-gbps", "host-link-gbps")
+# The software's share of the hardware, which a measured profile calibrates.
+CALIBRATED_OPTIONS = ("matmul-efficiency", "attention-efficiency", "memory-efficiency", "issue-us")
 
 
 @dataclass(frozen=True)
@@ -72,9 +79,9 @@ def machine(kind: str = "h100-sxm", gpus_per_node: int = 8, **numbers: float | N
     if gpus_per_node < 1:
         raise PlanError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
     given = tuple((name.replace("_", "-"), float(value)) for name, value in numbers.items() if value is not None)
-    unknown = [name for name, _ in given if name not in HARDWARE_OPTIONS]
+    unknown = [name for name, _ in given if name not in HARDWARE_OPTIONS + CALIBRATED_OPTIONS]
     if unknown:
-        raise PlanError(f"unknown GPU number {unknown[0]}; use {', '.join(HARDWARE_OPTIONS)}")
+        raise PlanError(f"unknown GPU number {unknown[0]}; use {', '.join(HARDWARE_OPTIONS + CALIBRATED_OPTIONS)}")
     chosen = Machine(kind, gpus_per_node, given)
     try:
         run_fsdp_opt("module {}", [f"--fsdp-step-time={chosen.options()} output=", "-o", "/dev/null"])
@@ -118,6 +125,8 @@ class TimePlan:
     model_flops: float
     tokens: int  # elements of the step's first input (batch x sequence for a language model)
     tensor_flops: float
+    instructions: int
+    ideal: dict  # kernel class -> seconds at the full peak or bandwidth
 
     @classmethod
     def from_report(cls, report: dict) -> TimePlan:
@@ -128,7 +137,8 @@ class TimePlan:
                    exposed_communication=report["exposed_communication_s"], host_bound=report["host_bound_s"],
                    transfer=report["transfer_s"], optimizer=report["optimizer_s"],
                    model_flops=report["model_flops"], tokens=tokens,
-                   tensor_flops=report["machine"]["tensor_flops"])
+                   tensor_flops=report["machine"]["tensor_flops"], instructions=report["instructions"],
+                   ideal=report["ideal_s"])
 
     @property
     def tokens_per_second(self) -> float:
@@ -184,29 +194,51 @@ class Plan:
         return "\n".join(lines)
 
 
-def plan_step(ir: str, *, gpus: int, machine: Machine = Machine(), model: str, optimizer: str = "adamw",
-              pipeline: str = "", trace: str | None = None) -> Plan:
-    """The plan of a captured step (`fsdp.device` "cuda") on `gpus` GPUs,
-    every parameter sharded over all of them (FULL_SHARD) unless `pipeline`
+def check_gpu_step(ir: str, model: str) -> None:
+    if not re.search(r'^module attributes \{[^\n]*fsdp\.device = "cuda"', ir, re.MULTILINE):
+        raise PlanError(f"{model} was captured for the CPU (its fused kernels and memory differ on a GPU); "
+                        "capture with `python -m fsdpc export --device cuda`")
+
+
+@contextmanager
+def parsed_once(ir: str, model: str) -> Iterator[Path]:
+    """The captured step as MLIR bytecode in a scratch file, for planning
+    many configurations of it: fsdp-opt reads bytecode several times faster
+    than text (0.04 s against 0.2 s for the 70B step)."""
+    check_gpu_step(ir, model)
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "step.mlirbc"
+        run_fsdp_opt(ir, ["--emit-bytecode", "-o", str(path)])
+        yield path
+
+
+def plan_step(ir: str | Path, *, gpus: int, machine: Machine = Machine(), model: str, optimizer: str = "adamw",
+              pipeline: str = "", replicas: int = 1, trace: str | None = None) -> Plan:
+    """The plan of a captured step (`fsdp.device` "cuda"; text, or a file
+from `parsed_once`) on `gpus` GPUs,
+    every parameter sharded over all of them (FULL_SHARD), or over groups of
+    gpus / `replicas` replicated `replicas` times (HSDP), unless `pipeline`
     says otherwise: the memory report and the predicted time of that one
     schedule; `trace` writes the predicted step as a Perfetto trace."""
     if gpus < 1:
         raise PlanError(f"--gpus must be at least 1, got {gpus}")
+    if replicas < 1 or gpus % replicas:
+        raise PlanError(f"{replicas} replicas do not divide {gpus} GPUs")
     if gpus > machine.gpus_per_node and gpus % machine.gpus_per_node:
         raise PlanError(f"{gpus} GPUs do not fill nodes of {machine.gpus_per_node}; "
                         "give a multiple of --gpus-per-node")
-    if not re.search(r'^module attributes \{[^\n]*fsdp\.device = "cuda"', ir, re.MULTILINE):
-        raise PlanError(f"{model} was captured for the CPU (its fused kernels and memory differ on a GPU); "
-                        "capture with `python -m fsdpc export --device cuda`")
+    if isinstance(ir, str):
+        check_gpu_step(ir, model)
     with tempfile.TemporaryDirectory() as scratch:
         memory_path, time_path = Path(scratch) / "memory.json", Path(scratch) / "time.json"
-        options = f"ranks={gpus} backend=nccl optimizer={optimizer} {pipeline} " \
+        hybrid = f"strategy=hybrid-shard replicas={replicas} " if replicas > 1 else ""
+        options = f"ranks={gpus // replicas} {hybrid}backend=nccl optimizer={optimizer} {pipeline} " \
                   f"memory-report={memory_path} report-format=json"
         timing = f"{machine.options()} optimizer={optimizer} format=json output={time_path}"
         if trace:
             timing += f" trace={trace}"
         run_fsdp_opt(ir, [f"--fsdp-sharding-pipeline={options.strip()}", f"--fsdp-step-time={timing}",
-                          "-o", "/dev/null"])
+                          "--emit-bytecode", "-o", "/dev/null"])
         memory_reports = json.loads(memory_path.read_text())
         time_reports = json.loads(time_path.read_text())
     steps = [index for index, report in enumerate(memory_reports) if report["function"] == "train_step"] or [0]
@@ -238,6 +270,11 @@ def what_would_fit(ir: str, plan: Plan, *, optimizer: str = "adamw", pipeline: s
     (`offload-to-fit`), each at the plan's GPU count and alone."""
     if plan.headroom >= 0:
         return []
+    with parsed_once(ir, plan.model) as step_file:
+        return _ways_to_fit(step_file, plan, optimizer, pipeline)
+
+
+def _ways_to_fit(step_file: Path, plan: Plan, optimizer: str, pipeline: str) -> list[str]:
     ways = []
     per_node = plan.machine.gpus_per_node
     gpus = plan.gpus * 2
@@ -245,7 +282,7 @@ def what_would_fit(ir: str, plan: Plan, *, optimizer: str = "adamw", pipeline: s
         if gpus > per_node and gpus % per_node:  # whole nodes only
             gpus *= 2
             continue
-        bigger = plan_step(ir, gpus=gpus, machine=plan.machine, model=plan.model, optimizer=optimizer,
+        bigger = plan_step(step_file, gpus=gpus, machine=plan.machine, model=plan.model, optimizer=optimizer,
                            pipeline=pipeline)
         if bigger.headroom >= 0:
             ways.append(f"{gpus} GPUs: {size(bigger.memory.peak)} per GPU, {bigger.time.step * 1e3:.0f} ms per step")
@@ -257,8 +294,8 @@ def what_would_fit(ir: str, plan: Plan, *, optimizer: str = "adamw", pipeline: s
                          (f"offload-to-fit={plan.gpu_memory // 2**20}",
                           "offloading the fewest units to host memory (offload-to-fit)")):
         try:
-            changed = plan_step(ir, gpus=plan.gpus, machine=plan.machine, model=plan.model, optimizer=optimizer,
-                                pipeline=f"{pipeline} {option}")
+            changed = plan_step(step_file, gpus=plan.gpus, machine=plan.machine, model=plan.model,
+                                optimizer=optimizer, pipeline=f"{pipeline} {option}")
         except FsdpOptError:  # offload-to-fit says it cannot: nothing to suggest there
             continue
         if changed.headroom >= 0:
@@ -266,3 +303,199 @@ def what_would_fit(ir: str, plan: Plan, *, optimizer: str = "adamw", pipeline: s
             ways.append(f"{plan.gpus} GPUs {what}: {size(changed.memory.peak)} per GPU{host}, "
                         f"{changed.time.step * 1e3:.0f} ms per step")
     return ways
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration the search tried: its settings as sharding-pipeline
+    options (only those that differ from the defaults) and its plan."""
+
+    settings: str
+    replicas: int
+    plan: Plan
+
+    @property
+    def description(self) -> str:
+        hybrid = [f"hybrid {self.replicas} x {self.plan.gpus // self.replicas}"] if self.replicas > 1 else []
+        return " ".join(hybrid + [self.settings]).strip() or "the defaults"
+
+
+def wrap_units(ir: str) -> list[str]:
+    """The captured step's non-root wrap units, in order."""
+    return [name for name, root in re.findall(r'^\s*fsdp\.unit @"?([^"\s]+)"?( root)?', ir, re.MULTILINE)
+            if not root]
+
+
+def search_space(ir: str, gpus: int, machine: Machine) -> list[tuple[str, int]]:
+    """The knobs fsdpc has, combined: reshard after forward (true, false, or
+    to a node's GPUs when the job spans nodes), forward and backward prefetch
+    depth, reductions in flight, which units recompute their activations
+    (none, every second, all), selective recompute, and HSDP with one replica
+    per node when there are several nodes. Each as (pipeline options,
+    replicas)."""
+    units = wrap_units(ir)
+    nodes = gpus // machine.gpus_per_node if gpus > machine.gpus_per_node else 1
+    reshard = ["", "reshard-after-forward=false"]
+    if nodes > 1:
+        reshard.append(f"reshard-after-forward={machine.gpus_per_node}")
+    checkpoint = ["", f"checkpoint={','.join(units[::2])}", "checkpoint=*"] if units else [""]
+    space = []
+    for replicas in sorted({1, nodes}):
+        for choice in itertools.product(
+                reshard if replicas == 1 else reshard[:2], ["", "forward-prefetch=2"], ["", "backward-prefetch=2"],
+                ["", "overlap-reductions=2"], checkpoint, ["", "selective-recompute=false"]):
+            space.append((" ".join(option for option in choice if option), replicas))
+    return space
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    fitting: list[Candidate]  # fastest first, one per distinct prediction
+    tried: int                # plans computed
+    default: Plan             # the defaults, for comparison
+    budget: int               # bytes a configuration's peak had to fit
+
+
+def search(ir: str, *, gpus: int, machine: Machine = Machine(), model: str, optimizer: str = "adamw",
+           pipeline: str = "", budget: int | None = None) -> SearchResult:
+    """Every configuration of `search_space` planned on `gpus` GPUs with
+    `pipeline` added to each; keeps those whose peak fits `budget` bytes (the
+    GPU's memory by default), fastest first. When none fits, the sixth with
+    the lowest peaks are tried again offloading the fewest units that bring
+    them within the budget (offload-to-fit)."""
+    space = search_space(ir, gpus, machine)
+    with parsed_once(ir, model) as step_file:
+        return _search(step_file, space, gpus, machine, model, optimizer, pipeline, budget)
+
+
+def _search(step_file: Path, space: list[tuple[str, int]], gpus: int, machine: Machine, model: str,
+            optimizer: str, pipeline: str, budget: int | None) -> SearchResult:
+    def plan_one(config: tuple[str, int], extra: str = "") -> Candidate | None:
+        settings, replicas = config
+        settings = f"{settings} {extra}".strip()
+        try:
+            plan = plan_step(step_file, gpus=gpus, machine=machine, model=model, optimizer=optimizer,
+                             pipeline=f"{pipeline} {settings}", replicas=replicas)
+        except FsdpOptError:  # offload-to-fit that cannot fit says so
+            return None
+        return Candidate(settings, replicas, plan)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        tried = list(pool.map(plan_one, space))
+        default = tried[0].plan  # the first configuration sets no option
+        limit = default.gpu_memory if budget is None else budget
+        fitting = [c for c in tried if c and c.plan.memory.peak <= limit]
+        runs = len(space)
+        if not fitting:
+            # Offloading costs what must move, the excess over the budget:
+            # retry the sixth of the configurations with the lowest peaks.
+            lowest = sorted((c for c in tried if c), key=lambda c: c.plan.memory.peak)[:max(1, len(space) // 6)]
+            offload = f"offload-to-fit={limit // 2**20}"
+            retried = [(c.settings, c.replicas) for c in lowest]
+            fitting = [c for c in pool.map(lambda config: plan_one(config, offload), retried)
+                       if c and c.plan.memory.peak <= limit]
+            runs += len(retried)
+    # Fastest first; among configurations the model cannot tell apart (same
+    # step to 10 us, same peak), only the one that changes fewest settings.
+    fitting.sort(key=lambda c: (round(c.plan.time.step, 5), c.plan.memory.peak, len(c.settings.split())))
+    distinct = [c for i, c in enumerate(fitting)
+                if i == 0 or (round(c.plan.time.step, 5), c.plan.memory.peak)
+                != (round(fitting[i - 1].plan.time.step, 5), fitting[i - 1].plan.memory.peak)]
+    return SearchResult(distinct, runs, default, limit)
+
+
+def explain(best: Candidate, default: Plan) -> str:
+    """Why the best configuration wins, against the defaults: where its time
+    and memory differ."""
+    b, d = best.plan, default
+    changes = []
+    for what, mine, theirs in (("exposed communication", b.time.exposed_communication, d.time.exposed_communication),
+                               ("compute", b.time.compute, d.time.compute),
+                               ("waiting for the host", b.time.host_bound, d.time.host_bound),
+                               ("host <-> device copies", b.time.transfer, d.time.transfer),
+                               ("optimizer", b.time.optimizer, d.time.optimizer)):
+        if abs(mine - theirs) >= 0.0005:
+            changes.append(f"{what} {(mine - theirs) * 1e3:+.1f} ms")
+    changes.append(f"peak {'+' if b.memory.peak >= d.memory.peak else '-'}{size(abs(b.memory.peak - d.memory.peak))}")
+    fits = "fits" if d.headroom >= 0 else "does not fit"
+    return (f"against the defaults ({d.time.step * 1e3:.1f} ms, {size(d.memory.peak)}, {fits}): "
+            + ", ".join(changes))
+
+
+# How a profiled ATen operator's kernels count: the classes of the time
+# model (lib/Analysis/Time.cpp); the optimizer's own kernels are left out.
+_MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution",
+               "aten::convolution_backward", "aten::_convolution", "aten::cudnn_convolution"}
+_ATTENTION_MARKS = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
+_OPTIMIZER_MARKS = ("_fused_adam", "_foreach_", "optimizer", "Optimizer")
+
+
+def _kernel_class(op: str) -> str | None:
+    if any(mark in op for mark in _OPTIMIZER_MARKS):
+        return None
+    if op in _MATMUL_OPS:
+        return "matmul"
+    if any(mark in op for mark in _ATTENTION_MARKS):
+        return "attention"
+    return "memory"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One measured step, from a PyTorch profiler Chrome trace (the GPU
+    benchmark writes one per run): seconds of kernels by class, and the host
+    time the runtime's ATen calls spanned."""
+
+    kernels: dict  # class -> seconds
+    host: float
+    ops: int       # top-level ATen calls on the host
+
+    @classmethod
+    def read(cls, path: str | Path) -> Profile:
+        try:
+            events = json.loads(Path(path).read_text())["traceEvents"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise PlanError(f"--profile {path}: not a Chrome trace with traceEvents ({error})") from None
+        ops = sorted((e for e in events if e.get("cat") == "cpu_op" and e.get("ph") == "X" and "dur" in e),
+                     key=lambda e: (e.get("tid"), e["ts"], -e["dur"]))
+        # Top-level calls: not inside an earlier call of the same thread. A
+        # kernel counts for the innermost call that launched it.
+        top, by_id, inside_until = [], {}, {}
+        for op in ops:
+            if op["ts"] >= inside_until.get(op.get("tid"), float("-inf")):
+                top.append(op)
+                inside_until[op.get("tid")] = op["ts"] + op["dur"]
+            if "External id" in op.get("args", {}):
+                by_id[op["args"]["External id"]] = op["name"]
+        kernels = {"matmul": 0.0, "attention": 0.0, "memory": 0.0}
+        device = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e
+                  and not e.get("name", "").startswith("nccl")]
+        if device:
+            for kernel in device:
+                kind = _kernel_class(by_id.get(kernel.get("args", {}).get("External id"), ""))
+                if kind:
+                    kernels[kind] += kernel["dur"] * 1e-6
+        else:  # a CPU profile: each call is its own kernel
+            for op in top:
+                kind = _kernel_class(op["name"])
+                if kind:
+                    kernels[kind] += op["dur"] * 1e-6
+        calls = [op for op in top if op["name"].startswith("aten::") and _kernel_class(op["name"])]
+        if not calls:
+            raise PlanError(f"--profile {path}: no ATen calls in the trace")
+        host = (max(op["ts"] + op["dur"] for op in calls) - min(op["ts"] for op in calls)) * 1e-6
+        return cls(kernels=kernels, host=host, ops=len(calls))
+
+
+def calibrate(profile: Profile, profiled: Plan) -> dict[str, float]:
+    """fsdp-step-time's efficiencies and issue time that make its kernel
+    classes take what `profile` measured for the step `profiled` plans (the
+    same step on the GPUs it was profiled on): the ideal time of a class
+    over its measured time, and the host's time per call."""
+    numbers = {}
+    for kind in ("matmul", "attention", "memory"):
+        ideal, measured = profiled.time.ideal[kind], profile.kernels[kind]
+        if ideal > 0 and measured > 0:
+            numbers[f"{kind}-efficiency"] = min(1.0, ideal / measured)
+    numbers["issue-us"] = profile.host / profile.ops * 1e6
+    return numbers

@@ -7,7 +7,8 @@ from fsdpc.__main__ import main
 import dataclasses
 import json
 
-from fsdpc.plan import Machine, PlanError, capture_for_plan, machine, plan_step, what_would_fit
+from fsdpc.plan import (PlanError, Profile, calibrate, capture_for_plan, machine, plan_step, search, search_space,
+                         what_would_fit)
 from test_cli import BAD_MODELS, fsdpc
 
 
@@ -90,6 +91,61 @@ def test_the_predicted_time_follows_the_schedule_and_the_links(gpt_ir, tmp_path)
     assert max(ends) == pytest.approx(one_node.time.step * 1e6, rel=1e-6)
 
 
+def test_the_search_ranks_only_what_its_memory_model_says_fits(gpt_ir):
+    default = plan_step(gpt_ir, gpus=8, model="gpt")
+    smallest = plan_step(gpt_ir, gpus=8, model="gpt", pipeline="checkpoint=*")
+    budget = (default.memory.peak + smallest.memory.peak) // 2  # the defaults do not fit
+    result = search(gpt_ir, gpus=8, model="gpt", budget=budget)
+    assert result.tried == len(search_space(gpt_ir, 8, machine())) >= 50
+    assert result.default.memory.peak == default.memory.peak > budget and result.fitting
+    steps = [c.plan.time.step for c in result.fitting]
+    assert steps == sorted(steps)
+    for candidate in result.fitting[:5]:  # planned again alone, each still fits
+        again = plan_step(gpt_ir, gpus=8, model="gpt", pipeline=candidate.settings, replicas=candidate.replicas)
+        assert again.memory.peak == candidate.plan.memory.peak <= budget, candidate.settings
+    # Across two nodes the search also tries one replica per node (HSDP).
+    assert {replicas for _, replicas in search_space(gpt_ir, 16, machine())} == {1, 2}
+
+
+def write_profile(path):
+    """A profiler trace of one step as PyTorch writes it on a GPU: host calls
+    (`cpu_op`, one nested in another), the kernels each launched (linked by
+    External id), a collective's kernel and an optimizer step."""
+    def call(name, ident, ts, dur):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 7, "ts": ts, "dur": dur,
+                "args": {"External id": ident}}
+
+    def kernel(name, ident, ts, dur):
+        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+                "args": {"External id": ident, "stream": 7}}
+    events = [call("aten::mm", 1, 0, 10), call("aten::_scaled_dot_product_cudnn_attention", 2, 10, 10),
+              call("aten::empty", 3, 12, 1), call("aten::mul.Tensor", 4, 20, 10), call("aten::_fused_adamw_", 5, 40, 5),
+              kernel("sm90_gemm", 1, 100, 100), kernel("sm90_gemm_splitk", 1, 200, 50), kernel("cudnn_sdpa", 2, 250, 200),
+              kernel("fill", 3, 450, 5), kernel("elementwise", 4, 455, 20), kernel("adamw", 5, 500, 30),
+              kernel("ncclDevKernel_AllGather_RING", 0, 100, 500)]
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_a_measured_profile_calibrates_the_time_model(gpt_ir, tmp_path):
+    profile = Profile.read(write_profile(tmp_path / "step.json"))
+    # Kernels count for the call that launched them; collectives and the optimizer do not count.
+    assert profile.kernels == pytest.approx({"matmul": 150e-6, "attention": 200e-6, "memory": 25e-6})
+    assert profile.ops == 3 and profile.host == pytest.approx(30e-6)
+    plan = plan_step(gpt_ir, gpus=1, model="gpt")
+    ideal = {"matmul": 75e-6, "attention": 100e-6, "memory": 25e-6}
+    numbers = calibrate(profile, dataclasses.replace(plan, time=dataclasses.replace(plan.time, ideal=ideal)))
+    assert numbers == pytest.approx({"matmul-efficiency": 0.5, "attention-efficiency": 0.5,
+                                     "memory-efficiency": 1.0, "issue-us": 10.0})
+    # Calibrated numbers go to the model (this step's products are tiny: only a
+    # far lower efficiency lifts them above the shortest kernel).
+    calibrated = plan_step(gpt_ir, gpus=1, model="gpt", machine=machine("h100-sxm", matmul_efficiency=0.001))
+    assert calibrated.time.compute > plan.time.compute + plan.time.ideal["matmul"] / 0.001 / 2
+    done = fsdpc("plan", "--model", "mlp", "--gpus", "2", "--batch", "4", "--profile", str(tmp_path / "step.json"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"calibrated from {tmp_path / 'step.json'} (3 calls): matmul-efficiency ")
+
+
 def test_the_command_prints_the_table_and_the_verdict():
     done = fsdpc("plan", "--model", "mlp", "--nodes", "2", "--gpus-per-node", "1", "--memory-gib", "1",
                  "--batch", "4")
@@ -97,6 +153,20 @@ def test_the_command_prints_the_table_and_the_verdict():
     assert "memory per rank (2 x H100 SXM 80GB):" in done.stdout and "1.00 GiB (H100 SXM 80GB)" in done.stdout
     assert "time per rank (predicted, 1 GPUs per node):" in done.stdout and "tokens/s per GPU" in done.stdout
     assert done.stdout.strip().splitlines()[-1].startswith("fits: ")
+
+
+def test_the_search_command_ranks_and_says_why(tmp_path):
+    trace = tmp_path / "best.json"
+    done = fsdpc("plan", "--model", "mlp", "--gpus", "2", "--batch", "4", "--search", "--top", "3",
+                 "--trace", str(trace))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert "configurations planned in" in lines[0] and lines[1].split()[:2] == ["#", "step"]
+    assert lines[2].split()[0] == "1" and lines[-1].startswith("fits: ") and trace.exists()
+    assert any(line.startswith("why #1: against the defaults (") for line in lines)
+    nothing = fsdpc("plan", "--model", "mlp", "--gpus", "2", "--batch", "4", "--search", "--budget-gib", "1e-6")
+    assert nothing.returncode == 0, nothing.stderr
+    assert nothing.stdout.strip().splitlines()[-1].startswith("does not fit: no configuration fits")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -109,6 +179,8 @@ def test_the_command_prints_the_table_and_the_verdict():
     (["--model", "mlp", "--gpus", "2", "--memory-gbps", "-5"], "time model: memory-gbps must be > 0, got -5"),
     (["--model", "mlp"], "give --gpus, or --nodes (with --gpus-per-node)"),
     (["--gpus", "2"], "give --model (a built-in name or file.py:factory) or --mlir"),
+    (["--model", "mlp", "--gpus", "2", "--profile", "/nonexistent.json"],
+     "--profile /nonexistent.json: not a Chrome trace with traceEvents"),
     (["--model", f"{BAD_MODELS}:batch_norm", "--gpus", "2"], "updates buffer"),
 ])
 def test_bad_input_is_one_clear_line(args, message, capsys):

@@ -39,6 +39,10 @@
 // JSON-NEXT: 1000,
 // JSON-NEXT: 1000
 // JSON: "flops": 4256000000,
+// JSON: "ideal_s": {
+// JSON-NEXT: "attention": 0.000{{25599|256}}
+// JSON-NEXT: "matmul": 0.00{{39999|4}}
+// JSON-NEXT: "memory": {{8.00000|7.99999}}
 // JSON: "kind": "custom",
 // JSON: "model_flops": 4256000000,
 

@@ -89,6 +89,9 @@ struct StepTime {
   double transfer = 0;        // host <-> device copies of offloaded units
   double optimizer = 0;       // device and host optimizer steps, after the schedule
   double hostOptimizer = 0;   // the host's share of `optimizer`
+  // Kernel time at the full peak or bandwidth, by kernel class: what a
+  // measured profile divides by to calibrate the efficiencies.
+  double idealMatmul = 0, idealAttention = 0, idealMemory = 0;
   double flops = 0;           // every kernel, recomputation included
   double modelFlops = 0;      // without recomputation: what MFU counts
   int64_t instructions = 0;
