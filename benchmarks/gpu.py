@@ -14,8 +14,9 @@ Models (issue 16's sizes): llama-0.9b (dim 2048, 16 layers, 16/8 heads, ffn
 starts with empty compile caches (cold compile), later repeats reuse them
 (warm). Prints a markdown table per model: medians over repeats of the step
 time, tokens/s, MFU, peak allocated, and fsdpc's memory report against the
-measured peak, the exposed-communication share of a profiled step, cold and
-warm compile.
+measured peak, fsdpc's predicted step (fsdp-step-time, and calibrated from
+the run's own profile), the exposed-communication share of a profiled step,
+cold and warm compile.
 """
 
 import argparse
@@ -49,14 +50,15 @@ def run(model: str, system: str, caches: Path, out: Path, steps: int) -> dict | 
 def markdown(model: str, runs: dict[str, list[dict]]) -> str:
     lines = [f"### {model}", "",
              "| system | step ms | tokens/s | MFU | peak allocated GiB | vs FSDP2 (step, peak) | "
-             "report / measured fwd+bwd peak | exposed comm | compile cold / warm s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "report / measured fwd+bwd peak | predicted step ms (calibrated) | exposed comm | "
+             "compile cold / warm s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     median = lambda system, key: statistics.median(r[key] for r in runs[system])  # noqa: E731
     baseline = "fsdp2" if runs.get("fsdp2") else "fsdp2-offload"
     base = runs.get(baseline)
     for system, results in runs.items():
         if not results:
-            lines.append(f"| {system} | failed | | | | | | | |")
+            lines.append(f"| {system} | failed | | | | | | | | |")
             continue
         step, peak = median(system, "step_s"), median(system, "peak_allocated_gib")
         ratio = (f"{step / median(baseline, 'step_s'):.2f}x, {peak / median(baseline, 'peak_allocated_gib'):.2f}x"
@@ -66,9 +68,12 @@ def markdown(model: str, runs: dict[str, list[dict]]) -> str:
             report = (f"{results[0]['report_peak_above_start_gib']:.2f} / "
                       f"{median(system, 'fwd_bwd_peak_above_start_gib'):.2f} GiB")
         exposed = f"{median(system, 'exposed_comm_share'):.1%}" if "exposed_comm_share" in results[0] else ""
+        predicted = (f"{median(system, 'predicted_step_s') * 1e3:.1f} ({median(system, 'calibrated_step_s') * 1e3:.1f})"
+                     if "predicted_step_s" in results[0] else "")
         compile_times = " / ".join(f"{r['compile_s']:.1f}" for r in results[:2])
         lines.append(f"| {system} | {step * 1e3:.1f} | {median(system, 'tokens_per_s'):,.0f} | "
-                     f"{median(system, 'mfu'):.1%} | {peak:.2f} | {ratio} | {report} | {exposed} | {compile_times} |")
+                     f"{median(system, 'mfu'):.1%} | {peak:.2f} | {ratio} | {report} | {predicted} | {exposed} | "
+                     f"{compile_times} |")
     return "\n".join(lines)
 
 

@@ -18,9 +18,11 @@ time over the timed steps (forward, backward and optimizer, synchronized),
 tokens/s, MFU (6 x parameters + 12 x layers x dim x seq FLOPs per token
 against 989 TFLOP/s dense bf16), peak allocated (torch.cuda.max_memory_allocated
 over the timed steps), for fsdpc its memory report's step peak against the
-measured peak of one forward + backward above its start, and from a
-profiled step the share of the step during which collective-stream work ran
-while no compute kernel did (exposed communication).
+measured peak of one forward + backward above its start, and its time
+model's prediction of the measured program (fsdp-step-time), as it stands
+and calibrated from the profiled step; from a profiled step the share of the
+step during which collective-stream work ran while no compute kernel did
+(exposed communication).
 """
 
 import argparse
@@ -84,6 +86,24 @@ def exposed_communication(trace_path: Path) -> dict:
             "collective_busy_us": sum(e - b for b, e in other), "step_span_us": span}
 
 
+def predicted_times(sharded_ir: str, device_name: str, trace: Path) -> dict:
+    """fsdpc's time model on the program this run measured: as it stands,
+    and calibrated from this run's own profiled step (what is left between
+    that and the measured step is what the model's structure misses:
+    overlap, host, ordering)."""
+    from fsdpc.plan import Profile, calibrate, gpu_kind_of, machine, predict_program
+
+    kind = gpu_kind_of(device_name)
+    if kind is None:
+        return {}
+    before = predict_program(sharded_ir, machine(kind))
+    numbers = calibrate(Profile.read(trace), before["ideal_s"])
+    after = predict_program(sharded_ir, machine(kind, **numbers))
+    return {"predicted_step_s": before["step_s"], "calibrated_step_s": after["step_s"], "calibration": numbers,
+            "predicted_split_s": {key: before[key] for key in ("compute_s", "exposed_communication_s",
+                                                                "host_bound_s", "transfer_s", "optimizer_s")}}
+
+
 def build(system: str, model: torch.nn.Module, example, block_class):
     """(forward_backward(batch) -> loss, parameters, extras)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
@@ -98,6 +118,7 @@ def build(system: str, model: torch.nn.Module, example, block_class):
         sharded = fsdpc.shard(model, example, next_token_loss, mp_policy=policy, offload_policy=offload)
         extras["compile_phases_s"] = sharded.compile_seconds
         extras["report_peak_above_start_gib"] = sharded.memory_report["train_step"]["peak"]["above_step_start"] / 2**30
+        extras["sharded_ir"] = sharded.sharded_ir
         return (lambda batch: sharded(*batch)), list(sharded.parameters()), extras
     if system in ("fsdp2", "fsdp2-compile"):
         from torch.distributed.fsdp import OffloadPolicy, fully_shard
@@ -191,6 +212,9 @@ def main() -> None:
     profiled.export_chrome_trace(str(trace))
     step = statistics.median(times)
     tokens = local_batch * seq
+    sharded_ir = extras.pop("sharded_ir", None)
+    if sharded_ir is not None:
+        extras.update(predicted_times(sharded_ir, torch.cuda.get_device_name(device), trace))
     result = {"model": args.model, "system": args.system, "device": torch.cuda.get_device_name(device),
               "torch": torch.__version__, "compile_s": compile_s, "step_s": step, "step_times_s": times,
               "tokens_per_s": tokens / step, "mfu": flops * tokens / step / H100_BF16_DENSE,

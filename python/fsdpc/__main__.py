@@ -61,7 +61,7 @@ def _plan(args: argparse.Namespace) -> int:
         profile = Profile.read(args.profile)
         profiled = plan_step(ir, gpus=args.profile_gpus, machine=chosen, model=name, optimizer=args.optimizer,
                              pipeline=args.pipeline)
-        numbers = calibrate(profile, profiled)
+        numbers = calibrate(profile, profiled.time.ideal)
         chosen = machine(chosen.kind, chosen.gpus_per_node, **{**dict(chosen.numbers), **numbers})
         print(f"calibrated from {args.profile} ({profile.ops} calls): "
               + ", ".join(f"{key} {value:.3g}" for key, value in numbers.items()))

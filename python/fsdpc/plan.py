@@ -487,15 +487,36 @@ class Profile:
         return cls(kernels=kernels, host=host, ops=len(calls))
 
 
-def calibrate(profile: Profile, profiled: Plan) -> dict[str, float]:
+def calibrate(profile: Profile, ideal: dict[str, float]) -> dict[str, float]:
     """fsdp-step-time's efficiencies and issue time that make its kernel
-    classes take what `profile` measured for the step `profiled` plans (the
-    same step on the GPUs it was profiled on): the ideal time of a class
-    over its measured time, and the host's time per call."""
+    classes take what `profile` measured, given the classes' `ideal` seconds
+    (`TimePlan.ideal`, or a report's `ideal_s`) for the profiled step on the
+    GPUs it ran on: a class's ideal time over its measured time, and the
+    host's time per call."""
     numbers = {}
     for kind in ("matmul", "attention", "memory"):
-        ideal, measured = profiled.time.ideal[kind], profile.kernels[kind]
-        if ideal > 0 and measured > 0:
-            numbers[f"{kind}-efficiency"] = min(1.0, ideal / measured)
+        ideal_s, measured = ideal[kind], profile.kernels[kind]
+        if ideal_s > 0 and measured > 0:
+            numbers[f"{kind}-efficiency"] = min(1.0, ideal_s / measured)
     numbers["issue-us"] = profile.host / profile.ops * 1e6
     return numbers
+
+
+def predict_program(sharded_ir: str, machine: Machine, optimizer: str = "adamw") -> dict:
+    """fsdp-step-time's report (JSON, the training step's) on a step that is
+    already sharded and scheduled: the program a job runs."""
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "time.json"
+        run_fsdp_opt(sharded_ir, [f"--fsdp-step-time={machine.options()} optimizer={optimizer} format=json "
+                                  f"output={report}", "--emit-bytecode", "-o", "/dev/null"])
+        steps = json.loads(report.read_text())
+    return next((step for step in steps if step["function"] == "train_step"), steps[0])
+
+
+def gpu_kind_of(device_name: str) -> str | None:
+    """The planner's kind for a CUDA device name, where the table has it."""
+    for marks, kind in ((("H100", "80GB"), "h100-sxm"), (("H100", "96GB"), "h100-96gb"), (("H200",), "h200"),
+                        (("A100", "80GB"), "a100-80gb")):
+        if all(mark in device_name for mark in marks):
+            return kind
+    return None
