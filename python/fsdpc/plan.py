@@ -357,13 +357,15 @@ class SearchResult:
 
 
 def search(ir: str, *, gpus: int, machine: Machine = Machine(), model: str, optimizer: str = "adamw",
-           pipeline: str = "", budget: int | None = None) -> SearchResult:
+           pipeline: str = "", budget: int | None = None,
+           space: list[tuple[str, int]] | None = None) -> SearchResult:
     """Every configuration of `search_space` planned on `gpus` GPUs with
     `pipeline` added to each; keeps those whose peak fits `budget` bytes (the
     GPU's memory by default), fastest first. When none fits, the sixth with
     the lowest peaks are tried again offloading the fewest units that bring
-    them within the budget (offload-to-fit)."""
-    space = search_space(ir, gpus, machine)
+    them within the budget (offload-to-fit). `space` replaces
+    `search_space`'s configurations; its first must be the defaults."""
+    space = space if space is not None else search_space(ir, gpus, machine)
     with parsed_once(ir, model) as step_file:
         return _search(step_file, space, gpus, machine, model, optimizer, pipeline, budget)
 
