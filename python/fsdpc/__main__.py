@@ -14,8 +14,8 @@ from fsdpc.compiler import FsdpOptError, run_fsdp_opt
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
 from fsdpc.export import build, export_training_step, load_factory
 from fsdpc.models import BUILTIN_MODELS
-from fsdpc.plan import (HARDWARE_OPTIONS, PlanError, Profile, calibrate, capture_for_plan, explain, machine,
-                         plan_step, search, size, what_would_fit)
+from fsdpc.plan import (HARDWARE_OPTIONS, PlanError, Profile, calibrate, capture_for_plan, each_setting, explain,
+                         machine, plan_step, search, size, what_would_fit)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -101,6 +101,9 @@ def _search(ir: str, name: str, gpus: int, chosen, args: argparse.Namespace) -> 
               f"{plan.time.mfu * 100:>5.1f}% {size(plan.memory.peak):>11}  {candidate.description}")
     best = result.fitting[0]
     print(f"why #1: {explain(best, default)}")
+    parts = each_setting(ir, best, budget=result.budget, optimizer=args.optimizer, pipeline=args.pipeline)
+    if parts:
+        print("  each of its settings, against #1 without it: " + "; ".join(parts))
     if args.trace:
         plan_step(ir, gpus=gpus, machine=chosen, model=name, optimizer=args.optimizer,
                   pipeline=f"{args.pipeline} {best.settings}", replicas=best.replicas, trace=args.trace)

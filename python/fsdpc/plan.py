@@ -397,12 +397,17 @@ def _search(step_file: Path, space: list[tuple[str, int]], gpus: int, machine: M
             fitting = [c for c in pool.map(lambda config: plan_one(config, offload), retried)
                        if c and c.plan.memory.peak <= limit]
             runs += len(retried)
-    # Fastest first; among configurations the model cannot tell apart (same
-    # step to 10 us, same peak), only the one that changes fewest settings.
-    fitting.sort(key=lambda c: (round(c.plan.time.step, 5), c.plan.memory.peak, len(c.settings.split())))
+    # Fastest first. Steps within 0.2% of each other are more alike than the
+    # model is exact: among them the fewest settings (HSDP counting as one),
+    # then the lowest peak, come first, and of those with the same peak too
+    # only the first is kept.
+    quantum = 0.002 * min((c.plan.time.step for c in fitting), default=1.0)
+
+    def rank(c: Candidate) -> tuple:
+        return (round(c.plan.time.step / quantum), len(c.settings.split()) + (c.replicas > 1), c.plan.memory.peak)
+    fitting.sort(key=rank)
     distinct = [c for i, c in enumerate(fitting)
-                if i == 0 or (round(c.plan.time.step, 5), c.plan.memory.peak)
-                != (round(fitting[i - 1].plan.time.step, 5), fitting[i - 1].plan.memory.peak)]
+                if i == 0 or (rank(c)[0], c.plan.memory.peak) != (rank(fitting[i - 1])[0], fitting[i - 1].plan.memory.peak)]
     return SearchResult(distinct, runs, default, limit)
 
 
@@ -422,6 +427,27 @@ def explain(best: Candidate, default: Plan) -> str:
     fits = "fits" if d.headroom >= 0 else "does not fit"
     return (f"against the defaults ({d.time.step * 1e3:.1f} ms, {size(d.memory.peak)}, {fits}): "
             + ", ".join(changes))
+
+
+def each_setting(ir: str, best: Candidate, *, budget: int, optimizer: str = "adamw", pipeline: str = "") -> list[str]:
+    """What each of the best configuration's settings contributes: the same
+    configuration planned without it (one replica instead of HSDP), its
+    step time against the best's, or that it is needed to fit `budget`."""
+    plan = best.plan
+    settings = best.settings.split()
+    variants = [(" ".join(s for s in settings if s != setting), best.replicas, setting) for setting in settings]
+    if best.replicas > 1:
+        variants.append((best.settings, 1, f"hybrid {best.replicas} x {plan.gpus // best.replicas}"))
+    lines = []
+    with parsed_once(ir, plan.model) as step_file:
+        for others, replicas, setting in variants:
+            without = plan_step(step_file, gpus=plan.gpus, machine=plan.machine, model=plan.model,
+                                optimizer=optimizer, pipeline=f"{pipeline} {others}", replicas=replicas)
+            if without.memory.peak > budget:
+                lines.append(f"{setting}: needed to fit (without it {size(without.memory.peak)})")
+            else:
+                lines.append(f"{setting}: {(plan.time.step - without.time.step) * 1e3:+.1f} ms")
+    return lines
 
 
 # How a profiled ATen operator's kernels count: the classes of the time

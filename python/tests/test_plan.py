@@ -7,8 +7,8 @@ from fsdpc.__main__ import main
 import dataclasses
 import json
 
-from fsdpc.plan import (PlanError, Profile, calibrate, capture_for_plan, machine, plan_step, search, search_space,
-                         what_would_fit)
+from fsdpc.plan import (PlanError, Profile, calibrate, capture_for_plan, each_setting, machine, plan_step, search,
+                         search_space, size, what_would_fit)
 from test_cli import BAD_MODELS
 
 
@@ -106,6 +106,14 @@ def test_the_search_ranks_only_what_its_memory_model_says_fits(gpt_ir):
     for candidate in result.fitting[:5]:  # planned again alone, each still fits
         again = plan_step(gpt_ir, gpus=8, model="gpt", pipeline=candidate.settings, replicas=candidate.replicas)
         assert again.memory.peak == candidate.plan.memory.peak <= budget, candidate.settings
+    # Each of the best's settings: its share of the step, or needed to fit.
+    best = result.fitting[0]
+    parts = each_setting(gpt_ir, best, budget=budget)
+    assert [part.split(": ")[0] for part in parts] == best.settings.split()
+    for part, setting in zip(parts, best.settings.split()):
+        without = plan_step(gpt_ir, gpus=8, model="gpt", pipeline=best.settings.replace(setting, ""))
+        assert part.endswith(f"needed to fit (without it {size(without.memory.peak)})") if without.memory.peak > budget \
+            else part.endswith(f"{(best.plan.time.step - without.time.step) * 1e3:+.1f} ms"), part
     # Across two nodes the search also tries one replica per node (HSDP).
     assert {replicas for _, replicas in search_space(gpt_ir, 16, machine())} == {1, 2}
     # Nothing fits a byte: the lowest peaks are retried offloading, and still nothing fits.
