@@ -202,15 +202,21 @@ OpWork atenWork(AtenOp op) {
   return work;
 }
 
+/// A kernel's time at the full peak (matrix products, attention) or memory
+/// bandwidth (everything else): its class's share of `StepTime`'s ideal.
+double idealSeconds(const OpWork &work, const GpuKind &gpu) {
+  if (work.kind == OpWork::Memory)
+    return work.bytes / gpu.memoryBandwidth;
+  return work.flops / (work.tensorCores ? gpu.tensorFlops : gpu.fp32Flops);
+}
+
 double kernelSeconds(const OpWork &work, const Machine &machine) {
   double memory = work.bytes / (machine.gpu.memoryBandwidth * machine.memoryEfficiency);
   double math = 0;
-  if (work.kind == OpWork::Matmul || work.kind == OpWork::Attention) {
-    double peak = work.tensorCores ? machine.gpu.tensorFlops : machine.gpu.fp32Flops;
-    double efficiency =
-        work.kind == OpWork::Matmul ? machine.matmulEfficiency : machine.attentionEfficiency;
-    math = work.flops / (peak * efficiency);
-  }
+  if (work.kind == OpWork::Matmul)
+    math = idealSeconds(work, machine.gpu) / machine.matmulEfficiency;
+  else if (work.kind == OpWork::Attention)
+    math = idealSeconds(work, machine.gpu) / machine.attentionEfficiency;
   return std::max({memory, math, machine.shortestKernel});
 }
 
@@ -303,11 +309,10 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
       if (work.kind == OpWork::View)
         continue;
       onCompute(&op, intervalName(&op), kernelSeconds(work, machine), work.flops, int64_t(work.bytes));
-      double peak = work.tensorCores ? machine.gpu.tensorFlops : machine.gpu.fp32Flops;
-      (work.kind == OpWork::Matmul      ? time.idealMatmul
-       : work.kind == OpWork::Attention ? time.idealAttention
-                                        : time.idealMemory) +=
-          work.kind == OpWork::Memory ? work.bytes / machine.gpu.memoryBandwidth : work.flops / peak;
+      double &ideal = work.kind == OpWork::Matmul      ? time.idealMatmul
+                      : work.kind == OpWork::Attention ? time.idealAttention
+                                                       : time.idealMemory;
+      ideal += idealSeconds(work, machine.gpu);
       time.flops += work.flops;
       if (!op.hasAttr(kRecomputedAttr))
         time.modelFlops += work.flops;

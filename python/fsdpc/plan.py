@@ -63,6 +63,17 @@ class Machine:
         numbers = " ".join(f"{name}={value!r}" for name, value in self.numbers)
         return f"gpu={self.kind} gpus-per-node={self.gpus_per_node} {numbers}".strip()
 
+    def step_time(self, optimizer: str, output: Path) -> str:
+        """The fsdp-step-time pass for this machine, its JSON report to `output`."""
+        return f"--fsdp-step-time={self.options()} optimizer={optimizer} format=json output={output}"
+
+
+def train_step_report(reports: list[dict], model: str) -> dict:
+    """Of a report's steps, the training step (or the one step there is)."""
+    if not reports:
+        raise PlanError(f"{model}: the captured IR has no training step to plan")
+    return next((report for report in reports if report["function"] == "train_step"), reports[0])
+
 
 def _one_line(error: FsdpOptError) -> str:
     """fsdp-opt's first error, without its location."""
@@ -215,11 +226,11 @@ def parsed_once(ir: str, model: str) -> Iterator[Path]:
 def plan_step(ir: str | Path, *, gpus: int, machine: Machine = Machine(), model: str, optimizer: str = "adamw",
               pipeline: str = "", replicas: int = 1, trace: str | None = None) -> Plan:
     """The plan of a captured step (`fsdp.device` "cuda"; text, or a file
-from `parsed_once`) on `gpus` GPUs,
-    every parameter sharded over all of them (FULL_SHARD), or over groups of
-    gpus / `replicas` replicated `replicas` times (HSDP), unless `pipeline`
-    says otherwise: the memory report and the predicted time of that one
-    schedule; `trace` writes the predicted step as a Perfetto trace."""
+    from `parsed_once`) on `gpus` GPUs, every parameter sharded over all of
+    them (FULL_SHARD), or over groups of gpus / `replicas` replicated
+    `replicas` times (HSDP), unless `pipeline` says otherwise: the memory
+    report and the predicted time of that one schedule; `trace` writes the
+    predicted step as a Perfetto trace."""
     if gpus < 1:
         raise PlanError(f"--gpus must be at least 1, got {gpus}")
     if replicas < 1 or gpus % replicas:
@@ -234,17 +245,10 @@ from `parsed_once`) on `gpus` GPUs,
         hybrid = f"strategy=hybrid-shard replicas={replicas} " if replicas > 1 else ""
         options = f"ranks={gpus // replicas} {hybrid}backend=nccl optimizer={optimizer} {pipeline} " \
                   f"memory-report={memory_path} report-format=json"
-        timing = f"{machine.options()} optimizer={optimizer} format=json output={time_path}"
-        if trace:
-            timing += f" trace={trace}"
-        run_fsdp_opt(ir, [f"--fsdp-sharding-pipeline={options.strip()}", f"--fsdp-step-time={timing}",
-                          "--emit-bytecode", "-o", "/dev/null"])
-        memory_reports = json.loads(memory_path.read_text())
-        time_reports = json.loads(time_path.read_text())
-    steps = [index for index, report in enumerate(memory_reports) if report["function"] == "train_step"] or [0]
-    if not memory_reports:
-        raise PlanError(f"{model}: the captured IR has no training step to plan")
-    memory, time = memory_reports[steps[0]], time_reports[steps[0]]
+        timing = machine.step_time(optimizer, time_path) + (f" trace={trace}" if trace else "")
+        run_fsdp_opt(ir, [f"--fsdp-sharding-pipeline={options.strip()}", timing, "--emit-bytecode", "-o", "/dev/null"])
+        memory = train_step_report(json.loads(memory_path.read_text()), model)
+        time = train_step_report(json.loads(time_path.read_text()), model)
     gpu = time["machine"]
     return Plan(model=model, gpus=gpus, machine=machine, gpu_name=gpu["name"], gpu_memory=gpu["memory_bytes"],
                 memory=MemoryPlan.from_report(memory), time=TimePlan.from_report(time))
@@ -406,8 +410,12 @@ def _search(step_file: Path, space: list[tuple[str, int]], gpus: int, machine: M
     def rank(c: Candidate) -> tuple:
         return (round(c.plan.time.step / quantum), len(c.settings.split()) + (c.replicas > 1), c.plan.memory.peak)
     fitting.sort(key=rank)
-    distinct = [c for i, c in enumerate(fitting)
-                if i == 0 or (rank(c)[0], c.plan.memory.peak) != (rank(fitting[i - 1])[0], fitting[i - 1].plan.memory.peak)]
+    seen, distinct = set(), []
+    for candidate in fitting:
+        alike = (rank(candidate)[0], candidate.plan.memory.peak)
+        if alike not in seen:
+            seen.add(alike)
+            distinct.append(candidate)
     return SearchResult(distinct, runs, default, limit)
 
 
@@ -535,10 +543,8 @@ def predict_program(sharded_ir: str, machine: Machine, optimizer: str = "adamw")
     already sharded and scheduled: the program a job runs."""
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "time.json"
-        run_fsdp_opt(sharded_ir, [f"--fsdp-step-time={machine.options()} optimizer={optimizer} format=json "
-                                  f"output={report}", "--emit-bytecode", "-o", "/dev/null"])
-        steps = json.loads(report.read_text())
-    return next((step for step in steps if step["function"] == "train_step"), steps[0])
+        run_fsdp_opt(sharded_ir, [machine.step_time(optimizer, report), "--emit-bytecode", "-o", "/dev/null"])
+        return train_step_report(json.loads(report.read_text()), "the sharded step")
 
 
 def gpu_kind_of(device_name: str) -> str | None:
