@@ -12,7 +12,9 @@ seconds, independent of the step's timeout: a live rank still blocked in a
 collective is told apart by its beat, without waiting for its own timeout.
 Because the history is kept locally, the verdict stands when the store's
 host (rank 0's process) exits or the network drops before the roll call
-ends: it is what was seen until then.
+ends: it is what was seen until then. A process that ends normally beats a
+last time saying so, so that a rank which reported its own failure and
+exited is not taken for dead by a slower survivor's roll call.
 """
 
 import atexit
@@ -92,6 +94,13 @@ class Heartbeat:
             except Exception:  # the store's host is gone or unreachable: try again next beat
                 store, failures = None, failures + 1
             self._stop.wait(BEAT_SECONDS)
+        if store is not None:
+            with self._lock:
+                value = json.dumps({"beat": beat + 1, "calls": self._calls, "ended": True})
+            try:
+                store.set(self._key, value)
+            except Exception:  # the store went first: the survivors' verdict is what they saw
+                pass
 
 
 def _read_beats(store: dist.TCPStore, keys: list[str]) -> dict[int, dict]:
@@ -122,8 +131,12 @@ def roll_call(module: int, call: int) -> str:
     if _heartbeat is None:
         return "; no roll call: the job's rendezvous store is not a TCPStore"
     time.sleep(ROLL_CALL_SECONDS + BEAT_SECONDS)
-    history = _heartbeat.history()
-    now = time.monotonic()
+    return verdict(_heartbeat.history(), time.monotonic(), dist.get_rank(), dist.get_world_size(), module, call)
+
+
+def verdict(history: list[tuple[float, dict[int, dict]]], now: float, rank: int, world: int,
+            module: int, call: int) -> str:
+    """The roll call's text from the beats `rank` saw (`history`, oldest first)."""
     if not history:
         return "; no roll call: the rendezvous store could not be reached"
     latest_at, latest = history[-1]
@@ -134,12 +147,14 @@ def roll_call(module: int, call: int) -> str:
                  "process, ended, or the network is down)")
     if not earlier:
         return said + "; no roll call: too few heartbeats were seen before the store was lost"
-    dead, stalled = [], []
-    for other in range(dist.get_world_size()):
-        if other == dist.get_rank():
+    dead, stalled, ended = [], [], []
+    for other in range(world):
+        if other == rank:
             continue
         before, last = earlier[-1].get(other), latest.get(other)
-        if last is None or before is None or last["beat"] == before["beat"]:
+        if last is not None and last.get("ended"):
+            ended.append(other)
+        elif last is None or before is None or last["beat"] == before["beat"]:
             dead.append(other)
         elif last["calls"].get(str(module), 0) < call:
             stalled.append((other, last["calls"].get(str(module), 0)))
@@ -149,4 +164,6 @@ def roll_call(module: int, call: int) -> str:
     if stalled:
         said += (f"; rank(s) {[other for other, _ in stalled]} did not take part (alive but stalled outside "
                  f"the step: last entered call(s) {[last for _, last in stalled]}, this was call {call})")
+    if ended:
+        said += f"; rank(s) {ended} had exited by the roll call (their processes ended; not hung)"
     return said

@@ -110,3 +110,32 @@ def test_a_dead_or_stalled_rank_makes_the_others_raise_in_time_naming_it(scenari
         if scenario == "die":  # the collective it was in, and its group
             assert "on group '" in output, output[-3000:]
         assert f"rank {rank} second call: an earlier call failed mid-step" in output, output[-3000:]
+
+
+def test_the_roll_call_tells_a_rank_that_exited_from_one_that_died():
+    """Beats through a real TCPStore: rank 1 ends its process normally (its
+    heartbeat stops the way atexit stops it), rank 2 beat once and froze (a
+    killed process); rank 0's verdict names only rank 2 as dead."""
+    import json
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from fsdpc import liveness
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=5))
+    address = ("127.0.0.1", store.port)
+    store.set(f"{liveness.PREFIX}/2", json.dumps({"beat": 1, "calls": {"7": 3}}))
+    observer, leaving = liveness.Heartbeat((address, 0, 3)), liveness.Heartbeat((address, 1, 3))
+    try:
+        for heartbeat in (observer, leaving):
+            heartbeat.entered_call(7, 3)
+        time.sleep(liveness.ROLL_CALL_SECONDS + 3 * liveness.BEAT_SECONDS)
+        leaving.stop()
+        time.sleep(liveness.ROLL_CALL_SECONDS + 2 * liveness.BEAT_SECONDS)  # its last beat is that old
+        said = liveness.verdict(observer.history(), time.monotonic(), rank=0, world=3, module=7, call=3)
+    finally:
+        observer.stop()
+        leaving.stop()
+    assert "rank(s) [2] did not take part (dead or hung" in said, said
+    assert "rank(s) [1] had exited by the roll call" in said, said
