@@ -1,9 +1,12 @@
 """One rank of an end-to-end run (launched by test_e2e.py through torchrun):
 trains a built-in model with a compiled, sharded step and AdamW, and rank 0
-saves the per-step losses and the final full parameters."""
+saves the per-step losses and the final full parameters. Several runs can
+share one job (their arguments separated by `--and`): a job's start costs
+seconds of CI."""
 
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -32,7 +35,7 @@ def micro_rows(rank: int, micro: int, world: int, global_batch: int, accumulate:
     return slice(start, start + local)
 
 
-def main() -> None:
+def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
     parser.add_argument("--steps", type=int, default=5)
@@ -49,8 +52,10 @@ def main() -> None:
     parser.add_argument("--measure-memory", action="store_true",
                         help="profile the last step's allocations (peak above its start, every rank)")
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    dist.init_process_group("gloo")
+    return parser.parse_args(argv)
+
+
+def train(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(0)
@@ -100,6 +105,19 @@ def main() -> None:
                     "measured_peaks": measured_peaks if args.measure_memory else None,
                     "predicted_peak": step.memory_report["train_step"]["peak"]["above_step_start"]},
                    args.out)
+
+
+def main() -> None:
+    runs, run = [], []
+    for argument in sys.argv[1:] + ["--and"]:
+        if argument == "--and":
+            runs.append(parse(run))
+            run = []
+        else:
+            run.append(argument)
+    dist.init_process_group("gloo")
+    for args in runs:
+        train(args)
     dist.destroy_process_group()
 
 

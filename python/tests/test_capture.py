@@ -14,7 +14,12 @@ from fsdpc.capture import CaptureError
 from fsdpc.export import build, export_training_step, load_factory
 from fsdpc.models import BUILTIN_MODELS
 
-SMALL_MODELS = [name for name in BUILTIN_MODELS if name != "llama3-70b"]
+# The large Llama configurations capture as the small `llama` does (one
+# class); test_export_70b captures the largest. Here they are checked for
+# their sizes only: a capture costs seconds per layer on the CI machine.
+LARGE_LLAMAS = {"llama-0.9b": (886_114_304, (4, 2048)), "llama-2.6b": (2_612_677_632, (2, 2048)),
+                "llama3-8b": (8_030_261_248, (2, 8192)), "llama3-70b": (70_553_706_496, (1, 16))}
+SMALL_MODELS = [name for name in BUILTIN_MODELS if name not in LARGE_LLAMAS]
 BAD_MODELS = Path(__file__).with_name("bad_models.py")
 
 
@@ -71,6 +76,17 @@ def test_export_describes_the_model_and_verifies(name):
     graded = re.findall(r'@"([^"]+)"', graded)
     assert sorted(graded) == sorted(fqn for fqn, p in expected.items() if p.requires_grad)
     assert len(graded) == len(set(graded))
+
+
+@pytest.mark.parametrize("name", LARGE_LLAMAS)
+def test_large_llama_configurations_have_their_published_sizes(name):
+    """Meta's Llama 3 8B and 70B counts; the 0.886B and 2.61B shapes of the
+    GPU benchmark (dim 2048 x 16 layers and 3072 x 24, GQA over 8 KV heads)."""
+    model, batch, _ = make(name, meta=True)
+    elements, tokens = LARGE_LLAMAS[name]
+    assert sum(p.numel() for p in model.parameters()) == elements
+    assert all(tuple(t.shape) == tokens for t in batch)
+    assert model.config.n_kv_heads == 8
 
 
 def test_meta_and_real_capture_emit_the_same_ir():

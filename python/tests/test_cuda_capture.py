@@ -11,7 +11,7 @@ import torch
 from fsdpc.attention import AttentionKernel, CudaTarget, cuda_attention_kernel
 from fsdpc.compiler import run_fsdp_opt
 from fsdpc.program import Program, ProgramError, translate
-from test_cli import fsdpc
+from fsdpc.__main__ import main
 
 
 def aten_calls(text: str) -> list[str]:
@@ -20,14 +20,14 @@ def aten_calls(text: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def llama_ir(tmp_path_factory):
-    """The Llama example captured for each target and precision."""
+    """The Llama example captured for each target and precision (in-process:
+    test_cli runs `python -m fsdpc export` as a user does)."""
     folder = tmp_path_factory.mktemp("cuda-capture")
     captured = {}
     for device, precision in (("cuda", "bf16"), ("cuda", "f32"), ("cpu", "bf16")):
         out = folder / f"llama-{device}-{precision}.mlir"
         dtype = ["--param-dtype", "bf16", "--reduce-dtype", "f32"] if precision == "bf16" else []
-        done = fsdpc("export", "--model", "llama", "--device", device, *dtype, "--out", str(out))
-        assert done.returncode == 0, done.stderr
+        assert main(["export", "--model", "llama", "--device", device, *dtype, "--out", str(out)]) == 0
         captured[device, precision] = out.read_text()
     return captured
 
@@ -74,8 +74,7 @@ def test_flash_attention_where_cudnn_is_not_preferred(tmp_path, monkeypatch):
     cumulative lengths as `unit`; the program validates."""
     monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")
     out = tmp_path / "llama.mlir"
-    done = fsdpc("export", "--model", "llama", "--device", "cuda", "--param-dtype", "bf16", "--out", str(out))
-    assert done.returncode == 0, done.stderr
+    assert main(["export", "--model", "llama", "--device", "cuda", "--param-dtype", "bf16", "--out", str(out)]) == 0
     text = out.read_text()
     calls = aten_calls(text)
     assert calls.count("_scaled_dot_product_flash_attention") == 2

@@ -54,19 +54,60 @@ def eager(name, *, world=1, accumulate=1, freeze="", mixed_precision=None):
 
 
 def launch(tmp_path, name, ranks, *extra, expect_failure=False):
-    out = tmp_path / "result.pt"
+    if expect_failure:
+        return start(ranks, run_arguments(name, tmp_path / "result.pt", *extra), expect_failure=True)
+    return launch_together(tmp_path, ranks, {"result": (name, *extra)})["result"]
+
+
+def launch_together(tmp_path, ranks, runs: dict[str, tuple]) -> dict:
+    """Several runs in one job (in order, each from a fresh model): {run: its result}."""
+    outs = {run: tmp_path / f"{run}.pt" for run in runs}
+    arguments = []
+    for run, (name, *extra) in runs.items():
+        arguments += [*(["--and"] if arguments else []), *run_arguments(name, outs[run], *extra)]
+    start(ranks, arguments)
+    return {run: torch.load(out) for run, out in outs.items()}
+
+
+def run_arguments(name, out, *extra) -> list[str]:
+    return ["--model", name, "--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH), "--out", str(out),
+            *map(str, extra)]
+
+
+def start(ranks, arguments, expect_failure=False):
     env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR), "FSDP_OPT": str(find_fsdp_opt()),
            "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-         "--master-port", str(29600 + os.getpid() % 300), str(SCRIPT), "--model", name,
-         "--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH), "--out", str(out), *extra],
+         "--master-port", str(29600 + os.getpid() % 300), str(SCRIPT), *arguments],
         capture_output=True, text=True, env=env, timeout=900, check=False)
     if expect_failure:
         assert done.returncode != 0
         return done.stdout + done.stderr
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return torch.load(out)
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory):
+    """The 2-rank runs of this file share one job: {run: result}, and the folder."""
+    folder = tmp_path_factory.mktemp("two-ranks")
+    return folder, launch_together(folder, 2, {
+        "memory": (MEMORY_GPT, "--measure-memory"),
+        "hostile": (HOSTILE,),
+        "trace": ("gpt", "--trace", folder / "trace.json"),
+        "accumulate": ("mlp", "--accumulate", "2"),
+        "frozen": ("mlp", "--freeze", "fc1.bias"),
+        "bf16": ("gpt", "--param-dtype", "bf16"),
+    })
+
+
+@pytest.fixture(scope="module")
+def three_rank_runs(tmp_path_factory):
+    """The 3-rank runs share one job. 3 ranks shard the GPT's 1021-row tied
+    embedding and the conv net's channels unevenly; every gathered
+    parameter's storage must be gone right after its reshard."""
+    folder = tmp_path_factory.mktemp("three-ranks")
+    return launch_together(folder, 3, {"gpt": ("gpt", "--check-reshard-frees"), "convnet": ("convnet",)})
 
 
 def check(result, reference, rtol=1e-5, atol=1e-6, param_atol=5e-6):
@@ -87,25 +128,23 @@ def test_mlp_full_shard_matches_eager(tmp_path, ranks):
     check(launch(tmp_path, "mlp", ranks), eager("mlp"))
 
 
-def test_gpt_full_shard_matches_eager(tmp_path):
-    # Uneven shards of the 1021-row tied embedding (2 ranks: test_api.py's
-    # GPT scenarios). Every gathered parameter's storage must be gone right
-    # after its reshard.
-    check(launch(tmp_path, "gpt", 3, "--check-reshard-frees"), eager("gpt"))
+def test_gpt_full_shard_matches_eager(three_rank_runs):
+    # 2 ranks: test_api.py's GPT scenarios.
+    check(three_rank_runs["gpt"], eager("gpt"))
 
 
-def test_hostile_parameter_names_train_and_come_back_unchanged(tmp_path):
+def test_hostile_parameter_names_train_and_come_back_unchanged(two_rank_runs):
     from hostile_names import HOSTILE as NAME
 
-    result = launch(tmp_path, HOSTILE, 2)
+    result = two_rank_runs[1]["hostile"]
     assert NAME in result["params"]
     check(result, eager(HOSTILE))
 
 
-def test_the_memory_report_predicts_the_measured_peak(tmp_path):
+def test_the_memory_report_predicts_the_measured_peak(two_rank_runs):
     """The report's peak above the step's start against the allocator's
     (profiler memory events), on every rank of a 1.6M-parameter GPT."""
-    result = launch(tmp_path, MEMORY_GPT, 2, "--measure-memory")
+    result = two_rank_runs[1]["memory"]
     predicted = result["predicted_peak"]
     for rank, measured in enumerate(result["measured_peaks"]):
         assert abs(measured - predicted) <= 0.10 * predicted, (rank, measured, predicted)
@@ -123,9 +162,9 @@ def test_a_second_run_loads_the_cached_program(tmp_path, monkeypatch):
     check(first, eager("mlp"))  # the MLP's 2-rank check against eager
 
 
-def test_measured_trace_has_every_rank_and_names_user_lines(tmp_path):
-    trace_file = tmp_path / "trace.json"
-    result = launch(tmp_path, "gpt", 2, "--trace", str(trace_file))
+def test_measured_trace_has_every_rank_and_names_user_lines(two_rank_runs):
+    folder, results = two_rank_runs
+    trace_file, result = folder / "trace.json", results["trace"]
     events = json.loads(trace_file.read_text())["traceEvents"]
     ranks = {e["pid"] for e in events if e.get("ph") == "X"}
     assert ranks == {0, 1}
@@ -139,33 +178,31 @@ def test_measured_trace_has_every_rank_and_names_user_lines(tmp_path):
     assert 0 <= summary["exposed_comm_share"] <= 1 and summary["step_us"] > 0
 
 
-def test_convnet_with_strided_and_depthwise_convolutions_matches_eager(tmp_path):
-    # convolution_backward takes a bool[3] output mask; 3 ranks make the
-    # channel dimensions shard unevenly.
-    check(launch(tmp_path, "convnet", 3), eager("convnet"))
+def test_convnet_with_strided_and_depthwise_convolutions_matches_eager(three_rank_runs):
+    # convolution_backward takes a bool[3] output mask.
+    check(three_rank_runs["convnet"], eager("convnet"))
 
 
 # Shard-grad-op, no-shard and hybrid-shard against eager: test_api.py's
 # `scalar` (every strategy at 4 ranks) and `hybrid` scenarios.
 
 
-def test_gradient_accumulation_matches_eager(tmp_path):
-    check(launch(tmp_path, "mlp", 2, "--accumulate", "2"), eager("mlp", world=2, accumulate=2))
+def test_gradient_accumulation_matches_eager(two_rank_runs):
+    check(two_rank_runs[1]["accumulate"], eager("mlp", world=2, accumulate=2))
 
 
-def test_frozen_parameter_stays_put(tmp_path):
-    reference = eager("mlp", freeze="fc1.bias")
-    result = launch(tmp_path, "mlp", 2, "--freeze", "fc1.bias")
-    check(result, reference)
+def test_frozen_parameter_stays_put(two_rank_runs):
+    result = two_rank_runs[1]["frozen"]
+    check(result, eager("mlp", freeze="fc1.bias"))
     torch.manual_seed(0)
     initial, _, _ = load_factory("mlp")(batch=1)
     torch.testing.assert_close(result["params"]["fc1.bias"], initial.fc1.bias.detach())
 
 
-def test_bf16_compute_with_fp32_reduction_is_close_to_eager(tmp_path):
+def test_bf16_compute_with_fp32_reduction_is_close_to_eager(two_rank_runs):
     # bf16 compute: documented tolerance (bf16 keeps 8 bits of mantissa).
     policy = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    check(launch(tmp_path, "gpt", 2, "--param-dtype", "bf16"), eager("gpt", mixed_precision=policy),
+    check(two_rank_runs[1]["bf16"], eager("gpt", mixed_precision=policy),
           rtol=2e-2, atol=2e-2, param_atol=2e-2)
 
 
