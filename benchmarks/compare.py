@@ -15,12 +15,14 @@ backward above the step's start (profiler memory events), resident memory
 after warm-up, cold and warm compile (capture to the end of the first
 step), the final loss, and for fsdpc its memory report's prediction and the
 exposed-communication share of a measured trace. Ratios are against FSDP2
-eager. --json writes every run.
+eager. --json writes every run. A system `fsdpc:<options>` is fsdpc with
+those fsdp-sharding-pipeline options (`fsdpc:units-per-group=2`).
 """
 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -32,12 +34,15 @@ SYSTEMS = ["fsdpc", "fsdp2", "fsdp2-compile", "ddp"]
 
 
 def run(system: str, ranks: int, caches: Path, steps: int, trace: Path | None) -> dict:
-    out = caches / f"{system}-{ranks}.json"
+    name, _, pipeline = system.partition(":")
+    out = caches / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', system)}-{ranks}.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "OMP_NUM_THREADS": "1",
            "FSDPC_CACHE": str(caches / "fsdpc"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor")}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
                "--master-port", str(29700 + os.getpid() % 200), str(ROOT / "benchmarks" / "train_one.py"),
-               "--system", system, "--steps", str(steps), "--out", str(out)]
+               "--system", name, "--steps", str(steps), "--out", str(out)]
+    if pipeline:
+        command += ["--pipeline", pipeline]
     if trace is not None and system == "fsdpc":
         command += ["--trace", str(trace)]
     for attempt in range(2):
@@ -66,7 +71,7 @@ def summarize(runs: dict[str, list[list[dict]]]) -> dict[str, dict]:
             "warm_s": statistics.median(worst("compile_s", r) for r in repeats[1:]) if len(repeats) > 1 else None,
             "loss": repeats[-1][0]["losses"][-1],
         }
-        if system == "fsdpc":
+        if system.startswith("fsdpc"):
             row["predicted_mib"] = repeats[-1][0]["predicted_peak_mib"]
             row["exposed_comm"] = statistics.median(
                 max(rank["exposed_comm_share"] for rank in r) for r in repeats)
@@ -86,9 +91,10 @@ def markdown(ranks: int, table: dict[str, dict]) -> str:
             f"| {system} | {row['step_s'] * 1e3:.0f} ms | {row['step_s'] / base['step_s']:.2f}x | "
             f"{row['peak_mib']:.1f} MiB | {row['peak_mib'] / base['peak_mib']:.2f}x | {row['rss_mib']:.0f} MiB | "
             f"{row['cold_s']:.1f} s | {warm} | {row['loss']:.4f} |")
-    fsdpc = table.get("fsdpc")
-    if fsdpc:
-        lines += ["", f"fsdpc memory report: {fsdpc['predicted_mib']:.1f} MiB predicted, "
+    for system, fsdpc in table.items():
+        if not system.startswith("fsdpc"):
+            continue
+        lines += ["", f"{system} memory report: {fsdpc['predicted_mib']:.1f} MiB predicted, "
                       f"{fsdpc['peak_mib']:.1f} MiB measured ({fsdpc['peak_mib'] / fsdpc['predicted_mib']:.2f}x); "
                       f"exposed communication {fsdpc['exposed_comm'] * 100:.0f}% of the step (measured trace)"]
     return "\n".join(lines)

@@ -38,6 +38,12 @@ def Fsdp_UnitOp : Fsdp_Op<"unit", [Symbol, HasParent<"::mlir::ModuleOp">]> {
     nested unit, and FSDP2 keeps it unsharded after forward by default.
     `class` records the PyTorch module class the unit was made from.
 
+    `members` lists the modules a unit wraps when it is more than the one
+    its name says, like FSDP2's `fully_shard([block0, block1])`:
+    `fsdp-group-units` makes such units from consecutive ones, so that
+    their parameters travel in one bucket. A unit without `members` wraps
+    the module its name is the path of.
+
     `offloaded` (FSDP2's `CPUOffloadPolicy`, set by `fsdp-offload-units`)
     keeps the unit's parameter shards, their gradients and so their
     optimizer state in host memory: its all-gathers read the shards from the
@@ -50,16 +56,25 @@ def Fsdp_UnitOp : Fsdp_Op<"unit", [Symbol, HasParent<"::mlir::ModuleOp">]> {
     fsdp.unit @root root
     fsdp.unit @"layers.0" class "Block"
     fsdp.unit @"layers.1" class "Block" offloaded
+    fsdp.unit @"layers.2+layers.3" class "Block" members ["layers.2", "layers.3"]
     ```
 
-    Rules: at most one root unit per module; the parameters of an
+    Rules: at most one root unit per module; the root has no `members`;
+    `members` are distinct, non-empty module paths and no module is a
+    member of two units; the parameters of an
     `offloaded` unit are sharded, each read only by `host` all-gathers, and
     each trainable one's synchronized gradient comes from a `host` reduction.
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, UnitAttr:$root,
-                       OptionalAttr<StrAttr>:$module_class, UnitAttr:$offloaded);
+                       OptionalAttr<StrAttr>:$module_class, OptionalAttr<StrArrayAttr>:$members,
+                       UnitAttr:$offloaded);
   let assemblyFormat = [{
-    $sym_name (`root` $root^)? (`class` $module_class^)? (`offloaded` $offloaded^)? attr-dict
+    $sym_name (`root` $root^)? (`class` $module_class^)? (`members` $members^)? (`offloaded` $offloaded^)?
+    attr-dict
+  }];
+  let extraClassDeclaration = [{
+    /// The module paths this unit wraps: its `members`, or its own name.
+    ::llvm::SmallVector<::llvm::StringRef> getModulePaths();
   }];
   let hasVerifier = 1;
 }

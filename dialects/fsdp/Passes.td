@@ -12,6 +12,36 @@
 
 include "mlir/Pass/PassBase.td"
 
+def GroupUnitsPass : Pass<"fsdp-group-units", "::mlir::ModuleOp"> {
+  let summary = "Merge consecutive wrap units into one, so their parameters travel in one bucket.";
+  let description = [{
+    FSDP2's `fully_shard([block0, block1])`, made from the captured units:
+    each run of `size` consecutive non-root units (in declaration order)
+    becomes one unit named after its members joined by `+`, listing them as
+    `members`, and their parameters name it. Later passes then gather,
+    free, reduce and offload the group as one: fewer, larger collectives
+    (less latency and fewer launches per step) for more gathered memory at
+    a time. The last group may hold fewer units. Activation checkpointing
+    still names modules: the original unit names stay valid there.
+
+    ```mlir
+    // Before (size=2)
+    fsdp.unit @"blocks.0" class "Block"
+    fsdp.unit @"blocks.1" class "Block"
+    fsdp.param @"blocks.1.w" : tensor<4x4xf32> unit @"blocks.1"
+    // After
+    fsdp.unit @"blocks.0+blocks.1" class "Block" members ["blocks.0", "blocks.1"]
+    fsdp.param @"blocks.1.w" : tensor<4x4xf32> unit @"blocks.0+blocks.1"
+    ```
+
+    It runs on a captured step, before `fsdp-shard-parameters`; units that
+    already list members, or a step whose collectives exist, are refused.
+  }];
+  let options = [
+    Option<"size", "size", "int64_t", "1", "Consecutive units per group (1: unchanged)">,
+  ];
+}
+
 def ShardParametersPass : Pass<"fsdp-shard-parameters", "::mlir::ModuleOp"> {
   let summary = "Shard parameters along dim 0 and insert their collectives.";
   let description = [{

@@ -16,6 +16,7 @@
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallPtrSet.h"
 #include "llvm/ADT/SmallSet.h"
+#include "llvm/ADT/StringSet.h"
 
 using namespace mlir;
 using namespace mlir::fsdp;
@@ -252,15 +253,46 @@ LogicalResult verifyInFunctionBody(Operation *op) {
 // UnitOp
 //===----------------------------------------------------------------------===//
 
+SmallVector<StringRef> UnitOp::getModulePaths() {
+  SmallVector<StringRef> paths;
+  if (ArrayAttr members = getMembersAttr())
+    for (Attribute member : members)
+      paths.push_back(cast<StringAttr>(member).getValue());
+  else
+    paths.push_back(getSymName());
+  return paths;
+}
+
 LogicalResult UnitOp::verify() {
-  if (!getRoot())
-    return success();
+  if (ArrayAttr members = getMembersAttr()) {
+    if (getRoot())
+      return emitOpError("is the root and cannot list members: the root wraps what no other unit does");
+    if (members.empty())
+      return emitOpError("lists no members");
+    llvm::StringSet<> seen;
+    for (Attribute member : members) {
+      StringRef path = cast<StringAttr>(member).getValue();
+      if (path.empty())
+        return emitOpError("lists an empty member: the root is not a member");
+      if (!seen.insert(path).second)
+        return emitOpError() << "lists member '" << path << "' twice";
+    }
+  }
+  // Each module is wrapped once: checked against the units declared before.
+  SmallVector<StringRef> mine = getModulePaths();
   for (UnitOp other : (*this)->getBlock()->getOps<UnitOp>()) {
     if (other == *this)
       break;
-    if (other.getRoot())
+    if (getRoot() && other.getRoot())
       return emitOpError() << "declares a second root unit; @"
                            << other.getSymName() << " is already the root";
+    if (getRoot() || other.getRoot())
+      continue;
+    for (StringRef path : other.getModulePaths())
+      if (llvm::is_contained(mine, path))
+        return emitOpError() << "wraps module '" << path << "', which unit "
+                             << FlatSymbolRefAttr::get(other.getSymNameAttr())
+                             << " already wraps";
   }
   return success();
 }

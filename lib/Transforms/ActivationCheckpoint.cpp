@@ -26,6 +26,7 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/StringSet.h"
 
 namespace mlir::fsdp {
 #define GEN_PASS_DEF_ACTIVATIONCHECKPOINTPASS
@@ -108,14 +109,30 @@ struct ActivationCheckpointPass
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    // Modules recompute one by one: a unit grouped of several
+    // (fsdp-group-units) recomputes each of its members.
     SmallVector<std::string> chosen;
+    llvm::StringSet<> known;
+    bool all = llvm::is_contained(units, "*");
     for (UnitOp unit : module.getOps<UnitOp>()) {
-      bool all = llvm::is_contained(units, "*");
-      if ((all && !unit.getRoot()) || llvm::is_contained(units, unit.getSymName()))
-        chosen.push_back(unit.getSymName().str());
+      if (unit.getRoot()) {
+        if (llvm::is_contained(units, unit.getSymName())) {
+          unit.emitError() << "activation checkpointing cannot recompute the root unit: it holds the "
+                              "loss; name the units inside it";
+          return signalPassFailure();
+        }
+        continue;
+      }
+      bool named = all || llvm::is_contained(units, unit.getSymName());
+      known.insert(unit.getSymName());
+      for (StringRef path : unit.getModulePaths()) {
+        known.insert(path);
+        if (named || llvm::is_contained(units, path))
+          chosen.push_back(path.str());
+      }
     }
     for (const std::string &name : units)
-      if (name != "*" && !llvm::is_contained(chosen, name)) {
+      if (name != "*" && !known.contains(name)) {
         module.emitError() << "activation checkpointing names unknown unit '" << name << "'";
         return signalPassFailure();
       }

@@ -1,10 +1,11 @@
 //===- ShardingPipeline.cpp - every sharding pass, one set of options -----===//
 //
 // `fsdp-sharding-pipeline` takes FSDP2's knobs and runs, in order:
-// shard-parameters, fuse-casts, activation-checkpoint (if units are named),
-// reshard-after-forward, bucket-collectives, prefetch, overlap-reductions,
-// verify-schedule, plan-lifetimes, offload-units (if units are named), and
-// the reports that were asked for.
+// group-units (if units-per-group is not 1), shard-parameters, fuse-casts,
+// activation-checkpoint (if units are named), reshard-after-forward,
+// bucket-collectives, prefetch, overlap-reductions, verify-schedule,
+// plan-lifetimes, offload-units (if units are named), and the reports that
+// were asked for.
 //
 //   fsdp-opt gpt.mlir --fsdp-sharding-pipeline="ranks=8 strategy=full-shard
 //       forward-prefetch=1 memory-report=mem.json report-format=json"
@@ -33,6 +34,10 @@ struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOpti
       *this, "strategy",
       llvm::cl::desc("full-shard | shard-grad-op | hybrid-shard | no-shard"),
       llvm::cl::init("full-shard")};
+  Option<int64_t> unitsPerGroup{
+      *this, "units-per-group",
+      llvm::cl::desc("Consecutive wrap units merged into one (FSDP2's fully_shard of a list): one bucket each"),
+      llvm::cl::init(1)};
   Option<std::string> reshardAfterForward{
       *this, "reshard-after-forward",
       llvm::cl::desc("default (true, false for shard-grad-op) | true | false | <inner group size>"),
@@ -97,6 +102,11 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
   if (mode != "true" && mode != "false")
     (void)StringRef(mode).getAsInteger(10, innerGroup); // the pass reports a bad value
 
+  if (options.unitsPerGroup != 1) {
+    GroupUnitsPassOptions group;
+    group.size = options.unitsPerGroup;
+    pm.addPass(createGroupUnitsPass(group));
+  }
   ShardParametersPassOptions shard;
   shard.ranks = options.ranks;
   shard.replicas = options.replicas;

@@ -334,20 +334,22 @@ def search_space(ir: str, gpus: int, machine: Machine) -> list[tuple[str, int]]:
     """The knobs fsdpc has, combined: reshard after forward (true, false, or
     to a node's GPUs when the job spans nodes), forward and backward prefetch
     depth, reductions in flight, which units recompute their activations
-    (none, every second, all), selective recompute, and HSDP with one replica
-    per node when there are several nodes. Each as (pipeline options,
-    replicas)."""
+    (none, every second, all), selective recompute, units merged in pairs
+    (one bucket per two units: fewer, larger collectives), and HSDP with one
+    replica per node when there are several nodes. Each as (pipeline
+    options, replicas)."""
     units = wrap_units(ir)
     nodes = gpus // machine.gpus_per_node if gpus > machine.gpus_per_node else 1
     reshard = ["", "reshard-after-forward=false"]
     if nodes > 1:
         reshard.append(f"reshard-after-forward={machine.gpus_per_node}")
     checkpoint = ["", f"checkpoint={','.join(units[::2])}", "checkpoint=*"] if units else [""]
+    grouping = ["", "units-per-group=2"] if len(units) > 1 else [""]
     space = []
     for replicas in sorted({1, nodes}):
         for choice in itertools.product(
                 reshard if replicas == 1 else reshard[:2], ["", "forward-prefetch=2"], ["", "backward-prefetch=2"],
-                ["", "overlap-reductions=2"], checkpoint, ["", "selective-recompute=false"]):
+                ["", "overlap-reductions=2"], checkpoint, ["", "selective-recompute=false"], grouping):
             space.append((" ".join(option for option in choice if option), replicas))
     return space
 

@@ -102,6 +102,7 @@ def train(args: argparse.Namespace) -> None:
     if rank == 0:
         torch.save({"losses": losses, "params": params, "trace_summary": summary,
                     "compile_phases": step.compile_seconds,
+                    "units": sorted({spec.unit for spec in step.layout.values()}),
                     "measured_peaks": measured_peaks if args.measure_memory else None,
                     "predicted_peak": step.memory_report["train_step"]["peak"]["above_step_start"]},
                    args.out)

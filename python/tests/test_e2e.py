@@ -98,6 +98,7 @@ def two_rank_runs(tmp_path_factory):
         "accumulate": ("mlp", "--accumulate", "2"),
         "frozen": ("mlp", "--freeze", "fc1.bias"),
         "bf16": ("gpt", "--param-dtype", "bf16"),
+        "grouped": ("gpt", "--pipeline", "units-per-group=2 checkpoint=blocks.1"),
     })
 
 
@@ -185,6 +186,14 @@ def test_convnet_with_strided_and_depthwise_convolutions_matches_eager(three_ran
 
 # Shard-grad-op, no-shard and hybrid-shard against eager: test_api.py's
 # `scalar` (every strategy at 4 ranks) and `hybrid` scenarios.
+
+
+def test_units_grouped_in_one_bucket_match_eager(two_rank_runs):
+    """FSDP2's fully_shard([block0, block1]): both blocks' parameters in one
+    gather and one reduction, and one member checkpointed by its own name."""
+    result = two_rank_runs[1]["grouped"]
+    assert result["units"] == ["blocks.0+blocks.1", "root"]
+    check(result, eager("gpt"))
 
 
 def test_gradient_accumulation_matches_eager(two_rank_runs):

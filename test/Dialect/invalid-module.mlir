@@ -13,6 +13,38 @@ fsdp.unit @second root class "Block"
 
 // -----
 
+// expected-error @+1 {{'fsdp.unit' op is the root and cannot list members: the root wraps what no other unit does}}
+fsdp.unit @root root members ["a"]
+
+// -----
+
+// expected-error @+1 {{'fsdp.unit' op lists no members}}
+fsdp.unit @g members []
+
+// -----
+
+// expected-error @+1 {{'fsdp.unit' op lists an empty member: the root is not a member}}
+fsdp.unit @g members ["a", ""]
+
+// -----
+
+// expected-error @+1 {{'fsdp.unit' op lists member 'a' twice}}
+fsdp.unit @g members ["a", "a"]
+
+// -----
+
+fsdp.unit @a
+// expected-error @+1 {{'fsdp.unit' op wraps module 'a', which unit @a already wraps}}
+fsdp.unit @"a+b" members ["a", "b"]
+
+// -----
+
+fsdp.unit @"a+b" members ["a", "b"]
+// expected-error @+1 {{'fsdp.unit' op wraps module 'b', which unit @"a+b" already wraps}}
+fsdp.unit @"b+c" members ["b", "c"]
+
+// -----
+
 func.func @f() {
   // expected-error @+1 {{'fsdp.unit' op expects parent op 'builtin.module'}}
   fsdp.unit @root root

@@ -1,6 +1,7 @@
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=4" --fsdp-activation-checkpoint="units=l0" | FileCheck %s
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=4" --fsdp-activation-checkpoint="units=*" | FileCheck %s --check-prefix=ALL
 // RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-activation-checkpoint="units=nosuch" 2>&1 | FileCheck %s --check-prefix=UNKNOWN
+// RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-activation-checkpoint="units=root" 2>&1 | FileCheck %s --check-prefix=ROOT
 
 // l0's activation is recomputed from the unit's input right before backward
 // first reads it; the forward copy dies at the end of forward.
@@ -20,6 +21,7 @@
 // ALL-NEXT: fsdp.aten "aten::t"(%{{.*}}) module "l1"
 
 // UNKNOWN: error: activation checkpointing names unknown unit 'nosuch'
+// ROOT: step.mlir:4:1: error: activation checkpointing cannot recompute the root unit: it holds the loss; name the units inside it
 
 // Random operators are saved, not recomputed, so the mask stays the same.
 fsdp.unit @root root
