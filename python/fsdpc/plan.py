@@ -334,22 +334,21 @@ def search_space(ir: str, gpus: int, machine: Machine) -> list[tuple[str, int]]:
     """The knobs fsdpc has, combined: reshard after forward (true, false, or
     to a node's GPUs when the job spans nodes), forward and backward prefetch
     depth, reductions in flight, which units recompute their activations
-    (none, every second, all), selective recompute, units merged in pairs
-    (one bucket per two units: fewer, larger collectives), and HSDP with one
+    (none, every second, all), selective recompute, and HSDP with one
     replica per node when there are several nodes. Each as (pipeline
-    options, replicas)."""
+    options, replicas). `search` then tries the best of them with units
+    merged in pairs."""
     units = wrap_units(ir)
     nodes = gpus // machine.gpus_per_node if gpus > machine.gpus_per_node else 1
     reshard = ["", "reshard-after-forward=false"]
     if nodes > 1:
         reshard.append(f"reshard-after-forward={machine.gpus_per_node}")
     checkpoint = ["", f"checkpoint={','.join(units[::2])}", "checkpoint=*"] if units else [""]
-    grouping = ["", "units-per-group=2"] if len(units) > 1 else [""]
     space = []
     for replicas in sorted({1, nodes}):
         for choice in itertools.product(
                 reshard if replicas == 1 else reshard[:2], ["", "forward-prefetch=2"], ["", "backward-prefetch=2"],
-                ["", "overlap-reductions=2"], checkpoint, ["", "selective-recompute=false"], grouping):
+                ["", "overlap-reductions=2"], checkpoint, ["", "selective-recompute=false"]):
             space.append((" ".join(option for option in choice if option), replicas))
     return space
 
@@ -369,15 +368,19 @@ def search(ir: str, *, gpus: int, machine: Machine = Machine(), model: str, opti
     `pipeline` added to each; keeps those whose peak fits `budget` bytes (the
     GPU's memory by default), fastest first. When none fits, the sixth with
     the lowest peaks are tried again offloading the fewest units that bring
-    them within the budget (offload-to-fit). `space` replaces
-    `search_space`'s configurations; its first must be the defaults."""
+    them within the budget (offload-to-fit). The fastest sixth that fit are
+    tried once more with units merged in pairs (`units-per-group=2`): a knob
+    that moves the step by a percent or two refines the best instead of
+    doubling the space. `space` replaces `search_space`'s configurations;
+    its first must be the defaults."""
     space = space if space is not None else search_space(ir, gpus, machine)
+    refinements = ["units-per-group=2"] if len(wrap_units(ir)) > 1 else []
     with parsed_once(ir, model) as step_file:
-        return _search(step_file, space, gpus, machine, model, optimizer, pipeline, budget)
+        return _search(step_file, space, gpus, machine, model, optimizer, pipeline, budget, refinements)
 
 
 def _search(step_file: Path, space: list[tuple[str, int]], gpus: int, machine: Machine, model: str,
-            optimizer: str, pipeline: str, budget: int | None) -> SearchResult:
+            optimizer: str, pipeline: str, budget: int | None, refinements: list[str]) -> SearchResult:
     def plan_one(config: tuple[str, int], extra: str = "") -> Candidate | None:
         settings, replicas = config
         settings = f"{settings} {extra}".strip()
@@ -403,6 +406,12 @@ def _search(step_file: Path, space: list[tuple[str, int]], gpus: int, machine: M
             fitting = [c for c in pool.map(lambda config: plan_one(config, offload), retried)
                        if c and c.plan.memory.peak <= limit]
             runs += len(retried)
+        best = sorted(fitting, key=lambda c: c.plan.time.step)[:max(1, len(space) // 6)]
+        for refinement in refinements:
+            refined = [(c.settings, c.replicas) for c in best]
+            fitting += [c for c in pool.map(lambda config: plan_one(config, refinement), refined)
+                        if c and c.plan.memory.peak <= limit]
+            runs += len(refined)
     # Fastest first. Steps within 0.2% of each other are more alike than the
     # model is exact: among them the fewest settings (HSDP counting as one),
     # then the lowest peak, come first, and of those with the same peak too
