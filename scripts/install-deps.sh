@@ -35,6 +35,8 @@ stamp="$VENV/.requirements.sha256"
 wanted="$(sha256sum "$ROOT/requirements.txt" | cut -d' ' -f1)"
 if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$wanted" ]]; then
   echo "install-deps: installing Python packages from requirements.txt (torch is large: minutes)"
-  "$VENV/bin/python" -m pip install --quiet -r "$ROOT/requirements.txt"
+  # --no-compile: Python compiles the modules a process imports, once, on
+  # first import; compiling all of torch up front cost 40 s of a fresh setup.
+  "$VENV/bin/python" -m pip install --quiet --no-compile -r "$ROOT/requirements.txt"
   echo "$wanted" > "$stamp"
 fi

@@ -1,4 +1,4 @@
-"""One rank of an end-to-end run (launched by test_e2e.py through torchrun):
+"""One rank of an end-to-end run (launched by test_e2e.py):
 trains a built-in model with a compiled, sharded step and AdamW, and rank 0
 saves the per-step losses and the final full parameters. Several runs can
 share one job (their arguments separated by `--and`): a job's start costs

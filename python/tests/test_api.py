@@ -1,4 +1,5 @@
-"""fsdpc.shard end to end: torchrun launches CPU ranks that run a scenario of
+"""fsdpc.shard end to end: CPU ranks (launch.py, or torchrun where a user's
+launch is the point) that run a scenario of
 api_train.py, each of which checks itself against eager PyTorch; the
 checkpoint tests compare losses across jobs of different sizes."""
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from fsdpc import find_fsdp_opt
+from launch import run_ranks
 
 SCRIPT = Path(__file__).with_name("api_train.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,14 +32,14 @@ def torchrun(ranks: int, *arguments, port_offset: int = 0) -> list[str]:
 
 
 def run(ranks: int, scenario: str, *extra, port_offset: int = 0) -> subprocess.CompletedProcess:
-    done = subprocess.run(torchrun(ranks, SCRIPT, scenario, *extra, port_offset=port_offset),
-                          capture_output=True, text=True, env=environment(), timeout=600, check=False)
+    done = run_ranks(ranks, [SCRIPT, scenario, *extra], env=environment(),
+                     port=29300 + (os.getpid() + port_offset) % 250, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return done
 
 
 # Scenarios at one rank count share a job (each checks itself and names
-# itself when it fails): a torchrun start costs seconds on the CI machine.
+# itself when it fails): a job's start costs seconds on the CI machine.
 @pytest.mark.parametrize("scenarios, ranks", [
     ("train,meta,accumulate,shapes,fsdp2,misuse,offload", 2), ("hybrid,scalar", 4),
 ])

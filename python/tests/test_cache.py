@@ -4,8 +4,6 @@ written atomically."""
 
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ import torch
 
 from fsdpc import cache, find_fsdp_opt
 from fsdpc.export import load_factory
+from launch import run_ranks
 
 WORKER = Path(__file__).with_name("stale_worker.py")
 
@@ -80,9 +79,7 @@ def job(setting: str, cache_dir: Path) -> dict[str, str]:
     """Runs stale_worker.py on 2 ranks; what rank 0 says of each case."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "FSDP_OPT": str(find_fsdp_opt()),
            "OMP_NUM_THREADS": "1", "SETTING": setting, "FSDPC_CACHE": str(cache_dir)}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-port", str(29600 + os.getpid() % 200), str(WORKER)],
-                          capture_output=True, text=True, env=env, timeout=600, check=False)
+    done = run_ranks(2, [WORKER], env=env, port=29600 + os.getpid() % 200, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return {line.split()[0]: line.split(maxsplit=1)[1] for line in done.stdout.splitlines() if line.strip()}
 

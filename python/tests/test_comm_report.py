@@ -3,13 +3,12 @@ for every strategy, the bytes it predicts per rank are the bytes of the
 collectives the runtime issued in a real step (comm_worker.py)."""
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from fsdpc import find_fsdp_opt
+from launch import run_ranks
 
 WORKER = Path(__file__).with_name("comm_worker.py")
 
@@ -18,9 +17,7 @@ WORKER = Path(__file__).with_name("comm_worker.py")
 def test_the_report_equals_the_bytes_the_runtime_sent(tmp_path, ranks):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "FSDP_OPT": str(find_fsdp_opt()),
            "OMP_NUM_THREADS": "1", "FSDPC_CACHE": "off"}  # the report is written when fsdp-opt runs
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-                           "--master-port", str(29850 + (os.getpid() + ranks) % 100), str(WORKER), str(tmp_path)],
-                          capture_output=True, text=True, env=env, timeout=600, check=False)
+    done = run_ranks(ranks, [WORKER, tmp_path], env=env, port=29850 + (os.getpid() + ranks) % 100, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     reported = [line for line in done.stdout.splitlines() if "B per rank" in line]
     assert len(reported) == (5 if ranks == 4 else 4), done.stdout

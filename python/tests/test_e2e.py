@@ -1,11 +1,9 @@
-"""End to end on CPU: torchrun launches N ranks that train with a compiled,
+"""End to end on CPU: N ranks (launch.py) that train with a compiled,
 sharded step over Gloo; per-step losses and the final parameters must equal
 single-process eager PyTorch on the same global batches."""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ from e2e_train import ADAM_EPS, global_batches, micro_rows
 from fsdpc import find_fsdp_opt
 from fsdpc.capture import MixedPrecision, _mixed_precision_casts
 from fsdpc.export import load_factory
+from launch import run_ranks
 
 SCRIPT = Path(__file__).with_name("e2e_train.py")
 HOSTILE = f"{Path(__file__).with_name('hostile_names.py')}:make"
@@ -77,10 +76,7 @@ def run_arguments(name, out, *extra) -> list[str]:
 def start(ranks, arguments, expect_failure=False):
     env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR), "FSDP_OPT": str(find_fsdp_opt()),
            "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-         "--master-port", str(29600 + os.getpid() % 300), str(SCRIPT), *arguments],
-        capture_output=True, text=True, env=env, timeout=900, check=False)
+    done = run_ranks(ranks, [SCRIPT, *arguments], env=env, port=29600 + os.getpid() % 300, timeout=900)
     if expect_failure:
         assert done.returncode != 0
         return done.stdout + done.stderr

@@ -1,0 +1,46 @@
+"""Starts a CPU job's ranks directly, with the rendezvous environment torchrun
+gives them, without torchrun's agent: the agent costs a Python and torch
+start per job, seconds of CI each. The tests that show how users launch (the
+README, the examples, the two hosts, the GPU runs) keep torchrun."""
+
+import subprocess
+import sys
+import tempfile
+import time
+
+# After a rank fails, the others get this long to fail in turn (fsdpc's
+# failure protocol ends them itself) before they are killed, as torchrun's
+# agent would.
+GRACE_SECONDS = 60
+
+
+def run_ranks(world: int, arguments: list, *, env: dict, port: int, timeout: float) -> subprocess.CompletedProcess:
+    """Runs `python *arguments` as ranks 0..world-1 of one job on this host;
+    returns the first failing rank's exit code (else 0) and every rank's
+    stdout and stderr, in rank order."""
+    outputs = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(world)]
+    ranks = [subprocess.Popen([sys.executable, *map(str, arguments)], stdout=stdout, stderr=stderr, text=True,
+                              env={**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                                   "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                                   "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0"})
+             for rank, (stdout, stderr) in enumerate(outputs)]
+    deadline, code = time.monotonic() + timeout, 0
+    try:
+        while any(rank.poll() is None for rank in ranks) and time.monotonic() < deadline:
+            failed = next((rank.returncode for rank in ranks if rank.returncode not in (None, 0)), 0)
+            if failed and not code:
+                code, deadline = failed, min(deadline, time.monotonic() + GRACE_SECONDS)
+            time.sleep(0.05)
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                rank.kill()
+            rank.wait()
+    code = code or next((rank.returncode for rank in ranks if rank.returncode != 0), 0)
+    texts = []
+    for files in outputs:
+        for file in files:
+            file.seek(0)
+            texts.append(file.read())
+            file.close()
+    return subprocess.CompletedProcess(arguments, code, "".join(texts[0::2]), "".join(texts[1::2]))
