@@ -74,14 +74,17 @@ class Heartbeat:
         with self._lock:
             return list(self._seen)
 
+    def _beat(self, beat: int, ended: bool = False) -> str:
+        with self._lock:
+            return json.dumps({"beat": beat, "calls": self._calls, "ended": ended})
+
     def _run(self) -> None:
         store, beat, failures = None, 0, 0
         # A job's store does not come back once its host has gone: stop
         # beating then instead of retrying (and logging) forever.
         while not self._stop.is_set() and failures < LOST_AFTER_FAILURES:
             beat += 1
-            with self._lock:
-                value = json.dumps({"beat": beat, "calls": self._calls})
+            value = self._beat(beat)
             try:
                 # A client of its own: over a lost link the job's client
                 # would block for the job's timeout.
@@ -95,10 +98,8 @@ class Heartbeat:
                 store, failures = None, failures + 1
             self._stop.wait(BEAT_SECONDS)
         if store is not None:
-            with self._lock:
-                value = json.dumps({"beat": beat + 1, "calls": self._calls, "ended": True})
             try:
-                store.set(self._key, value)
+                store.set(self._key, self._beat(beat + 1, ended=True))
             except Exception:  # the store went first: the survivors' verdict is what they saw
                 pass
 

@@ -374,13 +374,13 @@ def search(ir: str, *, gpus: int, machine: Machine = Machine(), model: str, opti
     doubling the space. `space` replaces `search_space`'s configurations;
     its first must be the defaults."""
     space = space if space is not None else search_space(ir, gpus, machine)
-    refinements = ["units-per-group=2"] if len(wrap_units(ir)) > 1 else []
     with parsed_once(ir, model) as step_file:
-        return _search(step_file, space, gpus, machine, model, optimizer, pipeline, budget, refinements)
+        return _search(step_file, space, gpus, machine, model, optimizer, pipeline, budget,
+                       pair_units=len(wrap_units(ir)) > 1)
 
 
 def _search(step_file: Path, space: list[tuple[str, int]], gpus: int, machine: Machine, model: str,
-            optimizer: str, pipeline: str, budget: int | None, refinements: list[str]) -> SearchResult:
+            optimizer: str, pipeline: str, budget: int | None, pair_units: bool) -> SearchResult:
     def plan_one(config: tuple[str, int], extra: str = "") -> Candidate | None:
         settings, replicas = config
         settings = f"{settings} {extra}".strip()
@@ -406,12 +406,11 @@ def _search(step_file: Path, space: list[tuple[str, int]], gpus: int, machine: M
             fitting = [c for c in pool.map(lambda config: plan_one(config, offload), retried)
                        if c and c.plan.memory.peak <= limit]
             runs += len(retried)
-        best = sorted(fitting, key=lambda c: c.plan.time.step)[:max(1, len(space) // 6)]
-        for refinement in refinements:
-            refined = [(c.settings, c.replicas) for c in best]
-            fitting += [c for c in pool.map(lambda config: plan_one(config, refinement), refined)
-                        if c and c.plan.memory.peak <= limit]
-            runs += len(refined)
+        if pair_units:
+            best = sorted(fitting, key=lambda c: c.plan.time.step)[:max(1, len(space) // 6)]
+            paired = pool.map(lambda c: plan_one((c.settings, c.replicas), "units-per-group=2"), best)
+            fitting += [p for p in paired if p and p.plan.memory.peak <= limit]
+            runs += len(best)
     # Fastest first. Steps within 0.2% of each other are more alike than the
     # model is exact: among them the fewest settings (HSDP counting as one),
     # then the lowest peak, come first, and of those with the same peak too

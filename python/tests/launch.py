@@ -3,15 +3,34 @@ gives them, without torchrun's agent: the agent costs a Python and torch
 start per job, seconds of CI each. The tests that show how users launch (the
 README, the examples, the two hosts, the GPU runs) keep torchrun."""
 
+import os
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+from fsdpc import find_fsdp_opt
+
+PYTHON_DIR = Path(__file__).resolve().parents[1]
 
 # After a rank fails, the others get this long to fail in turn (fsdpc's
 # failure protocol ends them itself) before they are killed, as torchrun's
 # agent would.
 GRACE_SECONDS = 60
+
+
+def environment(**extra: str) -> dict:
+    """A test job's environment: fsdpc importable, the compiler found, one
+    thread per rank, and `extra`."""
+    return {**os.environ, "PYTHONPATH": str(PYTHON_DIR), "FSDP_OPT": str(find_fsdp_opt()), "OMP_NUM_THREADS": "1",
+            **extra}
+
+
+def rank_environment(env: dict, rank: int, world: int, port: int) -> dict:
+    """`env` with what torchrun tells rank `rank` of a one-host job."""
+    return {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+            "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0"}
 
 
 def run_ranks(world: int, arguments: list, *, env: dict, port: int, timeout: float) -> subprocess.CompletedProcess:
@@ -20,9 +39,7 @@ def run_ranks(world: int, arguments: list, *, env: dict, port: int, timeout: flo
     stdout and stderr, in rank order."""
     outputs = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(world)]
     ranks = [subprocess.Popen([sys.executable, *map(str, arguments)], stdout=stdout, stderr=stderr, text=True,
-                              env={**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                   "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-                                   "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0"})
+                              env=rank_environment(env, rank, world, port))
              for rank, (stdout, stderr) in enumerate(outputs)]
     deadline, code = time.monotonic() + timeout, 0
     try:

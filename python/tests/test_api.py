@@ -14,16 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fsdpc import find_fsdp_opt
-from launch import run_ranks
+from launch import environment, run_ranks
 
 SCRIPT = Path(__file__).with_name("api_train.py")
 ROOT = Path(__file__).resolve().parents[2]
-PYTHON_DIR = ROOT / "python"
-
-
-def environment() -> dict:
-    return {**os.environ, "PYTHONPATH": str(PYTHON_DIR), "FSDP_OPT": str(find_fsdp_opt()), "OMP_NUM_THREADS": "1"}
 
 
 def torchrun(ranks: int, *arguments, port_offset: int = 0) -> list[str]:

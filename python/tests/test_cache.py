@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fsdpc import cache, find_fsdp_opt
+from fsdpc import cache
 from fsdpc.export import load_factory
-from launch import run_ranks
+from launch import environment, run_ranks
 
 WORKER = Path(__file__).with_name("stale_worker.py")
 
@@ -77,8 +77,7 @@ def test_the_cache_can_be_turned_off(monkeypatch):
 
 def job(setting: str, cache_dir: Path) -> dict[str, str]:
     """Runs stale_worker.py on 2 ranks; what rank 0 says of each case."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "FSDP_OPT": str(find_fsdp_opt()),
-           "OMP_NUM_THREADS": "1", "SETTING": setting, "FSDPC_CACHE": str(cache_dir)}
+    env = environment(SETTING=setting, FSDPC_CACHE=str(cache_dir))
     done = run_ranks(2, [WORKER], env=env, port=29600 + os.getpid() % 200, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return {line.split()[0]: line.split(maxsplit=1)[1] for line in done.stdout.splitlines() if line.strip()}

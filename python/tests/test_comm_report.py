@@ -7,16 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from fsdpc import find_fsdp_opt
-from launch import run_ranks
+from launch import environment, run_ranks
 
 WORKER = Path(__file__).with_name("comm_worker.py")
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_the_report_equals_the_bytes_the_runtime_sent(tmp_path, ranks):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "FSDP_OPT": str(find_fsdp_opt()),
-           "OMP_NUM_THREADS": "1", "FSDPC_CACHE": "off"}  # the report is written when fsdp-opt runs
+    env = environment(FSDPC_CACHE="off")  # the report is written when fsdp-opt runs
     done = run_ranks(ranks, [WORKER, tmp_path], env=env, port=29850 + (os.getpid() + ranks) % 100, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     reported = [line for line in done.stdout.splitlines() if "B per rank" in line]

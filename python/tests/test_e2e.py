@@ -10,15 +10,13 @@ import pytest
 import torch
 
 from e2e_train import ADAM_EPS, global_batches, micro_rows
-from fsdpc import find_fsdp_opt
 from fsdpc.capture import MixedPrecision, _mixed_precision_casts
 from fsdpc.export import load_factory
-from launch import run_ranks
+from launch import environment, run_ranks
 
 SCRIPT = Path(__file__).with_name("e2e_train.py")
 HOSTILE = f"{Path(__file__).with_name('hostile_names.py')}:make"
 MEMORY_GPT = f"{Path(__file__).with_name('memory_gpt.py')}:make"
-PYTHON_DIR = Path(__file__).resolve().parents[1]
 STEPS, GLOBAL_BATCH = 5, 12
 
 
@@ -74,9 +72,7 @@ def run_arguments(name, out, *extra) -> list[str]:
 
 
 def start(ranks, arguments, expect_failure=False):
-    env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR), "FSDP_OPT": str(find_fsdp_opt()),
-           "OMP_NUM_THREADS": "1"}
-    done = run_ranks(ranks, [SCRIPT, *arguments], env=env, port=29600 + os.getpid() % 300, timeout=900)
+    done = run_ranks(ranks, [SCRIPT, *arguments], env=environment(), port=29600 + os.getpid() % 300, timeout=900)
     if expect_failure:
         assert done.returncode != 0
         return done.stdout + done.stderr

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fsdpc import find_fsdp_opt
+from launch import environment, rank_environment
 
 WORKER = Path(__file__).with_name("failure_worker.py")
-PYTHON_DIR = Path(__file__).resolve().parents[1]
 STEP_TIMEOUT = 5
 # The dead/stalled tests run with a longer timeout so that a roll call that
 # waited a second timeout (instead of reading heartbeats) would miss the bound.
@@ -24,10 +23,7 @@ LONG_STEP_TIMEOUT = 12
 def start(scenario: str, world: int, victim: int, port: int, timeout: float = STEP_TIMEOUT) -> list[subprocess.Popen]:
     ranks = []
     for rank in range(world):
-        env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR), "FSDP_OPT": str(find_fsdp_opt()),
-               "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "STEP_TIMEOUT": str(timeout)}
+        env = rank_environment(environment(STEP_TIMEOUT=str(timeout)), rank, world, port)
         ranks.append(subprocess.Popen([sys.executable, str(WORKER), scenario, str(victim)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return ranks

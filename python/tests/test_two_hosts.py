@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from fsdpc import find_fsdp_opt
+from launch import environment
 from test_failures import STEP_TIMEOUT, WORKER, check_survivor, finish
 
-PYTHON_DIR = Path(__file__).resolve().parents[1]
 SUBNET = 10 + os.getpid() % 200  # 10.231.<n>.0/24, one per test process
 
 
@@ -49,9 +48,8 @@ def hosts():
 
 def start_on(host, rank: int, world: int, scenario: str, victim: int, master: str, calls: int = 5):
     name, link, _ = host
-    env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR), "FSDP_OPT": str(find_fsdp_opt()), "OMP_NUM_THREADS": "1",
-           "MASTER_ADDR": master, "MASTER_PORT": "29500", "RANK": str(rank), "WORLD_SIZE": str(world),
-           "LOCAL_RANK": "0", "GLOO_SOCKET_IFNAME": link, "STEP_TIMEOUT": str(STEP_TIMEOUT), "CALLS": str(calls)}
+    env = environment(MASTER_ADDR=master, MASTER_PORT="29500", RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
+                      GLOO_SOCKET_IFNAME=link, STEP_TIMEOUT=str(STEP_TIMEOUT), CALLS=str(calls))
     return subprocess.Popen(["ip", "netns", "exec", name, sys.executable, str(WORKER), scenario, str(victim)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -60,8 +58,7 @@ def test_training_across_two_hosts_with_torchrun(hosts):
     master = hosts[0][2]
     jobs = []
     for node, host in enumerate(hosts):
-        env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR), "FSDP_OPT": str(find_fsdp_opt()),
-               "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": host[1]}
+        env = environment(GLOO_SOCKET_IFNAME=host[1])
         jobs.append(subprocess.Popen(
             ["ip", "netns", "exec", host[0], sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
              "--nproc-per-node", "1", "--node-rank", str(node), "--master-addr", master, "--master-port", "29400",
