@@ -5,8 +5,8 @@ bf16 compute with fp32 master weights. Each system is a separate process
 GPU host (repository root, after `make runtime`):
 
     PYTHONPATH=python python3 benchmarks/gpu.py --models gpt-23m llama-0.9b --repeats 2 --json $OUT/gpu.json
-    PYTHONPATH=python python3 benchmarks/gpu.py --models llama-2.6b --systems fsdpc-offload fsdp2-offload \
-        --repeats 1 --json $OUT/offload.json
+    PYTHONPATH=python python3 benchmarks/gpu.py --models llama-2.6b --systems fsdpc-offload \
+        fsdpc-offload-overlap fsdpc-fit-overlap fsdp2-offload --repeats 1 --json $OUT/offload.json
 
 Models (issue 16's sizes): llama-0.9b (dim 2048, 16 layers, 16/8 heads, ffn
 5632, vocab 32000; 4 x 2048 tokens), gpt-23m (32 x 128 tokens), llama-2.6b
@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SYSTEMS = ["fsdpc", "fsdp2", "fsdp2-compile", "compile"]  # and fsdpc-offload, fsdp2-offload
+SYSTEMS = ["fsdpc", "fsdp2", "fsdp2-compile", "compile"]  # and the offload systems of gpu_one.py
 
 
 def run(model: str, system: str, caches: Path, out: Path, steps: int) -> dict | None:

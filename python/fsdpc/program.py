@@ -68,6 +68,7 @@ class FunctionSpec:
     step: bool
     inputs: tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each batch tensor
     instructions: int
+    host_units: tuple[str, ...] = ()  # offloaded units, in the order the function gathers them
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class Program:
         buffers = [BufferSpec(b["name"], tuple(b["shape"]), b["dtype"]) for b in doc["buffers"]]
         functions = {f["name"]: FunctionSpec(f["name"], f["step"],
                                              tuple((tuple(t["shape"]), t["dtype"]) for t in f["input_types"]),
-                                             f["instructions"]) for f in doc["functions"]}
+                                             f["instructions"], tuple(f["host_units"])) for f in doc["functions"]}
         return Program(text, groups, params, buffers, functions, loaded, device or doc["device"], doc["device"])
 
     def load(self, device: str = "cpu"):

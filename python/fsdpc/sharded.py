@@ -44,7 +44,8 @@ from fsdpc.capture import MixedPrecision
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.device import DeviceError, collective_backend, job_device, seed_generators
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
-from fsdpc.program import ParamSpec, Program
+from fsdpc.host_optimizer import HostOptimizer
+from fsdpc.program import ParamSpec, Program, runtime_extension
 from fsdpc.runtime import (NO_SYNC_STEP, STEP, CompiledProgram, StepError, compile_program, on_every_rank,
                            pipeline_options)
 from fsdpc.units import WrapPolicy
@@ -186,6 +187,7 @@ class ShardedModule(nn.Module):
         self._accumulated: dict[str, torch.Tensor] = {}
         self._gradient_sync = True
         self._failed: str | None = None
+        self._host_optimizer: HostOptimizer | None = None
         self._warned_eval = False
         self.last_trace: list[tuple] = []
         # The last call's collectives as the runtime issued them: (c10d op,
@@ -217,6 +219,8 @@ class ShardedModule(nn.Module):
         # would keep the process groups alive until interpreter shutdown.
         model.register_forward_pre_hook(_refuse_call(self._capturing))
         self.register_load_state_dict_post_hook(ShardedModule._loaded)
+        self.register_state_dict_pre_hook(lambda *_: self.wait_for_host_optimizer())
+        self.register_load_state_dict_pre_hook(lambda *_: self.wait_for_host_optimizer())
         _install_optimizer_check()
 
     # -- construction ------------------------------------------------------
@@ -401,6 +405,28 @@ class ShardedModule(nn.Module):
     def sharded_ir(self) -> str:
         return self._programs_any().sharded_ir
 
+    def overlap_host_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Runs `optimizer`'s steps of offloaded units on a host thread, beside
+        the next call's forward: `optimizer.step()` steps the device's
+        parameters and returns, and each offloaded unit's gather waits for
+        its own update (python/fsdpc/host_optimizer.py says what else waits).
+        Read offloaded parameters between `step()` and the next call only
+        after `wait_for_host_optimizer()`."""
+        if self._host_optimizer is not None:
+            raise StepError("this module already overlaps an optimizer's host steps")
+        step = self._programs_any().program.functions.get(STEP)
+        named = dict(self.named_parameters())
+        order = list(step.host_units) if step else []
+        units = [(unit, [named[fqn] for fqn, spec in self.layout.items() if spec.unit == unit and spec.offloaded])
+                 for unit in order]
+        self._host_optimizer = HostOptimizer(optimizer, units, runtime_extension().HostUpdate)
+
+    def wait_for_host_optimizer(self) -> None:
+        """Returns once an overlapped optimizer step has updated every
+        offloaded parameter (raises what it raised, if it failed)."""
+        if self._host_optimizer is not None:
+            self._host_optimizer.wait()
+
     def set_requires_gradient_sync(self, requires_gradient_sync: bool) -> None:
         """FSDP2's switch: False makes the next calls accumulate gradients
         locally, unreduced; the first call after setting True again reduces
@@ -452,15 +478,20 @@ class ShardedModule(nn.Module):
                            else torch.zeros((), dtype=named[fqn].dtype, device=self.device).expand(spec.shape)
                            for fqn, spec in self.layout.items() if spec.trainable}
         buffers = dict(self.named_buffers())
+        updating = self._host_optimizer.pending() if self._host_optimizer else {}
         try:
             out = compiled.runtime.run(name, params, buffers, accumulated, list(batch), self._groups,
                                        self._timeout.total_seconds(), trace=trace,
-                                       check_reshard_frees=self._check_reshard_frees)
+                                       check_reshard_frees=self._check_reshard_frees, host_updates=updating)
         except Exception as error:
+            if updating:
+                self._host_optimizer.join()
             first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
             self._failed = first_line
             absent = liveness.roll_call(self._serial, self._calls)
             raise StepError(f"{first_line}{absent}; this module refuses further calls") from error
+        if updating:
+            self._host_optimizer.wait()  # every unit's update is done: each gather waited for its own
         del params, accumulated
         if out["reshard_leaks"]:
             raise StepError(f"rank {dist.get_rank()}: gathered parameters outlived their reshard: "
@@ -548,6 +579,7 @@ class ShardedModule(nn.Module):
         `reset_parameters()`, children before parents). Shards are drawn
         from a stream per shard index, so replicas of a shard agree;
         replicated parameters and buffers are broadcast from rank 0."""
+        self.wait_for_host_optimizer()
         for name, buffer in list(self.named_buffers()):
             if buffer.is_meta:
                 owner, leaf = _owner(self, name)
@@ -590,6 +622,7 @@ class ShardedModule(nn.Module):
         clipping. A non-finite norm raises (or, with
         `error_if_nonfinite=False`, is returned with a warning and nothing
         is scaled)."""
+        self.wait_for_host_optimizer()
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         p = float(norm_type)
         sharded, replicated = [], []
@@ -627,6 +660,7 @@ class ShardedModule(nn.Module):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every entry of the state dict unsharded and unpadded (a collective;
         every rank gets the whole dict): for checks, export and inference."""
+        self.wait_for_host_optimizer()
         return gather_full_state_dict(self)
 
     def write_trace(self, path: str | Path | None) -> dict:

@@ -10,6 +10,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import sys
 import time
 import warnings
@@ -49,12 +50,11 @@ def reference_model() -> GPT:
     return GPT(CONFIG)
 
 
-def optimizer_for(model: nn.Module) -> torch.optim.Optimizer:
+def optimizer_for(model: nn.Module, kind=torch.optim.AdamW) -> torch.optim.Optimizer:
     """AdamW with two parameter groups (no decay for biases and norms), as real jobs have."""
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     rest = [p for n, p in model.named_parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                             lr=3e-3, eps=1e-4)
+    return kind([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=3e-3, eps=1e-4)
 
 
 def close(a, b, what, rtol=1e-5, atol=1e-6):
@@ -64,6 +64,16 @@ def close(a, b, what, rtol=1e-5, atol=1e-6):
         torch.testing.assert_close(a.cpu(), b.cpu(), rtol=rtol, atol=atol)
     except AssertionError as error:
         raise AssertionError(f"{what}: {error}") from None
+
+
+def expect_error(attempt, pattern: str) -> None:
+    """`attempt()` raises fsdpc's StepError with a message that `pattern` matches."""
+    try:
+        attempt()
+    except fsdpc.StepError as error:
+        assert re.search(pattern, str(error)), f"{pattern!r} does not match {error}"
+    else:
+        raise AssertionError(f"no error; expected one matching {pattern!r}")
 
 
 def run_steps(step, clip_norm, optimizer, scheduler, data, *, clip=None):
@@ -101,10 +111,13 @@ def train(sharded, optimizer, data, *, clip=None, scheduler=None):
                      scheduler, data, clip=clip)
 
 
-def train_like_eager(sharded, data, what: str):
-    """Trains with the optimizer groups, a scheduler and clipping; the losses,
-    clipped norms and full state must equal eager's. Returns the optimizer."""
-    optimizer = optimizer_for(sharded)
+def train_like_eager(sharded, data, what: str, *, optimizer_kind=torch.optim.AdamW, overlap=False):
+    """Trains with the optimizer groups, a scheduler and clipping (`overlap`:
+    the host optimizer overlapped); the losses, clipped norms and full state
+    must equal eager's. Returns the optimizer."""
+    optimizer = optimizer_for(sharded, optimizer_kind)
+    if overlap:
+        sharded.overlap_host_optimizer(optimizer)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
     losses, norms = train(sharded, optimizer, data, clip=0.5, scheduler=scheduler)
     reference = reference_model()
@@ -589,6 +602,7 @@ def scenario_offload(args):
     with torch.no_grad():
         sharded(*mine(data[0]))
     sharded.train()
+    check_overlapped_host_optimizer(data, pin)
     if DEVICE.type == "cuda" and args.save:
         target = Path(args.save, "offload-ckpt")
         checkpoint.save(target, sharded, optimizer, extra={"step": 4})
@@ -621,6 +635,51 @@ def scenario_offload(args):
         results.append(train(half, optimizer_for(half), data[:3], clip=0.5)[0])
     close(torch.tensor(results[1]), torch.tensor(results[0]), "bf16 losses, offloaded against not",
           rtol=1e-6, atol=1e-6)
+
+
+class SlowAdamW(torch.optim.AdamW):
+    """AdamW slower than a unit's forward: a gather that did not wait for its
+    unit's host update would read the old values."""
+
+    def step(self, closure=None):
+        time.sleep(0.05)
+        return super().step(closure)
+
+
+class FailsOnTheHost(torch.optim.AdamW):
+    """Steps the user's instance; its twin on the host thread raises."""
+
+    def step(self, closure=None):
+        if not getattr(self, "on_the_device", False):
+            raise RuntimeError("injected host optimizer failure")
+        return super().step(closure)
+
+
+def check_overlapped_host_optimizer(data, pin):
+    """The host optimizer beside the next forward: equal to eager with two
+    parameter groups, an LR scheduler stepped right after the optimizer,
+    zero_grad(set_to_none=False) and clipping, with an optimizer slower than
+    the forward; a failed host step raises at its unit's gather."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
+                          offload_policy=CPUOffloadPolicy(pin_memory=pin))
+    optimizer, _, _ = train_like_eager(sharded, data, "overlapped host optimizer ", optimizer_kind=SlowAdamW,
+                                       overlap=True)
+    expect_error(lambda: optimizer.step(lambda: 0.0), "step\(\) without a closure")
+    expect_error(lambda: sharded.overlap_host_optimizer(optimizer), "already overlaps")
+    partial = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, pipeline="offload=blocks.1")
+    expect_error(lambda: partial.overlap_host_optimizer(torch.optim.SGD([nn.Parameter(torch.zeros(1))])),
+                 "holds no parameter of an offloaded unit")
+    failing = FailsOnTheHost(partial.parameters(), lr=1e-3)
+    failing.on_the_device = True
+    partial.overlap_host_optimizer(failing)
+    partial(*mine(data[0]))
+    failing.step()
+    message = ("the host update of unit @blocks.1's shards failed: the optimizer step raised RuntimeError: "
+               "injected host optimizer failure")
+    expect_error(lambda: partial(*mine(data[1])), re.escape(message))
+    expect_error(partial.wait_for_host_optimizer, "failed at unit @blocks.1")
 
 
 def scenario_overlap(args):

@@ -81,6 +81,19 @@ def test_damaged_programs_fail_at_load_with_a_message(damage, message):
         Program.parse(damage(program.text), "cpu")
 
 
+def test_an_offloaded_shard_is_read_only_by_its_units_host_gather():
+    """The host optimizer may be updating an offloaded shard while a step
+    runs, and only a host all-gather waits for that: a program that reads
+    the shard any other way is refused at load."""
+    _, program = compile_program("mlp", "ranks=2 offload=*")
+    assert program.functions["train_step"].host_units
+    damaged = re.sub(r'"host":true,("inputs":\[[\d,]+\],"op":"all_gather")', r'"host":false,\1', program.text,
+                     count=1)
+    assert damaged != program.text
+    with pytest.raises(RuntimeError, match="reads the offloaded parameter '[^']+'; only a host all_gather of its unit"):
+        Program.parse(damaged, "cpu")
+
+
 def test_the_manifest_reader_rejects_other_documents():
     with pytest.raises(ProgramError, match="not an fsdpc program"):
         Program.parse('{"format": "other", "version": 1}')

@@ -12,6 +12,7 @@
 
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace py = pybind11;
@@ -20,10 +21,11 @@ namespace {
 
 using TensorMap = std::map<std::string, at::Tensor>;
 using GroupMap = std::map<std::string, c10::intrusive_ptr<c10d::ProcessGroup>>;
+using HostUpdateMap = std::map<std::string, std::shared_ptr<fsdp_rt::HostUpdate>>;
 
 py::dict run(const fsdp_rt::Program &program, const std::string &name, TensorMap params,
              TensorMap buffers, TensorMap accumulated, std::vector<at::Tensor> batch, GroupMap groups,
-             double timeoutSeconds, bool trace, bool checkReshardFrees) {
+             double timeoutSeconds, bool trace, bool checkReshardFrees, const HostUpdateMap &hostUpdates) {
   if (!(timeoutSeconds > 0))
     throw std::invalid_argument("timeout must be positive, got " + std::to_string(timeoutSeconds) + " s");
   fsdp_rt::StepInputs inputs;
@@ -32,6 +34,7 @@ py::dict run(const fsdp_rt::Program &program, const std::string &name, TensorMap
   inputs.accumulated = std::move(accumulated);
   inputs.batch = std::move(batch);
   inputs.groups = std::move(groups);
+  inputs.hostUpdates.insert(hostUpdates.begin(), hostUpdates.end());
   // Rounded up: c10d reads a zero timeout as "no timeout".
   inputs.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(timeoutSeconds * 1000)));
   inputs.trace = trace;
@@ -81,9 +84,15 @@ py::dict manifest(const fsdp_rt::Program &program) {
     for (const fsdp_rt::TensorSpec &spec : function.inputTypes)
       inputTypes.append(py::dict(py::arg("shape") = shapeOf(spec.shape),
                                  py::arg("dtype") = fsdp_rt::elementTypeOf(spec.dtype)));
+    std::vector<std::string> hostUnits; // in the order the function gathers them
+    for (const fsdp_rt::Instruction &inst : function.instructions)
+      if (inst.kind == fsdp_rt::InstructionKind::AllGather && inst.host &&
+          std::find(hostUnits.begin(), hostUnits.end(), inst.unit) == hostUnits.end())
+        hostUnits.push_back(inst.unit);
     functions.append(py::dict(py::arg("name") = function.name, py::arg("step") = function.step,
                               py::arg("input_types") = inputTypes,
-                              py::arg("instructions") = function.instructions.size()));
+                              py::arg("instructions") = function.instructions.size(),
+                              py::arg("host_units") = hostUnits));
   }
   return py::dict(py::arg("device") = program.deviceKind(), py::arg("groups") = groups,
                   py::arg("params") = params, py::arg("buffers") = buffers, py::arg("functions") = functions);
@@ -101,6 +110,13 @@ PYBIND11_MODULE(_fsdp_rt, m) {
       names.emplace_back(info.name);
     return names;
   }, "The element types a program may use (their MLIR spellings)");
+  py::class_<fsdp_rt::HostUpdate, std::shared_ptr<fsdp_rt::HostUpdate>>(
+      m, "HostUpdate", "Another thread's update of an offloaded unit's shards; the unit's host all-gather waits for it")
+      .def(py::init<>())
+      .def("finish", &fsdp_rt::HostUpdate::finish, "The shards hold their new values")
+      .def("fail", &fsdp_rt::HostUpdate::fail, py::arg("why"),
+           "The update failed; the step raises `why` at the unit's gather")
+      .def("finished", &fsdp_rt::HostUpdate::finished);
   py::class_<fsdp_rt::Program, std::shared_ptr<fsdp_rt::Program>>(m, "Program")
       .def(py::init([](const std::string &text, const std::optional<std::string> &device) {
              std::optional<c10::Device> runOn;
@@ -115,5 +131,6 @@ PYBIND11_MODULE(_fsdp_rt, m) {
       .def("run", &run, py::arg("function"), py::arg("params"), py::arg("buffers"),
            py::arg("accumulated"), py::arg("batch"), py::arg("groups"), py::arg("timeout_seconds"),
            py::arg("trace") = false, py::arg("check_reshard_frees") = false,
-           "Runs one function; returns {loss, grads, returned, trace, reshard_leaks, collectives: [(c10d op, buffer bytes, group size)]}");
+           py::arg("host_updates") = HostUpdateMap(),
+           "Runs one function (`host_updates`: {unit: HostUpdate} still running on offloaded shards); returns {loss, grads, returned, trace, reshard_leaks, collectives: [(c10d op, buffer bytes, group size)]}");
 }

@@ -16,7 +16,9 @@
 // came from is recorded on it, so the allocator reuses it only after the
 // copy. The step ends by waiting for the transfer stream: the host then owns
 // the gradients and may update the shards. On a CPU program host memory is
-// the device's, and these collectives run as any other.
+// the device's, and these collectives run as any other. A host update still
+// running on a unit's shards (the optimizer overlapped with this step) is
+// waited for right before its gather reads them.
 //
 //===----------------------------------------------------------------------===//
 
@@ -86,9 +88,16 @@ public:
   Executor(const Program &program, const Function &function, StepInputs inputs)
       : device(program.device()), function(function), in(std::move(inputs)),
         slots(function.slots), futures(function.futures) {
+    std::set<std::string> offloadedUnits;
     for (const ParamSpec &param : program.params())
-      if (param.offloaded)
+      if (param.offloaded) {
         offloaded.insert(param.name);
+        offloadedUnits.insert(param.unit);
+      }
+    for (const auto &[unit, update] : in.hostUpdates)
+      if (!update || !offloadedUnits.count(unit))
+        throw std::runtime_error("fsdp_rt: a host update for unit @" + unit +
+                                 (update ? ", which the program does not offload" : " is null"));
   }
 
   StepOutputs run() {
@@ -272,6 +281,9 @@ private:
   }
 
   void startAllGather(const Instruction &inst) {
+    if (inst.host)
+      if (auto update = in.hostUpdates.find(inst.unit); update != in.hostUpdates.end())
+        update->second->wait(in.timeout, inst.unit);
     Collectives &backend = collectives(inst.group);
     InFlight pending{&inst, &backend};
     pending.ranks = backend.ranks();
@@ -576,6 +588,40 @@ private:
 };
 
 } // namespace
+
+void HostUpdate::finish() {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    done = true;
+  }
+  changed.notify_all();
+}
+
+void HostUpdate::fail(std::string why) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    done = true;
+    failure = std::move(why);
+  }
+  changed.notify_all();
+}
+
+bool HostUpdate::finished() const {
+  std::lock_guard<std::mutex> lock(mutex);
+  return done;
+}
+
+void HostUpdate::wait(std::chrono::milliseconds timeout, const std::string &unit) const {
+  std::unique_lock<std::mutex> lock(mutex);
+  if (!changed.wait_for(lock, timeout, [&] { return done; })) {
+    std::ostringstream message;
+    message << "the host update of unit @" << unit << "'s shards (its optimizer step) did not finish within "
+            << timeout.count() / 1000.0 << " s";
+    throw std::runtime_error(message.str());
+  }
+  if (failure)
+    throw std::runtime_error("the host update of unit @" + unit + "'s shards failed: " + *failure);
+}
 
 StepOutputs execute(const Program &program, const Function &function, StepInputs inputs) {
   return Executor(program, function, std::move(inputs)).run();

@@ -14,6 +14,7 @@
 #include "fsdp_rt/Program.h"
 #include "fsdp_rt/ShardLayout.h"
 
+#include <map>
 #include <set>
 #include <stdexcept>
 
@@ -76,8 +77,9 @@ void checkGroup(const GroupSpec &group) {
 class FunctionValidator {
 public:
   FunctionValidator(const Function &function, const std::map<std::string, const GroupSpec *> &groups,
-                    const std::set<std::string> &params, const std::set<std::string> &buffers)
-      : function(function), groups(groups), params(params), buffers(buffers),
+                    const std::set<std::string> &params, const std::map<std::string, std::string> &offloaded,
+                    const std::set<std::string> &buffers)
+      : function(function), groups(groups), params(params), offloaded(offloaded), buffers(buffers),
         defined(function.slots, false), startedBy(function.futures, nullptr) {}
 
   void run() {
@@ -101,6 +103,7 @@ public:
     }
     for (size_t i = 0; i < function.instructions.size(); ++i) {
       try {
+        current = &function.instructions[i];
         check(function.instructions[i]);
       } catch (const std::exception &error) {
         const Instruction &inst = function.instructions[i];
@@ -119,6 +122,14 @@ private:
       fail("reads slot " + std::to_string(slot) + ", outside the function's " + std::to_string(function.slots));
     if (!defined[slot])
       fail("reads slot " + std::to_string(slot) + " before anything writes it");
+    // The host optimizer may be updating an offloaded shard while the step
+    // runs; only its unit's host all-gather waits for that update.
+    if (auto shard = hostShards.find(slot); shard != hostShards.end()) {
+      const auto &[name, unit] = *shard->second;
+      bool gathersIt = current->kind == Instruction::Kind::AllGather && current->host && current->unit == unit;
+      if (!gathersIt && current->kind != Instruction::Kind::Release)
+        fail("reads the offloaded parameter '" + name + "'; only a host all_gather of its unit @" + unit + " may");
+    }
   }
 
   void write(int slot, const char *what, bool mayDiscard = false) {
@@ -128,6 +139,7 @@ private:
       fail(std::string(what) + " writes slot " + std::to_string(slot) + ", outside the function's " +
            std::to_string(function.slots));
     defined[slot] = true;
+    hostShards.erase(slot);
   }
 
   void arity(const Instruction &inst, size_t inputs, size_t results) {
@@ -161,6 +173,8 @@ private:
       named(inst.kind == Kind::Buffer ? buffers : params, inst.name,
             inst.kind == Kind::Buffer ? "buffer" : "parameter");
       write(inst.results[0], "the result");
+      if (auto entry = offloaded.find(inst.name); inst.kind == Kind::Param && entry != offloaded.end())
+        hostShards[inst.results[0]] = &*entry;
       return;
     case Kind::Aten:
       for (const AtenArgument &arg : inst.args)
@@ -256,7 +270,11 @@ private:
 
   const Function &function;
   const std::map<std::string, const GroupSpec *> &groups;
-  const std::set<std::string> &params, &buffers;
+  const std::set<std::string> &params;
+  const std::map<std::string, std::string> &offloaded; // parameter -> its unit
+  const std::set<std::string> &buffers;
+  const Instruction *current = nullptr;
+  std::map<int, const std::pair<const std::string, std::string> *> hostShards; // slot -> offloaded parameter
   std::vector<bool> defined;
   std::vector<const Instruction *> startedBy;
 };
@@ -266,6 +284,7 @@ private:
 void validateProgram(const Program &program) {
   std::map<std::string, const GroupSpec *> groups;
   std::set<std::string> params, buffers, functions;
+  std::map<std::string, std::string> offloaded;
   try {
     for (const GroupSpec &group : program.groups()) {
       checkGroup(group);
@@ -274,6 +293,8 @@ void validateProgram(const Program &program) {
     }
     for (const ParamSpec &param : program.params()) {
       std::string what = checkTensorEntry(params, "parameter", param.name, param.shape, param.dtype);
+      if (param.offloaded)
+        offloaded.emplace(param.name, param.unit);
       if (!param.group) {
         if (param.offloaded)
           fail(what + " is offloaded but replicated; only shards are offloaded");
@@ -299,7 +320,7 @@ void validateProgram(const Program &program) {
     try {
       if (!functions.insert(function.name).second)
         fail("the function is defined twice");
-      FunctionValidator(function, groups, params, buffers).run();
+      FunctionValidator(function, groups, params, offloaded, buffers).run();
     } catch (const std::exception &error) {
       throw std::runtime_error("fsdp_rt: invalid program: @" + function.name + ": " + error.what());
     }

@@ -16,11 +16,35 @@
 #include "fsdp_rt/Program.h"
 
 #include <chrono>
+#include <condition_variable>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace fsdp_rt {
+
+/// Another thread's update of an offloaded unit's shards (the host
+/// optimizer stepping them while the step runs): the unit's host
+/// all-gather waits for it before it reads the shards.
+class HostUpdate {
+public:
+  /// The shards hold their new values.
+  void finish();
+  /// The update failed with `why`; the step raises it at the unit's gather.
+  void fail(std::string why);
+  /// Blocks until finished; throws the failure, or a timeout after `timeout`.
+  void wait(std::chrono::milliseconds timeout, const std::string &unit) const;
+  bool finished() const;
+
+private:
+  mutable std::mutex mutex;
+  mutable std::condition_variable changed;
+  bool done = false;
+  std::optional<std::string> failure;
+};
 
 /// What one rank brings to a call.
 struct StepInputs {
@@ -28,6 +52,8 @@ struct StepInputs {
   std::vector<at::Tensor> batch;
   std::map<std::string, c10::intrusive_ptr<c10d::ProcessGroup>> groups;
   std::chrono::milliseconds timeout{300000};
+  /// Updates still running on offloaded units' shards, by unit.
+  std::map<std::string, std::shared_ptr<const HostUpdate>> hostUpdates;
   bool trace = false;
   /// Test hook: check at every reshard that the gathered storage is gone.
   bool checkReshardFrees = false;
