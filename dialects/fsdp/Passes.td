@@ -321,7 +321,10 @@ def StepTimePass : Pass<"fsdp-step-time", "::mlir::ModuleOp"> {
     crosses (NVLink inside a node of `gpus-per-node` GPUs, the network
     across); a wait holds the compute stream until its collective ends;
     offloaded units' copies run on the transfer stream over the host link;
-    the optimizer steps after the schedule, on the device or the host.
+    the optimizer steps after the schedule, on the device or the host; with
+    `overlap-host-optimizer` the host steps offloaded units during the next
+    step instead, from its start, in the order of their gathers, and the
+    host waits at each unit's gather for its update.
 
     Writes, per step function, the step time split into compute, exposed
     communication (compute waiting for a collective), host-bound time
@@ -338,6 +341,8 @@ def StepTimePass : Pass<"fsdp-step-time", "::mlir::ModuleOp"> {
     Option<"output", "output", "std::string", "\"-\"", "Report file; - for stdout, empty for none">,
     Option<"trace", "trace", "std::string", "\"\"", "Trace file of the predicted step (empty: none)">,
     Option<"gpusPerNode", "gpus-per-node", "int64_t", "8", "GPUs that share a node's NVLink domain">,
+    Option<"overlapHostOptimizer", "overlap-host-optimizer", "bool", "false",
+           "Offloaded units' optimizer steps run beside the next step's forward">,
     Option<"memoryGib", "memory-gib", "double", "0", "GPU memory (GiB)">,
     Option<"tensorTflops", "tensor-tflops", "double", "0", "Dense bf16/f16 peak (TFLOP/s)">,
     Option<"fp32Tflops", "fp32-tflops", "double", "0", "fp32 matmul peak (TFLOP/s)">,

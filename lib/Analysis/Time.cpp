@@ -5,6 +5,7 @@
 #include "fsdp/Analysis/Memory.h"
 #include "fsdp/Support/AtenOpName.h"
 
+#include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/StringSwitch.h"
 
 #include <algorithm>
@@ -268,7 +269,7 @@ OpWork mlir::fsdp::workOf(Operation *op) {
 }
 
 StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &machine,
-                                 int64_t statesPerElement) {
+                                 int64_t statesPerElement, bool overlapHostOptimizer) {
   StepTime time;
   SymbolTableCollection tables;
   time.tracks.push_back("compute");
@@ -300,6 +301,32 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
   auto memorySeconds = [&](double bytes) {
     return bytes / (machine.gpu.memoryBandwidth * machine.memoryEfficiency);
   };
+
+  // What the optimizer streams per parameter element: it reads the shard,
+  // the gradient and each state tensor and writes the shard and the states.
+  double deviceBytes = 0;
+  llvm::StringMap<double> hostBytesOf; // offloaded units: stepped on the host
+  for (ParamOp param : module.getOps<ParamOp>()) {
+    ParamState state = paramState(param, tables, statesPerElement);
+    if (!state.grad)
+      continue;
+    double bytes = 2 * state.shard + state.grad + 2 * state.optimizer;
+    auto unit = tables.lookupNearestSymbolFrom<UnitOp>(param, param.getUnitAttr());
+    if (unit && unit.getOffloaded())
+      hostBytesOf[unit.getSymName()] += bytes;
+    else
+      deviceBytes += bytes;
+  }
+  double hostBytes = 0;
+  for (const auto &unit : hostBytesOf)
+    hostBytes += unit.getValue();
+  // Overlapped, the host thread steps the offloaded units from the step's
+  // start in the order their gathers come, and the runtime waits at each
+  // unit's gather for its update.
+  llvm::StringSet<> updating;
+  if (overlapHostOptimizer)
+    for (const auto &unit : hostBytesOf)
+      updating.insert(unit.getKey());
 
   for (Operation &op : step.body()) {
     if (isa<AtenOp, CastOp, AllSliceOp>(op)) {
@@ -334,6 +361,13 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
                          (isa<AllGatherStartOp>(op) ? double(payload) / double(ranks) : double(payload));
       double ready;
       if (op.hasAttr("host") && isa<AllGatherStartOp>(op)) {
+        auto unit = op.getAttrOfType<FlatSymbolRefAttr>("unit");
+        if (unit && updating.erase(unit.getValue())) {
+          int thread = track("host optimizer");
+          record(nullptr, "host optimizer step @" + unit.getValue().str(), thread, trackFree[thread],
+                 hostBytesOf.lookup(unit.getValue()) / machine.hostOptimizerBandwidth);
+          host = std::max(host, trackFree[thread]);
+        }
         // The shards cross the host link on the transfer stream, after the
         // compute stream's work so far, and are packed there.
         int transfer = track("transfer");
@@ -381,18 +415,8 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
   }
 
   // The optimizer steps each parameter where its state is: fused kernels
-  // on the device after the step's kernels, the host's after the transfers.
-  // Per element it reads the shard and gradient and each state tensor and
-  // writes the shard and the states.
-  double deviceBytes = 0, hostBytes = 0;
-  for (ParamOp param : module.getOps<ParamOp>()) {
-    ParamState state = paramState(param, tables, statesPerElement);
-    if (!state.grad)
-      continue;
-    auto unit = tables.lookupNearestSymbolFrom<UnitOp>(param, param.getUnitAttr());
-    bool onHost = unit && unit.getOffloaded();
-    (onHost ? hostBytes : deviceBytes) += 2 * state.shard + state.grad + 2 * state.optimizer;
-  }
+  // on the device after the step's kernels, the host's after the transfers
+  // (or, overlapped, during the next step, above).
   double deviceEnd = *std::max_element(trackFree.begin(), trackFree.end());
   double transferEnd = trackOf.count("transfer") ? trackFree[trackOf.lookup("transfer")] : 0;
   double deviceOptimizer = deviceBytes ? memorySeconds(deviceBytes) : 0;
@@ -400,7 +424,7 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
   time.optimizer = deviceOptimizer + time.hostOptimizer;
   if (deviceOptimizer)
     record(nullptr, "optimizer step", kCompute, std::max(host, deviceEnd), deviceOptimizer);
-  if (time.hostOptimizer) // the step returns once the transfer stream is done
+  if (time.hostOptimizer && !overlapHostOptimizer) // the step returns once the transfer stream is done
     record(nullptr, "host optimizer step", track("host optimizer"), std::max(host, transferEnd),
            time.hostOptimizer);
   time.step = std::max(host, *std::max_element(trackFree.begin(), trackFree.end()));

@@ -153,7 +153,7 @@ struct StepTimePass : public fsdp::impl::StepTimePassBase<StepTimePass> {
     llvm::raw_string_ostream out(table);
     int64_t process = 0;
     for (Step &step : collectSteps(module)) {
-      StepTime time = predictStep(module, step, *model, *states);
+      StepTime time = predictStep(module, step, *model, *states, overlapHostOptimizer);
       StringRef function = step.func.getSymName();
       double utilization = time.step > 0 ? time.modelFlops / time.step / model->gpu.tensorFlops : 0;
       llvm::json::Array firstInput;
@@ -194,7 +194,10 @@ struct StepTimePass : public fsdp::impl::StepTimePassBase<StepTimePass> {
           llvm::formatv("compute waiting for the host to issue ({0} instructions)", time.instructions).str());
       if (time.transfer)
         row("host <-> device copies", time.transfer, "offloaded units, on the transfer stream");
-      row("optimizer step", time.optimizer, llvm::formatv("{0:F2} ms of it on the host", time.hostOptimizer * 1e3).str());
+      row("optimizer step", time.optimizer,
+          llvm::formatv("{0:F2} ms of it on the host{1}", time.hostOptimizer * 1e3,
+                        overlapHostOptimizer ? ", beside the next step" : "")
+              .str());
       out << llvm::format("  %-26s %10.1f %%\n", "model FLOPs utilization", utilization * 100);
       if (!trace.empty())
         for (llvm::json::Value &event : traceEvents(time, ++process, function))

@@ -46,7 +46,7 @@ def _plan(args: argparse.Namespace) -> int:
         gpus = args.nodes * args.gpus_per_node
     if gpus is None:
         raise PlanError("give --gpus, or --nodes (with --gpus-per-node)")
-    chosen = machine(args.gpu, args.gpus_per_node,
+    chosen = machine(args.gpu, args.gpus_per_node, overlap_host_optimizer=args.overlap_host_optimizer,
                      **{name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name in HARDWARE_OPTIONS})
     if args.mlir:
         if args.model or args.batch or args.seq or args.param_dtype:
@@ -62,7 +62,8 @@ def _plan(args: argparse.Namespace) -> int:
         profiled = plan_step(ir, gpus=args.profile_gpus, machine=chosen, model=name, optimizer=args.optimizer,
                              pipeline=args.pipeline)
         numbers = calibrate(profile, profiled.time.ideal)
-        chosen = machine(chosen.kind, chosen.gpus_per_node, **{**dict(chosen.numbers), **numbers})
+        chosen = machine(chosen.kind, chosen.gpus_per_node, overlap_host_optimizer=chosen.overlap_host_optimizer,
+                         **{**dict(chosen.numbers), **numbers})
         print(f"calibrated from {args.profile} ({profile.ops} calls): "
               + ", ".join(f"{key} {value:.3g}" for key, value in numbers.items()))
     if args.search:
@@ -174,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
                          ("inter-node-gbps", "collective bus bandwidth per GPU across nodes, GB/s"),
                          ("host-link-gbps", "pinned host <-> device copies, GB/s")):
         plan.add_argument(f"--{number}", type=float, help=f"{what} (overrides the kind's)")
+    plan.add_argument("--overlap-host-optimizer", action="store_true",
+                      help="offloaded units' optimizer steps run beside the next step's forward "
+                           "(sharded.overlap_host_optimizer)")
     plan.add_argument("--trace", help="write the predicted step as a Perfetto trace here")
     plan.add_argument("--profile",
                       help="a PyTorch profiler Chrome trace of this step measured on the GPU kind: calibrates the "

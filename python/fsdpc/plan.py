@@ -52,16 +52,19 @@ CALIBRATED_OPTIONS = ("matmul-efficiency", "attention-efficiency", "memory-effic
 class Machine:
     """The GPUs a plan is for: a kind from fsdp-opt's table
     (lib/Analysis/Time.cpp holds it: h100-sxm, h100-96gb, h200, a100-80gb)
-    or `custom`, with any hardware number overridden, and how many GPUs
-    share a node's NVLink."""
+    or `custom`, with any hardware number overridden, how many GPUs
+    share a node's NVLink, and whether offloaded units' optimizer steps run
+    beside the next step (ShardedModule.overlap_host_optimizer)."""
 
     kind: str = "h100-sxm"
     gpus_per_node: int = 8
     numbers: tuple[tuple[str, float], ...] = ()  # (fsdp-step-time option, value)
+    overlap_host_optimizer: bool = False
 
     def options(self) -> str:
         numbers = " ".join(f"{name}={value!r}" for name, value in self.numbers)
-        return f"gpu={self.kind} gpus-per-node={self.gpus_per_node} {numbers}".strip()
+        overlap = " overlap-host-optimizer=true" if self.overlap_host_optimizer else ""
+        return f"gpu={self.kind} gpus-per-node={self.gpus_per_node} {numbers}".strip() + overlap
 
     def step_time(self, optimizer: str, output: Path) -> str:
         """The fsdp-step-time pass for this machine, its JSON report to `output`."""
@@ -83,7 +86,8 @@ def _one_line(error: FsdpOptError) -> str:
     return str(error).splitlines()[0]
 
 
-def machine(kind: str = "h100-sxm", gpus_per_node: int = 8, **numbers: float | None) -> Machine:
+def machine(kind: str = "h100-sxm", gpus_per_node: int = 8, *, overlap_host_optimizer: bool = False,
+            **numbers: float | None) -> Machine:
     """A checked Machine; `numbers` by option name with `_` for `-`
     (memory_gib=80). fsdp-opt checks them, so a bad kind or number is caught
     before a long capture."""
@@ -93,7 +97,7 @@ def machine(kind: str = "h100-sxm", gpus_per_node: int = 8, **numbers: float | N
     unknown = [name for name, _ in given if name not in HARDWARE_OPTIONS + CALIBRATED_OPTIONS]
     if unknown:
         raise PlanError(f"unknown GPU number {unknown[0]}; use {', '.join(HARDWARE_OPTIONS + CALIBRATED_OPTIONS)}")
-    chosen = Machine(kind, gpus_per_node, given)
+    chosen = Machine(kind, gpus_per_node, given, overlap_host_optimizer)
     try:
         run_fsdp_opt("module {}", [f"--fsdp-step-time={chosen.options()} output=", "-o", "/dev/null"])
     except FsdpOptError as error:
@@ -133,6 +137,7 @@ class TimePlan:
     host_bound: float
     transfer: float
     optimizer: float
+    host_optimizer: float  # the host's share of `optimizer`
     model_flops: float
     tokens: int  # elements of the step's first input (batch x sequence for a language model)
     tensor_flops: float
@@ -147,7 +152,7 @@ class TimePlan:
         return cls(step=report["step_s"], compute=report["compute_s"], communication=report["communication_s"],
                    exposed_communication=report["exposed_communication_s"], host_bound=report["host_bound_s"],
                    transfer=report["transfer_s"], optimizer=report["optimizer_s"],
-                   model_flops=report["model_flops"], tokens=tokens,
+                   host_optimizer=report["host_optimizer_s"], model_flops=report["model_flops"], tokens=tokens,
                    tensor_flops=report["machine"]["tensor_flops"], instructions=report["instructions"],
                    ideal=report["ideal_s"])
 

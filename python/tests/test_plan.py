@@ -63,6 +63,20 @@ def test_offload_to_fit_brings_the_peak_within_the_budget(gpt_ir):
     assert fitted.time.step > whole.time.step
 
 
+def test_an_overlapped_host_optimizer_runs_beside_the_next_forward(gpt_ir):
+    """The same host work, but the host steps each offloaded unit during the
+    next step, before its gather, instead of after the step."""
+    after = plan_step(gpt_ir, gpus=1, model="gpt", pipeline="offload=*")
+    beside = plan_step(gpt_ir, gpus=1, model="gpt", pipeline="offload=*",
+                       machine=machine(overlap_host_optimizer=True))
+    assert beside.time.host_optimizer == after.time.host_optimizer > 0
+    assert beside.time.compute == after.time.compute
+    assert beside.time.step < after.time.step
+    # Every unit is gathered after its update: the step cannot end before
+    # the host has stepped them all.
+    assert beside.time.step > beside.time.host_optimizer
+
+
 def test_the_predicted_time_follows_the_schedule_and_the_links(gpt_ir, tmp_path):
     one_node = plan_step(gpt_ir, gpus=8, model="gpt")
     eight_nodes = plan_step(gpt_ir, gpus=8, machine=machine("h100-sxm", 1), model="gpt")

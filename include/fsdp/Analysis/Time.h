@@ -100,8 +100,11 @@ struct StepTime {
 };
 
 /// Predicts `step` on `machine`; `statesPerElement` is the optimizer's state
-/// tensors per parameter element (optimizerStatesPerElement).
-StepTime predictStep(ModuleOp module, Step &step, const Machine &machine, int64_t statesPerElement);
+/// tensors per parameter element (optimizerStatesPerElement);
+/// `overlapHostOptimizer`: offloaded units are stepped on the host during
+/// the next step, each before its gather (ShardedModule.overlap_host_optimizer).
+StepTime predictStep(ModuleOp module, Step &step, const Machine &machine, int64_t statesPerElement,
+                     bool overlapHostOptimizer = false);
 
 } // namespace mlir::fsdp
 
