@@ -168,12 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--nodes", type=int, help="nodes of --gpus-per-node GPUs (instead of --gpus)")
     plan.add_argument("--gpus-per-node", type=int, default=8, help="GPUs sharing a node's NVLink (default 8)")
     plan.add_argument("--gpu", default="h100-sxm",
-                      help="GPU kind: h100-sxm, h100-96gb, h200, a100-80gb, or custom with every number below")
+                      help="GPU kind: h100-sxm, h100-96gb, h200, a100-80gb, or custom with every GPU number below")
     for number, what in (("memory-gib", "GPU memory, GiB"), ("tensor-tflops", "dense bf16 peak, TFLOP/s"),
                          ("fp32-tflops", "fp32 matmul peak, TFLOP/s"), ("memory-gbps", "memory bandwidth, GB/s"),
                          ("intra-node-gbps", "collective bus bandwidth inside a node, GB/s"),
                          ("inter-node-gbps", "collective bus bandwidth per GPU across nodes, GB/s"),
-                         ("host-link-gbps", "pinned host <-> device copies, GB/s")):
+                         ("host-link-gbps", "pinned host <-> device copies, GB/s"),
+                         ("host-optimizer-gbps", "bytes the host optimizer streams, GB/s "
+                                                 "(benchmarks/host_optimizer.py measures it)")):
         plan.add_argument(f"--{number}", type=float, help=f"{what} (overrides the kind's)")
     plan.add_argument("--overlap-host-optimizer", action="store_true",
                       help="offloaded units' optimizer steps run beside the next step's forward "

@@ -43,7 +43,7 @@ class PlanError(ValueError):
 # The options of fsdp-step-time that describe a GPU's hardware, by the name
 # `python -m fsdpc plan` gives them (--memory-gib, --tensor-tflops, ...).
 HARDWARE_OPTIONS = ("memory-gib", "tensor-tflops", "fp32-tflops", "memory-gbps", "intra-node-gbps",
-                    "inter-node-gbps", "host-link-gbps")
+                    "inter-node-gbps", "host-link-gbps", "host-optimizer-gbps")
 # The software's share of the hardware, which a measured profile calibrates.
 CALIBRATED_OPTIONS = ("matmul-efficiency", "attention-efficiency", "memory-efficiency", "issue-us")
 
