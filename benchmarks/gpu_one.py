@@ -102,7 +102,7 @@ def predicted_times(sharded_ir: str, device_name: str, trace: Path) -> dict:
     if kind is None:
         return {}
     before = predict_program(sharded_ir, machine(kind))
-    numbers = calibrate(Profile.read(trace), before["ideal_s"])
+    numbers = calibrate(Profile.read(trace, before["kernel_classes"]), before["ideal_s"])
     after = predict_program(sharded_ir, machine(kind, **numbers))
     return {"predicted_step_s": before["step_s"], "calibrated_step_s": after["step_s"], "calibration": numbers,
             "predicted_split_s": {key: before[key] for key in ("compute_s", "exposed_communication_s",

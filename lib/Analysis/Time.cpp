@@ -268,6 +268,22 @@ OpWork mlir::fsdp::workOf(Operation *op) {
   return work;
 }
 
+llvm::StringMap<std::string> mlir::fsdp::kernelClasses(Step &step) {
+  llvm::StringMap<std::string> classes;
+  for (Operation &op : step.body()) {
+    auto aten = dyn_cast<AtenOp>(op);
+    std::optional<AtenOpName> name = aten ? AtenOpName::parse(aten.getCallee()) : std::nullopt;
+    if (!name)
+      continue;
+    OpWork::Kind kind = workOf(&op).kind;
+    classes.try_emplace((name->nameSpace + "::" + name->name).str(), kind == OpWork::Matmul      ? "matmul"
+                                                                   : kind == OpWork::Attention ? "attention"
+                                                                   : kind == OpWork::View      ? "view"
+                                                                                               : "memory");
+  }
+  return classes;
+}
+
 StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &machine,
                                  int64_t statesPerElement, bool overlapHostOptimizer) {
   StepTime time;

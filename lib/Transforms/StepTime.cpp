@@ -37,6 +37,13 @@ using namespace mlir::fsdp;
 
 namespace {
 
+llvm::json::Object kernelClassesJson(Step &step) {
+  llvm::json::Object classes;
+  for (const auto &entry : kernelClasses(step))
+    classes[entry.getKey().str()] = entry.getValue(); // owned: the map is a temporary
+  return classes;
+}
+
 llvm::json::Object machineJson(const Machine &machine, StringRef kind) {
   const GpuKind &gpu = machine.gpu;
   return llvm::json::Object{{"kind", kind},
@@ -178,7 +185,8 @@ struct StepTimePass : public fsdp::impl::StepTimePassBase<StepTimePass> {
                                            {"ideal_s", llvm::json::Object{{"matmul", time.idealMatmul},
                                                                           {"attention", time.idealAttention},
                                                                           {"memory", time.idealMemory}}},
-                                           {"first_input_shape", std::move(firstInput)}});
+                                           {"first_input_shape", std::move(firstInput)},
+                                           {"kernel_classes", kernelClassesJson(step)}});
       auto row = [&](StringRef what, double seconds, const std::string &note) {
         out << llvm::format("  %-26s %10.2f ms", what.str().c_str(), seconds * 1e3)
             << (note.empty() ? "" : "   ") << note << "\n";

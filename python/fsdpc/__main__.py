@@ -58,9 +58,9 @@ def _plan(args: argparse.Namespace) -> int:
     else:
         raise PlanError("give --model (a built-in name or file.py:factory) or --mlir (a captured step)")
     if args.profile:
-        profile = Profile.read(args.profile)
         profiled = plan_step(ir, gpus=args.profile_gpus, machine=chosen, model=name, optimizer=args.optimizer,
                              pipeline=args.pipeline)
+        profile = Profile.read(args.profile, profiled.time.kernel_classes)
         numbers = calibrate(profile, profiled.time.ideal)
         chosen = machine(chosen.kind, chosen.gpus_per_node, overlap_host_optimizer=chosen.overlap_host_optimizer,
                          **{**dict(chosen.numbers), **numbers})

@@ -143,6 +143,7 @@ class TimePlan:
     tensor_flops: float
     instructions: int
     ideal: dict  # kernel class -> seconds at the full peak or bandwidth
+    kernel_classes: dict  # operator name as profilers print it -> its kernel class
 
     @classmethod
     def from_report(cls, report: dict) -> TimePlan:
@@ -154,7 +155,7 @@ class TimePlan:
                    transfer=report["transfer_s"], optimizer=report["optimizer_s"],
                    host_optimizer=report["host_optimizer_s"], model_flops=report["model_flops"], tokens=tokens,
                    tensor_flops=report["machine"]["tensor_flops"], instructions=report["instructions"],
-                   ideal=report["ideal_s"])
+                   ideal=report["ideal_s"], kernel_classes=report["kernel_classes"])
 
     @property
     def tokens_per_second(self) -> float:
@@ -473,22 +474,9 @@ def each_setting(ir: str, best: Candidate, *, budget: int, optimizer: str = "ada
     return lines
 
 
-# How a profiled ATen operator's kernels count: the classes of the time
-# model (lib/Analysis/Time.cpp); the optimizer's own kernels are left out.
-_MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution",
-               "aten::convolution_backward", "aten::_convolution", "aten::cudnn_convolution"}
-_ATTENTION_MARKS = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
+# The optimizer's own calls, which a profiled step holds and the kernel
+# classes leave out (the time model counts the optimizer apart).
 _OPTIMIZER_MARKS = ("_fused_adam", "_foreach_", "optimizer", "Optimizer")
-
-
-def _kernel_class(op: str) -> str | None:
-    if any(mark in op for mark in _OPTIMIZER_MARKS):
-        return None
-    if op in _MATMUL_OPS:
-        return "matmul"
-    if any(mark in op for mark in _ATTENTION_MARKS):
-        return "attention"
-    return "memory"
 
 
 @dataclass(frozen=True)
@@ -502,7 +490,18 @@ class Profile:
     ops: int       # top-level ATen calls on the host
 
     @classmethod
-    def read(cls, path: str | Path) -> Profile:
+    def read(cls, path: str | Path, kernel_classes: dict[str, str]) -> Profile:
+        """`kernel_classes` (`TimePlan.kernel_classes`: the time model's own
+        class of each operator of the step) classes each top-level call; a
+        kernel counts for the top-level call that launched it, and calls
+        the step does not hold (the driver's copies) count as memory."""
+
+        def kind(name: str) -> str | None:
+            if any(mark in name for mark in _OPTIMIZER_MARKS):
+                return None
+            found = kernel_classes.get(name, "memory")
+            return "memory" if found == "view" else found
+
         try:
             events = json.loads(Path(path).read_text())["traceEvents"]
         except (OSError, ValueError, KeyError, TypeError) as error:
@@ -510,28 +509,27 @@ class Profile:
         ops = sorted((e for e in events if e.get("cat") == "cpu_op" and e.get("ph") == "X" and "dur" in e),
                      key=lambda e: (e.get("tid"), e["ts"], -e["dur"]))
         # Top-level calls: not inside an earlier call of the same thread. A
-        # kernel counts for the innermost call that launched it.
-        top, by_id, inside_until = [], {}, {}
+        # kernel counts for the top-level call around the one that launched it.
+        top, top_of_id, inside_until = [], {}, {}
         for op in ops:
             if op["ts"] >= inside_until.get(op.get("tid"), float("-inf")):
                 top.append(op)
                 inside_until[op.get("tid")] = op["ts"] + op["dur"]
             if "External id" in op.get("args", {}):
-                by_id[op["args"]["External id"]] = op["name"]
+                top_of_id[op["args"]["External id"]] = top[-1]["name"]
         kernels = {"matmul": 0.0, "attention": 0.0, "memory": 0.0}
         device = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e
                   and not e.get("name", "").startswith("nccl")]
         if device:
             for kernel in device:
-                kind = _kernel_class(by_id.get(kernel.get("args", {}).get("External id"), ""))
-                if kind:
-                    kernels[kind] += kernel["dur"] * 1e-6
+                launched_by = top_of_id.get(kernel.get("args", {}).get("External id"))
+                if found := (kind(launched_by) if launched_by is not None else "memory"):
+                    kernels[found] += kernel["dur"] * 1e-6
         else:  # a CPU profile: each call is its own kernel
             for op in top:
-                kind = _kernel_class(op["name"])
-                if kind:
-                    kernels[kind] += op["dur"] * 1e-6
-        calls = [op for op in top if op["name"].startswith("aten::") and _kernel_class(op["name"])]
+                if found := kind(op["name"]):
+                    kernels[found] += op["dur"] * 1e-6
+        calls = [op for op in top if op["name"].startswith("aten::") and kind(op["name"])]
         if not calls:
             raise PlanError(f"--profile {path}: no ATen calls in the trace")
         host = (max(op["ts"] + op["dur"] for op in calls) - min(op["ts"] for op in calls)) * 1e-6

@@ -43,6 +43,12 @@
 // JSON-NEXT: "attention": 0.000{{25599|256}}
 // JSON-NEXT: "matmul": 0.00{{39999|4}}
 // JSON-NEXT: "memory": {{8.00000|7.99999}}
+// Each operator's kernel class, by the name profilers print (fsdpc plan --profile reads them).
+// JSON: "kernel_classes": {
+// JSON-NEXT: "aten::_scaled_dot_product_flash_attention": "attention",
+// JSON-NEXT: "aten::mm": "matmul",
+// JSON-NEXT: "aten::sum": "memory",
+// JSON-NEXT: "aten::view": "view"
 // JSON: "kind": "custom",
 // JSON: "model_flops": 4256000000,
 

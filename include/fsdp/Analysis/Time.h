@@ -15,6 +15,7 @@
 #define FSDP_ANALYSIS_TIME_H
 
 #include "fsdp/Analysis/Step.h"
+#include "llvm/ADT/StringMap.h"
 
 #include <string>
 
@@ -68,6 +69,12 @@ struct OpWork {
   bool tensorCores = false; // bf16/f16 operands
 };
 OpWork workOf(Operation *op);
+
+/// The kernel class a measured profile's calls are counted in ("matmul",
+/// "attention", "memory"; "view" launches nothing), by the operator's name
+/// as profilers print it ("aten::mul", no overload), for every `fsdp.aten`
+/// of `step`: the one definition `fsdpc plan --profile` reads.
+llvm::StringMap<std::string> kernelClasses(Step &step);
 
 /// One interval of the predicted step, on one track.
 struct Interval {
