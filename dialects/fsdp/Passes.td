@@ -21,8 +21,12 @@ def GroupUnitsPass : Pass<"fsdp-group-units", "::mlir::ModuleOp"> {
     `members`, and their parameters name it. Later passes then gather,
     free, reduce and offload the group as one: fewer, larger collectives
     (less latency and fewer launches per step) for more gathered memory at
-    a time. The last group may hold fewer units. Activation checkpointing
-    still names modules: the original unit names stay valid there.
+    a time. The last group may hold fewer units. With `bucket-mib` instead
+    of `size`, each group grows until its parameters (unsharded, as
+    captured) hold at least that many MiB, as DDP fills buckets: small
+    units merge, a unit of that size or more stays alone. Activation
+    checkpointing still names modules: the original unit names stay valid
+    there.
 
     ```mlir
     // Before (size=2)
@@ -39,6 +43,8 @@ def GroupUnitsPass : Pass<"fsdp-group-units", "::mlir::ModuleOp"> {
   }];
   let options = [
     Option<"size", "size", "int64_t", "1", "Consecutive units per group (1: unchanged)">,
+    Option<"bucketMib", "bucket-mib", "double", "0",
+           "Instead of size: close each group once its parameters hold this many MiB (0: by size)">,
   ];
 }
 

@@ -9,6 +9,7 @@
 //   fsdp.param @"blocks.1.w" : tensor<4x4xf32> unit @"blocks.1"
 //
 // After: one unit per two, the last one alone; parameters name their group.
+// (`bucket-mib=N` instead closes each group once its parameters reach N MiB.)
 //
 //   fsdp.unit @root root class "Net"
 //   fsdp.unit @"blocks.0+blocks.1" class "Block" members ["blocks.0", "blocks.1"]
@@ -19,11 +20,15 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "fsdp/Analysis/Step.h"
 #include "fsdp/Dialect/FsdpOps.h"
 #include "fsdp/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/StringMap.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <cmath>
 
 namespace mlir::fsdp {
 #define GEN_PASS_DEF_GROUPUNITSPASS
@@ -57,19 +62,36 @@ LogicalResult checkGroupable(ModuleOp module) {
   return failure(sharded.wasInterrupted());
 }
 
-/// Replaces each run of `size` consecutive non-root units with one unit
-/// listing them as members; returns each old unit name's group.
-llvm::StringMap<StringAttr> groupUnits(ModuleOp module, int64_t size) {
-  SmallVector<UnitOp> units;
-  for (UnitOp unit : module.getOps<UnitOp>())
-    if (!unit.getRoot())
-      units.push_back(unit);
+/// Consecutive non-root units, in declaration order, cut into runs: of
+/// `size` units, or, with `bucketBytes`, each closed once its parameters
+/// hold at least that many bytes.
+SmallVector<SmallVector<UnitOp>> runsOfUnits(ModuleOp module, int64_t size, int64_t bucketBytes) {
+  llvm::StringMap<int64_t> bytesOf;
+  for (ParamOp param : module.getOps<ParamOp>())
+    bytesOf[param.getUnitAttr().getValue()] += tensorBytes(param.getType());
+  SmallVector<SmallVector<UnitOp>> runs(1);
+  int64_t runBytes = 0;
+  for (UnitOp unit : module.getOps<UnitOp>()) {
+    if (unit.getRoot())
+      continue;
+    runs.back().push_back(unit);
+    runBytes += bytesOf.lookup(unit.getSymName());
+    bool full = bucketBytes ? runBytes >= bucketBytes : int64_t(runs.back().size()) == size;
+    if (full) {
+      runs.emplace_back();
+      runBytes = 0;
+    }
+  }
+  return runs;
+}
+
+/// Replaces each run of units with one unit listing them as members;
+/// returns each old unit name's group.
+llvm::StringMap<StringAttr> groupUnits(ModuleOp module, int64_t size, int64_t bucketBytes) {
   llvm::StringMap<StringAttr> groupOf;
   OpBuilder builder(module.getContext());
-  for (size_t first = 0; first < units.size(); first += size) {
-    SmallVector<UnitOp> members(units.begin() + first,
-                                units.begin() + std::min<size_t>(first + size, units.size()));
-    if (members.size() == 1)
+  for (SmallVector<UnitOp> &members : runsOfUnits(module, size, bucketBytes)) {
+    if (members.size() < 2)
       continue;
     std::string name;
     SmallVector<StringRef> paths;
@@ -101,11 +123,19 @@ struct GroupUnitsPass : public fsdp::impl::GroupUnitsPassBase<GroupUnitsPass> {
       module.emitError() << "fsdp-group-units: size must be at least 1, got " << static_cast<int64_t>(size);
       return signalPassFailure();
     }
-    if (size == 1)
+    if (!(bucketMib >= 0) || (bucketMib > 0 && size != 1)) {
+      module.emitError() << "fsdp-group-units: bucket-mib must be a non-negative number of MiB, and "
+                            "cannot be given with a size; got bucket-mib="
+                         << llvm::formatv("{0}", static_cast<double>(bucketMib)).str()
+                         << " size=" << static_cast<int64_t>(size);
+      return signalPassFailure();
+    }
+    auto bucketBytes = static_cast<int64_t>(std::ceil(bucketMib * double(1 << 20)));
+    if (size == 1 && bucketBytes == 0)
       return;
     if (failed(checkGroupable(module)))
       return signalPassFailure();
-    llvm::StringMap<StringAttr> groupOf = groupUnits(module, size);
+    llvm::StringMap<StringAttr> groupOf = groupUnits(module, size, bucketBytes);
     for (ParamOp param : module.getOps<ParamOp>()) {
       auto group = groupOf.find(param.getUnitAttr().getValue());
       if (group != groupOf.end())

@@ -1,7 +1,7 @@
 //===- ShardingPipeline.cpp - every sharding pass, one set of options -----===//
 //
 // `fsdp-sharding-pipeline` takes FSDP2's knobs and runs, in order:
-// group-units (if units-per-group is not 1), shard-parameters, fuse-casts,
+// group-units (if units-per-group is not 1 or unit-bucket-mib is given), shard-parameters, fuse-casts,
 // activation-checkpoint (if units are named), reshard-after-forward,
 // bucket-collectives, prefetch, overlap-reductions, verify-schedule,
 // plan-lifetimes, offload-units (if units are named), and the reports that
@@ -38,6 +38,11 @@ struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOpti
       *this, "units-per-group",
       llvm::cl::desc("Consecutive wrap units merged into one (FSDP2's fully_shard of a list): one bucket each"),
       llvm::cl::init(1)};
+  Option<double> unitBucketMib{
+      *this, "unit-bucket-mib",
+      llvm::cl::desc("Instead of units-per-group: merge consecutive wrap units until each group's "
+                     "parameters hold this many MiB"),
+      llvm::cl::init(0)};
   Option<std::string> reshardAfterForward{
       *this, "reshard-after-forward",
       llvm::cl::desc("default (true, false for shard-grad-op) | true | false | <inner group size>"),
@@ -102,9 +107,10 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
   if (mode != "true" && mode != "false")
     (void)StringRef(mode).getAsInteger(10, innerGroup); // the pass reports a bad value
 
-  if (options.unitsPerGroup != 1) {
+  if (options.unitsPerGroup != 1 || options.unitBucketMib != 0) {
     GroupUnitsPassOptions group;
     group.size = options.unitsPerGroup;
+    group.bucketMib = options.unitBucketMib;
     pm.addPass(createGroupUnitsPass(group));
   }
   ShardParametersPassOptions shard;

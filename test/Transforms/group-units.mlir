@@ -1,7 +1,11 @@
 // RUN: fsdp-opt %s --split-input-file --fsdp-group-units="size=2" | FileCheck %s
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 units-per-group=2" | FileCheck %s --check-prefix=BUCKET
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 units-per-group=2 checkpoint=l1 selective-recompute=false" | FileCheck %s --check-prefix=MEMBER
+// RUN: fsdp-opt %s --split-input-file --fsdp-group-units="bucket-mib=0.0001" | FileCheck %s --check-prefix=BYTES
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 unit-bucket-mib=1" | FileCheck %s --check-prefix=PIPELINE
 // RUN: not fsdp-opt %s --split-input-file --fsdp-group-units="size=0" 2>&1 | FileCheck %s --check-prefix=SIZE
+// RUN: not fsdp-opt %s --split-input-file --fsdp-group-units="size=2 bucket-mib=1" 2>&1 | FileCheck %s --check-prefix=BOTH
+// RUN: not fsdp-opt %s --split-input-file --fsdp-group-units="bucket-mib=-1" 2>&1 | FileCheck %s --check-prefix=NEGATIVE
 // RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-group-units="size=2" --fsdp-group-units="size=2" 2>&1 | FileCheck %s --check-prefix=TWICE
 // RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=2" --fsdp-group-units="size=2" 2>&1 | FileCheck %s --check-prefix=SHARDED
 // RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 units-per-group=2 offload=l0" 2>&1 | FileCheck %s --check-prefix=OFFLOAD
@@ -31,6 +35,24 @@ fsdp.unit @a class "Attention"
 fsdp.unit @m class "MLP"
 fsdp.param @"a.w" : tensor<4x4xf32> unit @a
 
+// -----
+
+// Buckets of at least 0.0001 MiB (105 bytes): two 64-byte units share one,
+// a 1 KiB unit fills one alone.
+// BYTES:      fsdp.unit @"u0+u1" members ["u0", "u1"]
+// BYTES-NEXT: fsdp.unit @u2{{$}}
+// BYTES-NEXT: fsdp.unit @"u3+u4" members ["u3", "u4"]
+fsdp.unit @u0
+fsdp.unit @u1
+fsdp.unit @u2
+fsdp.unit @u3
+fsdp.unit @u4
+fsdp.param @"u0.w" : tensor<4x4xf32> unit @u0
+fsdp.param @"u1.w" : tensor<4x4xf32> unit @u1
+fsdp.param @"u2.w" : tensor<16x16xf32> unit @u2
+fsdp.param @"u3.w" : tensor<4x4xf32> unit @u3
+fsdp.param @"u4.w" : tensor<4x4xf32> unit @u4
+
 // The group's three parameters travel in one all-gather and one
 // reduce-scatter, named after the group (backward gathers again only l1's
 // weight: l0's backward does not read its own).
@@ -47,7 +69,12 @@ fsdp.param @"a.w" : tensor<4x4xf32> unit @a
 // MEMBER:     fsdp.aten "aten::t"(%{{.*}}) module "l1" {fsdp.recomputed}
 // MEMBER-NOT: module "l0" {fsdp.recomputed}
 
+// The pipeline's unit-bucket-mib: every unit of the small step fits one MiB.
+// PIPELINE: fsdp.unit @"l0+l1" class "Layer" members ["l0", "l1"]
+
 // SIZE: error: fsdp-group-units: size must be at least 1, got 0
+// BOTH: error: fsdp-group-units: bucket-mib must be a non-negative number of MiB, and cannot be given with a size; got bucket-mib=1.00 size=2
+// NEGATIVE: error: fsdp-group-units: bucket-mib must be a non-negative number of MiB, and cannot be given with a size; got bucket-mib=-1.00 size=1
 // TWICE: error: fsdp-group-units: unit @"l0+l1" is already a group; group the captured units once
 // SHARDED: error: fsdp-group-units runs on a captured step, before fsdp-shard-parameters
 // OFFLOAD: error: {{.*}}unit 'l0'{{.*}}l0+l1
