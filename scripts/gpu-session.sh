@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU checks and measurements, each stage one command that fits a
+# 10-minute device call; logs and JSON go to $OUT (default build/gpu-out).
+# Run on the GPU host from the repository root, with build-portable/bin
+# carried there (`make portable-tools` on the build machine).
+#
+#   scripts/gpu-session.sh tests     # runtime build, make test-gpu (6 workers)
+#   scripts/gpu-session.sh bench     # Llama 0.9B and GPT 23M: fsdpc, FSDP2, FSDP2 + compile, torch.compile
+#   scripts/gpu-session.sh offload   # host optimizer rate; Llama 2.6B offloaded: fsdpc (plain, overlapped, the plan's pick), FSDP2
+#
+# Each stage builds the runtime first (seconds when it is built).
+set -euo pipefail
+stage=${1:?"usage: scripts/gpu-session.sh tests|bench|offload"}
+OUT=${OUT:-build/gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/device.txt" 2>&1 || true
+make runtime JOBS="$(nproc)" > "$OUT/build-$stage.log" 2>&1
+
+case "$stage" in
+  tests)
+    cd python/tests
+    timeout 480 python3 -m pytest -q -rs -p no:cacheprovider -n 6 --timeout 400 test_gpu.py test_cuda_capture.py \
+      2>&1 | tee "$OUT/test-gpu.log"
+    ;;
+  bench)
+    timeout 540 python3 benchmarks/gpu.py --models llama-0.9b gpt-23m --repeats 2 --json "$OUT/gpu.json" \
+      2>&1 | tee "$OUT/bench.log"
+    ;;
+  offload)
+    python3 benchmarks/host_optimizer.py --threads 1 "$(nproc)" 2>&1 | tee "$OUT/host-optimizer.log"
+    timeout 480 python3 benchmarks/gpu.py --models llama-2.6b --repeats 1 --json "$OUT/offload.json" \
+      --systems fsdpc-offload fsdpc-offload-overlap fsdpc-fit-overlap fsdp2-offload 2>&1 | tee "$OUT/offload.log"
+    ;;
+  *)
+    echo "unknown stage '$stage': use tests, bench or offload" >&2
+    exit 2
+    ;;
+esac
