@@ -11,6 +11,10 @@
 # Each stage builds the runtime first (seconds when it is built).
 set -euo pipefail
 stage=${1:?"usage: scripts/gpu-session.sh tests|bench|offload"}
+case "$stage" in
+  tests|bench|offload) ;;
+  *) echo "unknown stage '$stage': use tests, bench or offload" >&2; exit 2 ;;
+esac
 OUT=${OUT:-build/gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python
@@ -31,9 +35,5 @@ case "$stage" in
     python3 benchmarks/host_optimizer.py --threads 1 "$(nproc)" 2>&1 | tee "$OUT/host-optimizer.log"
     timeout 480 python3 benchmarks/gpu.py --models llama-2.6b --repeats 1 --json "$OUT/offload.json" \
       --systems fsdpc-offload fsdpc-offload-overlap fsdpc-fit-overlap fsdp2-offload 2>&1 | tee "$OUT/offload.log"
-    ;;
-  *)
-    echo "unknown stage '$stage': use tests, bench or offload" >&2
-    exit 2
     ;;
 esac
