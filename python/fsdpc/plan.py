@@ -342,8 +342,9 @@ def search_space(ir: str, gpus: int, machine: Machine) -> list[tuple[str, int]]:
     depth, reductions in flight, which units recompute their activations
     (none, every second, all), selective recompute, and HSDP with one
     replica per node when there are several nodes. Each as (pipeline
-    options, replicas). `search` then tries the best of them with units
-    merged in pairs."""
+    options, replicas). `search` then tries the fastest of them with shard
+    groups of several nodes (`intermediate_replicas`) and with units merged
+    in pairs."""
     units = wrap_units(ir)
     nodes = gpus // machine.gpus_per_node if gpus > machine.gpus_per_node else 1
     reshard = ["", "reshard-after-forward=false"]
@@ -374,19 +375,29 @@ def search(ir: str, *, gpus: int, machine: Machine = Machine(), model: str, opti
     `pipeline` added to each; keeps those whose peak fits `budget` bytes (the
     GPU's memory by default), fastest first. When none fits, the sixth with
     the lowest peaks are tried again offloading the fewest units that bring
-    them within the budget (offload-to-fit). The fastest sixth that fit are
-    tried once more with units merged in pairs (`units-per-group=2`): a knob
+    them within the budget (offload-to-fit). On more than two nodes the
+    fastest twelfth are tried with shard groups of 2, 4, ... nodes. The
+    fastest sixth that fit are tried once more with units merged in pairs (`units-per-group=2`): a knob
     that moves the step by a percent or two refines the best instead of
     doubling the space. `space` replaces `search_space`'s configurations;
     its first must be the defaults."""
     space = space if space is not None else search_space(ir, gpus, machine)
     with parsed_once(ir, model) as step_file:
         return _search(step_file, space, gpus, machine, model, optimizer, pipeline, budget,
-                       pair_units=len(wrap_units(ir)) > 1)
+                       pair_units=len(wrap_units(ir)) > 1, wider_shards=intermediate_replicas(gpus, machine))
+
+
+def intermediate_replicas(gpus: int, machine: Machine) -> list[int]:
+    """HSDP shapes between full sharding (1 replica) and a shard group per
+    node: replica counts that shard each parameter over 2, 4, ... nodes."""
+    nodes = gpus // machine.gpus_per_node if gpus > machine.gpus_per_node else 1
+    return [replicas for replicas in (2 ** k for k in range(1, nodes.bit_length()))
+            if replicas < nodes and nodes % replicas == 0]
 
 
 def _search(step_file: Path, space: list[tuple[str, int]], gpus: int, machine: Machine, model: str,
-            optimizer: str, pipeline: str, budget: int | None, pair_units: bool) -> SearchResult:
+            optimizer: str, pipeline: str, budget: int | None, pair_units: bool,
+            wider_shards: list[int]) -> SearchResult:
     def plan_one(config: tuple[str, int], extra: str = "") -> Candidate | None:
         settings, replicas = config
         settings = f"{settings} {extra}".strip()
@@ -412,6 +423,17 @@ def _search(step_file: Path, space: list[tuple[str, int]], gpus: int, machine: M
             fitting = [c for c in pool.map(lambda config: plan_one(config, offload), retried)
                        if c and c.plan.memory.peak <= limit]
             runs += len(retried)
+        if wider_shards:
+            # Shard groups of several nodes sit between the two shapes the
+            # space has: the settings of the fastest twelfth planned (fitting
+            # or not: a wider shard group needs less memory than one per
+            # node), with each of those replica counts.
+            fastest = sorted((c for c in tried if c), key=lambda c: c.plan.time.step)[:max(1, len(space) // 12)]
+            settings = list(dict.fromkeys(c.settings for c in fastest
+                                          if not re.search(r"reshard-after-forward=\d", c.settings)))
+            wider = [(setting, replicas) for replicas in wider_shards for setting in settings]
+            fitting += [c for c in pool.map(plan_one, wider) if c and c.plan.memory.peak <= limit]
+            runs += len(wider)
         if pair_units:
             best = sorted(fitting, key=lambda c: c.plan.time.step)[:max(1, len(space) // 6)]
             paired = pool.map(lambda c: plan_one((c.settings, c.replicas), "units-per-group=2"), best)

@@ -7,8 +7,8 @@ from fsdpc.__main__ import main
 import dataclasses
 import json
 
-from fsdpc.plan import (PlanError, Profile, calibrate, capture_for_plan, each_setting, machine, plan_step, search,
-                         search_space, size, what_would_fit)
+from fsdpc.plan import (PlanError, Profile, calibrate, capture_for_plan, each_setting, intermediate_replicas, machine,
+                         plan_step, search, search_space, size, what_would_fit)
 from test_cli import BAD_MODELS
 
 
@@ -131,8 +131,13 @@ def test_the_search_ranks_only_what_its_memory_model_says_fits(gpt_ir):
         without = plan_step(gpt_ir, gpus=8, model="gpt", pipeline=best.settings.replace(setting, ""))
         assert part.endswith(f"needed to fit (without it {size(without.memory.peak)})") if without.memory.peak > budget \
             else part.endswith(f"{(best.plan.time.step - without.time.step) * 1e3:+.1f} ms"), part
-    # Across two nodes the search also tries one replica per node (HSDP).
+    # Across two nodes the search also tries one replica per node (HSDP);
+    # across eight, shard groups of two and four nodes as well.
     assert {replicas for _, replicas in search_space(gpt_ir, 16, machine())} == {1, 2}
+    assert intermediate_replicas(16, machine()) == [] and intermediate_replicas(64, machine()) == [2, 4]
+    across = search(gpt_ir, gpus=32, machine=machine("h100-sxm", 4), model="gpt", space=some[:12])
+    assert across.tried == 12 + 2 * 1 + max(1, 12 // 6)
+    assert {c.replicas for c in across.fitting} >= {2, 4}
     # Nothing fits a byte: the lowest peaks are retried offloading, and still nothing fits.
     nothing = search(gpt_ir, gpus=8, model="gpt", budget=1, space=some)
     assert nothing.fitting == [] and nothing.tried == len(some) + max(1, len(some) // 6)
