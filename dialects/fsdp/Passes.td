@@ -95,10 +95,18 @@ def ActivationCheckpointPass : Pass<"fsdp-activation-checkpoint", "::mlir::Modul
     unit's inputs, so only those inputs stay alive between forward and
     backward. Random operators are never recomputed (their results are
     saved), so dropout masks stay identical.
+
+    `policy=ops` is torchtitan's op-level selective activation
+    checkpointing: within each unit the results of fused attention and of
+    every odd `aten::mm` in forward order (the first, third, ...) are saved,
+    and everything else is recomputed, so the recomputation costs about
+    half of the unit's matrix products' FLOPs instead of all of them.
   }];
   let options = [
     ListOption<"units", "units", "std::string",
                "Wrap units to recompute; `*` for every unit but the root">,
+    Option<"policy", "policy", "std::string", "\"full\"",
+           "full (recompute the unit's whole forward) | ops (save attention and every odd mm)">,
   ];
 }
 

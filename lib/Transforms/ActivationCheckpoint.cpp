@@ -16,16 +16,21 @@
 //   %a2 = fsdp.aten "aten::relu" (%h2) module "blocks.0"
 //   %g = fsdp.aten "aten::threshold_backward" (%d, %a2) ...
 //
+// With policy=ops, attention results and every odd mm's result are saved
+// instead: the clones start from them.
+//
 // Test: test/Transforms/activation-checkpoint.mlir.
 //
 //===----------------------------------------------------------------------===//
 
 #include "fsdp/Analysis/Step.h"
+#include "fsdp/Analysis/Time.h"
 #include "fsdp/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/SmallPtrSet.h"
 #include "llvm/ADT/StringSet.h"
 
 namespace mlir::fsdp {
@@ -45,7 +50,8 @@ bool inUnit(StringRef module, StringRef unit) {
 /// Recomputes one unit's saved forward values in one step.
 class Recomputer {
 public:
-  Recomputer(Step &step, StringRef unit) : step(step), unit(unit) {}
+  Recomputer(Step &step, StringRef unit, bool saveComputeOps)
+      : step(step), unit(unit), saveComputeOps(saveComputeOps) {}
 
   void run() {
     // The unit's recomputable forward ops, in order.
@@ -57,10 +63,19 @@ public:
       if (aten && aten.getModule() && inUnit(*aten.getModule(), unit) && !aten.getRandom())
         forward.insert(&op);
     }
+    // policy=ops: what stays saved, so the recomputation starts from it.
+    llvm::SmallPtrSet<Operation *, 16> kept;
+    int64_t matmuls = 0;
+    for (Operation *op : forward)
+      if (saveComputeOps && (workOf(op).kind == OpWork::Attention ||
+                             (cast<AtenOp>(op).getCallee() == "aten::mm" && ++matmuls % 2 == 1)))
+        kept.insert(op);
     // Forward values the backward reads, and the first backward reader.
     SmallVector<Value> saved;
     Operation *firstBackwardUse = nullptr;
     for (Operation *op : forward) {
+      if (kept.contains(op))
+        continue;
       for (Value result : op->getResults()) {
         Operation *user = firstUser(step.body(), result,
                                     [&](Operation *user) { return step.isBackward(user); });
@@ -80,7 +95,7 @@ public:
       worklist.push_back(value.getDefiningOp());
     while (!worklist.empty()) {
       Operation *op = worklist.pop_back_val();
-      if (!forward.contains(op) || !needed.insert(op))
+      if (!forward.contains(op) || kept.contains(op) || !needed.insert(op))
         continue;
       for (Value operand : op->getOperands())
         if (Operation *def = operand.getDefiningOp())
@@ -101,6 +116,7 @@ public:
 private:
   Step &step;
   StringRef unit;
+  bool saveComputeOps;
 };
 
 struct ActivationCheckpointPass
@@ -109,6 +125,15 @@ struct ActivationCheckpointPass
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    if (policy != "full" && policy != "ops") {
+      module.emitError() << "activation checkpointing: unknown policy '" << policy << "'; use full or ops";
+      return signalPassFailure();
+    }
+    if (units.empty()) {
+      module.emitError() << "activation checkpointing: policy '" << policy
+                         << "' applies to the units it recomputes, and none is named (checkpoint=...)";
+      return signalPassFailure();
+    }
     // Modules recompute one by one: a unit grouped of several
     // (fsdp-group-units) recomputes each of its members.
     SmallVector<std::string> chosen;
@@ -138,7 +163,7 @@ struct ActivationCheckpointPass
       }
     for (Step &step : collectSteps(module))
       for (const std::string &unit : chosen)
-        Recomputer(step, unit).run();
+        Recomputer(step, unit, policy == "ops").run();
   }
 };
 

@@ -67,6 +67,11 @@ struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOpti
                                   llvm::cl::init("")};
   ListOption<std::string> checkpoint{*this, "checkpoint",
                                      llvm::cl::desc("Wrap units to recompute in backward (* for all)")};
+  Option<std::string> checkpointPolicy{
+      *this, "checkpoint-policy",
+      llvm::cl::desc("full | ops (torchtitan's op-level selective checkpointing: save attention and every "
+                     "odd mm)"),
+      llvm::cl::init("full")};
   Option<bool> selectiveRecompute{
       *this, "selective-recompute",
       llvm::cl::desc("Recompute cheap ops (activations, layer norm) in backward instead of saving them"),
@@ -125,9 +130,10 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
   FuseCastsPassOptions casts;
   casts.reduceDtype = options.reduceDtype;
   pm.addPass(createFuseCastsPass(casts));
-  if (!options.checkpoint.empty()) {
+  if (!options.checkpoint.empty() || options.checkpointPolicy != "full") {
     ActivationCheckpointPassOptions recompute;
     recompute.units = llvm::to_vector(options.checkpoint);
+    recompute.policy = options.checkpointPolicy;
     pm.addPass(createActivationCheckpointPass(recompute));
   }
   if (options.selectiveRecompute)

@@ -91,6 +91,7 @@ def two_rank_runs(tmp_path_factory):
         "frozen": ("mlp", "--freeze", "fc1.bias"),
         "bf16": ("gpt", "--param-dtype", "bf16"),
         "grouped": ("gpt", "--pipeline", "units-per-group=2 checkpoint=blocks.1"),
+        "op-checkpointed": ("gpt", "--pipeline", "checkpoint=* checkpoint-policy=ops selective-recompute=false"),
     })
 
 
@@ -186,6 +187,12 @@ def test_units_grouped_in_one_bucket_match_eager(two_rank_runs):
     result = two_rank_runs[1]["grouped"]
     assert result["units"] == ["blocks.0+blocks.1", "root"]
     check(result, eager("gpt"))
+
+
+def test_op_level_checkpointing_matches_eager(two_rank_runs):
+    """torchtitan's op-level selective checkpointing: attention and every
+    odd mm saved, the rest of each block recomputed from them."""
+    check(two_rank_runs[1]["op-checkpointed"], eager("gpt"))
 
 
 def test_gradient_accumulation_matches_eager(two_rank_runs):
