@@ -376,8 +376,9 @@ def search(ir: str, *, gpus: int, machine: Machine = Machine(), model: str, opti
     GPU's memory by default), fastest first. When none fits, the sixth with
     the lowest peaks are tried again offloading the fewest units that bring
     them within the budget (offload-to-fit). On more than two nodes the
-    fastest twelfth are tried with shard groups of 2, 4, ... nodes. The
-    fastest sixth that fit are tried once more with units merged in pairs (`units-per-group=2`): a knob
+    fastest twelfth are tried with shard groups of 2, 4, ... nodes; the
+    fastest twelfth that fit and checkpoint, with `checkpoint-policy=ops`.
+    The fastest sixth that fit are tried once more with units merged in pairs (`units-per-group=2`): a knob
     that moves the step by a percent or two refines the best instead of
     doubling the space. `space` replaces `search_space`'s configurations;
     its first must be the defaults."""
@@ -434,6 +435,13 @@ def _search(step_file: Path, space: list[tuple[str, int]], gpus: int, machine: M
             wider = [(setting, replicas) for replicas in wider_shards for setting in settings]
             fitting += [c for c in pool.map(plan_one, wider) if c and c.plan.memory.peak <= limit]
             runs += len(wider)
+        # Checkpointing that fits may fit with torchtitan's op-level policy
+        # too, which recomputes half the matrix products.
+        checkpointed = sorted((c for c in fitting if "checkpoint=" in c.settings),
+                              key=lambda c: c.plan.time.step)[:max(1, len(space) // 12)]
+        fitting += [c for c in pool.map(lambda c: plan_one((c.settings, c.replicas), "checkpoint-policy=ops"),
+                                        checkpointed) if c and c.plan.memory.peak <= limit]
+        runs += len(checkpointed)
         if pair_units:
             best = sorted(fitting, key=lambda c: c.plan.time.step)[:max(1, len(space) // 6)]
             paired = pool.map(lambda c: plan_one((c.settings, c.replicas), "units-per-group=2"), best)

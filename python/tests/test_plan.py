@@ -113,8 +113,10 @@ def test_the_search_ranks_only_what_its_memory_model_says_fits(gpt_ir):
     assert len(space) >= 50 and space[0] == ("", 1)
     some = space[::8]  # every knob varies across these (CI time)
     result = search(gpt_ir, gpus=8, model="gpt", budget=budget, space=some)
-    # The fastest sixth that fit are planned again with units in pairs.
-    assert result.tried == len(some) + len(some) // 6
+    # The fastest twelfth that fit and checkpoint are planned again with the
+    # op-level policy, then the fastest sixth with units in pairs.
+    assert result.tried == len(some) + max(1, len(some) // 12) + len(some) // 6
+    assert all(c.plan.memory.peak <= budget for c in result.fitting if "checkpoint-policy=ops" in c.settings)
     paired = [c for c in result.fitting if c.settings.endswith(" units-per-group=2")]
     assert paired and all(c.plan.memory.peak <= budget for c in paired)
     assert result.default.memory.peak == default.memory.peak > budget and result.fitting
@@ -136,7 +138,7 @@ def test_the_search_ranks_only_what_its_memory_model_says_fits(gpt_ir):
     assert {replicas for _, replicas in search_space(gpt_ir, 16, machine())} == {1, 2}
     assert intermediate_replicas(16, machine()) == [] and intermediate_replicas(64, machine()) == [2, 4]
     across = search(gpt_ir, gpus=32, machine=machine("h100-sxm", 4), model="gpt", space=some[:12])
-    assert across.tried == 12 + 2 * 1 + max(1, 12 // 6)
+    assert across.tried == 12 + 2 * 1 + 1 + max(1, 12 // 6)
     assert {c.replicas for c in across.fitting} >= {2, 4}
     # Nothing fits a byte: the lowest peaks are retried offloading, and still nothing fits.
     nothing = search(gpt_ir, gpus=8, model="gpt", budget=1, space=some)
