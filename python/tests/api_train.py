@@ -602,7 +602,7 @@ def scenario_offload(args):
     with torch.no_grad():
         sharded(*mine(data[0]))
     sharded.train()
-    check_overlapped_host_optimizer(data, pin)
+    check_overlapped_host_optimizer(data, pin, args.save)
     if DEVICE.type == "cuda" and args.save:
         target = Path(args.save, "offload-ckpt")
         checkpoint.save(target, sharded, optimizer, extra={"step": 4})
@@ -655,19 +655,35 @@ class FailsOnTheHost(torch.optim.AdamW):
         return super().step(closure)
 
 
-def check_overlapped_host_optimizer(data, pin):
+def check_overlapped_host_optimizer(data, pin, save):
     """The host optimizer beside the next forward: equal to eager with two
     parameter groups, an LR scheduler stepped right after the optimizer,
     zero_grad(set_to_none=False) and clipping, with an optimizer slower than
-    the forward; a failed host step raises at its unit's gather."""
+    the forward; a checkpoint taken while it runs holds its results; a
+    failed host step raises at its unit's gather."""
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
                           offload_policy=CPUOffloadPolicy(pin_memory=pin))
     optimizer, _, _ = train_like_eager(sharded, data, "overlapped host optimizer ", optimizer_kind=SlowAdamW,
                                        overlap=True)
-    expect_error(lambda: optimizer.step(lambda: 0.0), "step\(\) without a closure")
+    expect_error(lambda: optimizer.step(lambda: 0.0), r"step\(\) without a closure")
     expect_error(lambda: sharded.overlap_host_optimizer(optimizer), "already overlaps")
+    if save:  # a checkpoint taken while the host thread steps waits for it
+        sharded(*mine(data[0]))
+        optimizer.step()
+        target = Path(save, "overlap-ckpt")
+        checkpoint.save(target, sharded, optimizer)
+        saved = sharded.full_state_dict()
+        resumed = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
+                              offload_policy=CPUOffloadPolicy(pin_memory=pin))
+        resumed_optimizer = optimizer_for(resumed)
+        checkpoint.load(target, resumed, resumed_optimizer)
+        for name, value in resumed.full_state_dict().items():
+            close(value, saved[name], f"{name} saved while the host optimizer ran", rtol=0, atol=0)
+        for (name, param), again in zip(sharded.named_parameters(), resumed.parameters()):
+            close(resumed_optimizer.state[again]["exp_avg"].to_local(), optimizer.state[param]["exp_avg"].to_local(),
+                  f"{name}'s exp_avg saved while the host optimizer ran", rtol=0, atol=0)
     partial = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, pipeline="offload=blocks.1")
     expect_error(lambda: partial.overlap_host_optimizer(torch.optim.SGD([nn.Parameter(torch.zeros(1))])),
                  "holds no parameter of an offloaded unit")
