@@ -3,6 +3,8 @@
 // RUN: FileCheck %s --check-prefix=TRACE < %t.json
 // RUN: fsdp-opt %s --fsdp-step-time="%{machine} gpus-per-node=1" -o /dev/null | FileCheck %s --check-prefix=NODES
 // RUN: fsdp-opt %s --fsdp-step-time="%{machine} format=json" -o /dev/null | FileCheck %s --check-prefix=JSON
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 offload=l0" --fsdp-step-time="%{machine} overlap-host-optimizer=true host-optimizer-gbps=0.001 trace=%t.overlap.json" -o /dev/null | FileCheck %s --check-prefix=OVERLAP
+// RUN: FileCheck %s --check-prefix=OVERLAP-TRACE < %t.overlap.json
 // RUN: not fsdp-opt %s --fsdp-step-time="gpu=b200" -o /dev/null 2>&1 | FileCheck %s --check-prefix=KIND
 // RUN: not fsdp-opt %s --fsdp-step-time="gpu=custom memory-gib=80" -o /dev/null 2>&1 | FileCheck %s --check-prefix=CUSTOM
 // RUN: not fsdp-opt %s --fsdp-step-time="memory-gbps=-5" -o /dev/null 2>&1 | FileCheck %s --check-prefix=NEGATIVE
@@ -65,6 +67,18 @@
 // TRACE: "name": "wait fsdp.all_gather_start @l0",
 // TRACE: "dur": 256,
 // TRACE-NEXT: "name": "aten::_scaled_dot_product_flash_attention",
+
+// Overlapped, the host steps offloaded l0 (2 x 100 B shard + 100 B gradient
+// + 2 x 200 B of moments, 700 B at 1 MB/s: 700 us) from the step's start,
+// and l0's gather starts when that update is done.
+// OVERLAP: optimizer step                   0.70 ms   0.70 ms of it on the host, beside the next step
+// OVERLAP-TRACE:      "dur": 700,
+// OVERLAP-TRACE-NEXT: "name": "host optimizer step @l0",
+// OVERLAP-TRACE:      "name": "host to device fsdp.all_gather_start @l0",
+// OVERLAP-TRACE-NEXT: "ph": "X",
+// OVERLAP-TRACE-NEXT: "pid": 1,
+// OVERLAP-TRACE-NEXT: "tid": {{[0-9]+}},
+// OVERLAP-TRACE-NEXT: "ts": 700
 
 // KIND: error: unknown GPU kind 'b200'; use h100-sxm, h100-96gb, h200, a100-80gb, or custom with memory-gib, tensor-tflops, fp32-tflops, memory-gbps, intra-node-gbps, inter-node-gbps and host-link-gbps
 // CUSTOM: error: time model: tensor-tflops must be > 0, got 0
