@@ -46,9 +46,10 @@ portable-tools: deps
 	@scripts/check-portable.sh $(PORTABLE_DIR)/bin/fsdp-opt $(PORTABLE_DIR)/bin/fsdp-translate
 
 # On the GPU host: the runtime and its extension against the installed torch
-# (CUDA and NCCL come with it), without MLIR, and the carried portable
-# compiler next to them in $(BUILD_DIR)/bin, where fsdpc looks first.
-# RUNTIME_PYTHON is the interpreter that has torch.
+# (CUDA and NCCL come with it), without MLIR, the carried portable compiler
+# next to them in $(BUILD_DIR)/bin, where fsdpc looks first, and fsdpc
+# installed in place into RUNTIME_PYTHON, the interpreter that has torch
+# (scripts/install-in-place.py: a .pth file, no network or build tools).
 RUNTIME_PYTHON ?= python3
 runtime:
 	@cmake -G Ninja -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DFSDP_RUNTIME_ONLY=ON \
@@ -57,6 +58,7 @@ runtime:
 	@if [ -x $(PORTABLE_DIR)/bin/fsdp-opt ]; then \
 	  mkdir -p $(BUILD_DIR)/bin && cp $(PORTABLE_DIR)/bin/fsdp-opt $(PORTABLE_DIR)/bin/fsdp-translate $(BUILD_DIR)/bin/; \
 	fi
+	@$(RUNTIME_PYTHON) scripts/install-in-place.py
 
 # fsdpc.shard on the GPU (python/tests/test_gpu.py) and CUDA-target capture;
 # where there is no GPU, pytest says so and skips them.

@@ -66,3 +66,16 @@ def test_export_errors_are_one_clear_line(tmp_path, capsys, args, message):
     said = capsys.readouterr().err
     assert message in said and len(said.strip().splitlines()) == 1, said
     assert not (tmp_path / "x.mlir").exists()
+
+
+def test_installing_in_place_makes_fsdpc_importable_without_pythonpath(tmp_path):
+    """`make runtime` on a GPU host ends with scripts/install-in-place.py."""
+    python = tmp_path / "venv" / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", tmp_path / "venv"], check=True)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run([python, PYTHON_DIR.parent / "scripts" / "install-in-place.py"], capture_output=True,
+                          text=True, env=env, check=False)
+    assert done.returncode == 0 and "fsdpc installed in place" in done.stdout, done.stderr
+    found = subprocess.run([python, "-c", "import importlib.util; print(importlib.util.find_spec('fsdpc').origin)"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, check=False)
+    assert found.stdout.strip() == str(PYTHON_DIR / "fsdpc" / "__init__.py"), found.stderr
