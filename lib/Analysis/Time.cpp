@@ -268,6 +268,16 @@ OpWork mlir::fsdp::workOf(Operation *op) {
   return work;
 }
 
+static const char *kindName(OpWork::Kind kind) {
+  switch (kind) {
+  case OpWork::Matmul: return "matmul";
+  case OpWork::Attention: return "attention";
+  case OpWork::View: return "view";
+  case OpWork::Memory: return "memory";
+  }
+  return "memory";
+}
+
 llvm::StringMap<std::string> mlir::fsdp::kernelClasses(Step &step) {
   llvm::StringMap<std::string> classes;
   for (Operation &op : step.body()) {
@@ -275,11 +285,7 @@ llvm::StringMap<std::string> mlir::fsdp::kernelClasses(Step &step) {
     std::optional<AtenOpName> name = aten ? AtenOpName::parse(aten.getCallee()) : std::nullopt;
     if (!name)
       continue;
-    OpWork::Kind kind = workOf(&op).kind;
-    classes.try_emplace((name->nameSpace + "::" + name->name).str(), kind == OpWork::Matmul      ? "matmul"
-                                                                   : kind == OpWork::Attention ? "attention"
-                                                                   : kind == OpWork::View      ? "view"
-                                                                                               : "memory");
+    classes.try_emplace((name->nameSpace + "::" + name->name).str(), kindName(workOf(&op).kind));
   }
   return classes;
 }
@@ -320,7 +326,7 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
 
   // What the optimizer streams per parameter element: it reads the shard,
   // the gradient and each state tensor and writes the shard and the states.
-  double deviceBytes = 0;
+  double deviceBytes = 0, hostBytes = 0;
   llvm::StringMap<double> hostBytesOf; // offloaded units: stepped on the host
   for (ParamOp param : module.getOps<ParamOp>()) {
     ParamState state = paramState(param, tables, statesPerElement);
@@ -328,14 +334,13 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
       continue;
     double bytes = 2 * state.shard + state.grad + 2 * state.optimizer;
     auto unit = tables.lookupNearestSymbolFrom<UnitOp>(param, param.getUnitAttr());
-    if (unit && unit.getOffloaded())
+    if (unit && unit.getOffloaded()) {
       hostBytesOf[unit.getSymName()] += bytes;
-    else
+      hostBytes += bytes;
+    } else {
       deviceBytes += bytes;
+    }
   }
-  double hostBytes = 0;
-  for (const auto &unit : hostBytesOf)
-    hostBytes += unit.getValue();
   // Overlapped, the host thread steps the offloaded units from the step's
   // start in the order their gathers come, and the runtime waits at each
   // unit's gather for its update.

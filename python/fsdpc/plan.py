@@ -409,7 +409,16 @@ def _search(step_file: Path, space: list[tuple[str, int]], gpus: int, machine: M
             return None
         return Candidate(settings, replicas, plan)
 
+    def first(candidates, share: int, key=lambda c: c.plan.time.step) -> list[Candidate]:
+        """The first `1/share` of the space's size of `candidates` by `key` (at least one)."""
+        return sorted((c for c in candidates if c), key=key)[:max(1, len(space) // share)]
+
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        def planned_again(configs: list[tuple[str, int]], extra: str = "") -> list[Candidate]:
+            """`configs` planned with `extra` added: those that fit."""
+            return [c for c in pool.map(lambda config: plan_one(config, extra), configs)
+                    if c and c.plan.memory.peak <= limit]
+
         tried = list(pool.map(plan_one, space))
         default = tried[0].plan  # the first configuration sets no option
         limit = default.gpu_memory if budget is None else budget
@@ -418,34 +427,28 @@ def _search(step_file: Path, space: list[tuple[str, int]], gpus: int, machine: M
         if not fitting:
             # Offloading costs what must move, the excess over the budget:
             # retry the sixth of the configurations with the lowest peaks.
-            lowest = sorted((c for c in tried if c), key=lambda c: c.plan.memory.peak)[:max(1, len(space) // 6)]
-            offload = f"offload-to-fit={limit // 2**20}"
-            retried = [(c.settings, c.replicas) for c in lowest]
-            fitting = [c for c in pool.map(lambda config: plan_one(config, offload), retried)
-                       if c and c.plan.memory.peak <= limit]
+            retried = [(c.settings, c.replicas) for c in first(tried, 6, key=lambda c: c.plan.memory.peak)]
+            fitting = planned_again(retried, f"offload-to-fit={limit // 2**20}")
             runs += len(retried)
         if wider_shards:
             # Shard groups of several nodes sit between the two shapes the
             # space has: the settings of the fastest twelfth planned (fitting
             # or not: a wider shard group needs less memory than one per
             # node), with each of those replica counts.
-            fastest = sorted((c for c in tried if c), key=lambda c: c.plan.time.step)[:max(1, len(space) // 12)]
-            settings = list(dict.fromkeys(c.settings for c in fastest
+            settings = list(dict.fromkeys(c.settings for c in first(tried, 12)
                                           if not re.search(r"reshard-after-forward=\d", c.settings)))
             wider = [(setting, replicas) for replicas in wider_shards for setting in settings]
-            fitting += [c for c in pool.map(plan_one, wider) if c and c.plan.memory.peak <= limit]
+            fitting += planned_again(wider)
             runs += len(wider)
         # Checkpointing that fits may fit with torchtitan's op-level policy
         # too, which recomputes half the matrix products.
-        checkpointed = sorted((c for c in fitting if "checkpoint=" in c.settings),
-                              key=lambda c: c.plan.time.step)[:max(1, len(space) // 12)]
-        fitting += [c for c in pool.map(lambda c: plan_one((c.settings, c.replicas), "checkpoint-policy=ops"),
-                                        checkpointed) if c and c.plan.memory.peak <= limit]
+        checkpointed = [(c.settings, c.replicas)
+                        for c in first((c for c in fitting if "checkpoint=" in c.settings), 12)]
+        fitting += planned_again(checkpointed, "checkpoint-policy=ops")
         runs += len(checkpointed)
         if pair_units:
-            best = sorted(fitting, key=lambda c: c.plan.time.step)[:max(1, len(space) // 6)]
-            paired = pool.map(lambda c: plan_one((c.settings, c.replicas), "units-per-group=2"), best)
-            fitting += [p for p in paired if p and p.plan.memory.peak <= limit]
+            best = [(c.settings, c.replicas) for c in first(fitting, 6)]
+            fitting += planned_again(best, "units-per-group=2")
             runs += len(best)
     # Fastest first. Steps within 0.2% of each other are more alike than the
     # model is exact: among them the fewest settings (HSDP counting as one),

@@ -115,8 +115,7 @@ PYBIND11_MODULE(_fsdp_rt, m) {
       .def(py::init<>())
       .def("finish", &fsdp_rt::HostUpdate::finish, "The shards hold their new values")
       .def("fail", &fsdp_rt::HostUpdate::fail, py::arg("why"),
-           "The update failed; the step raises `why` at the unit's gather")
-      .def("finished", &fsdp_rt::HostUpdate::finished);
+           "The update failed; the step raises `why` at the unit's gather");
   py::class_<fsdp_rt::Program, std::shared_ptr<fsdp_rt::Program>>(m, "Program")
       .def(py::init([](const std::string &text, const std::optional<std::string> &device) {
              std::optional<c10::Device> runOn;

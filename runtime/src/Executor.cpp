@@ -606,11 +606,6 @@ void HostUpdate::fail(std::string why) {
   changed.notify_all();
 }
 
-bool HostUpdate::finished() const {
-  std::lock_guard<std::mutex> lock(mutex);
-  return done;
-}
-
 void HostUpdate::wait(std::chrono::milliseconds timeout, const std::string &unit) const {
   std::unique_lock<std::mutex> lock(mutex);
   if (!changed.wait_for(lock, timeout, [&] { return done; })) {

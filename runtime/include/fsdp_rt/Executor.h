@@ -37,7 +37,6 @@ public:
   void fail(std::string why);
   /// Blocks until finished; throws the failure, or a timeout after `timeout`.
   void wait(std::chrono::milliseconds timeout, const std::string &unit) const;
-  bool finished() const;
 
 private:
   mutable std::mutex mutex;
