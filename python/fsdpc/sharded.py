@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from fsdpc import liveness
 from fsdpc.capture import MixedPrecision
@@ -45,6 +45,7 @@ from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.device import DeviceError, collective_backend, job_device, seed_generators
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
 from fsdpc.host_optimizer import HostOptimizer
+from fsdpc.local_step import LocalStep
 from fsdpc.program import ParamSpec, Program, runtime_extension
 from fsdpc.runtime import (NO_SYNC_STEP, STEP, CompiledProgram, StepError, compile_program, on_every_rank,
                            pipeline_options)
@@ -55,7 +56,7 @@ from fsdpc.units import WrapPolicy
 # Keyed by id with a weak reference (tensors compare elementwise, so they
 # cannot be dictionary keys by value).
 _RETIRED: dict[int, tuple[weakref.ref, str]] = {}
-_optimizer_hook = None
+_optimizer_hooks = None
 _SERIALS = itertools.count()
 
 
@@ -75,10 +76,16 @@ def _refuse_retired(optimizer, args, kwargs) -> None:
                     "sharded.parameters()")
 
 
-def _install_optimizer_check() -> None:
-    global _optimizer_hook
-    if _optimizer_hook is None:
-        _optimizer_hook = register_optimizer_step_pre_hook(_refuse_retired)
+def _install_optimizer_hooks() -> None:
+    """Global step hooks: refuse optimizers over retired parameters; step the
+    elementwise optimizers on the shards' local tensors (local_step.py)."""
+    global _optimizer_hooks
+    if _optimizer_hooks is None:
+        local_step = LocalStep(lambda param: getattr(param, "_fsdpc_shard", False))
+        _optimizer_hooks = (register_optimizer_step_pre_hook(_refuse_retired),
+                            register_optimizer_step_pre_hook(local_step.before),
+                            register_optimizer_step_post_hook(local_step.after))
+        local_step.hooks = {handle.id for handle in _optimizer_hooks}
 
 
 def _mixed_precision(policy) -> MixedPrecision | None:
@@ -213,6 +220,11 @@ class ShardedModule(nn.Module):
         self._storage: dict[str, torch.Tensor] = {}
         on_every_rank("placing the parameter shards", lambda: self._place_shards(model))
         self._move_buffers()
+        # Where each call finds the parameters and buffers it hands the
+        # runtime: a lookup per tensor instead of a walk of the module tree.
+        self._param_slots = {fqn: _owner(self, fqn) for fqn in self.layout}
+        self._buffer_slots = {name: _owner(self, name) for name, _ in self.named_buffers()}
+        self._local_rows = {fqn: self._shard_rows(spec)[1] for fqn, spec in self.layout.items()}
         if not self._on_meta:  # every rank starts from rank 0's replicated state
             self._broadcast_replicated()
         # The hook holds the flag, not the module: a cycle through the model
@@ -221,7 +233,7 @@ class ShardedModule(nn.Module):
         self.register_load_state_dict_post_hook(ShardedModule._loaded)
         self.register_state_dict_pre_hook(lambda *_: self.wait_for_host_optimizer())
         self.register_load_state_dict_pre_hook(lambda *_: self.wait_for_host_optimizer())
-        _install_optimizer_check()
+        _install_optimizer_hooks()
 
     # -- construction ------------------------------------------------------
 
@@ -285,6 +297,7 @@ class ShardedModule(nn.Module):
             value = DTensor.from_local(local, self.mesh, self._placements(spec), run_check=False,
                                        shape=torch.Size(spec.shape), stride=_contiguous_strides(spec.shape))
             param = nn.Parameter(value, requires_grad=spec.trainable)
+            param._fsdpc_shard = True
             for fqn in (name, *spec.tied):
                 owner, leaf = _owner(self, fqn)
                 setattr(owner, leaf, param)
@@ -468,7 +481,7 @@ class ShardedModule(nn.Module):
         compiled = self._program_for(batch, train=train)
         if name not in compiled.program.functions:
             raise StepError(f"the step was compiled without '{name}': fsdpc.shard(..., gradient_accumulation=True)")
-        named = dict(self.named_parameters())
+        named = {fqn: owner._parameters[leaf] for fqn, (owner, leaf) in self._param_slots.items()}
         params = {fqn: self._padded(fqn, named[fqn]) for fqn in self.layout}
         accumulated = {}
         if train and sync and NO_SYNC_STEP in compiled.program.functions:
@@ -477,7 +490,7 @@ class ShardedModule(nn.Module):
             accumulated = {fqn: self._accumulated[fqn] if fqn in self._accumulated
                            else torch.zeros((), dtype=named[fqn].dtype, device=self.device).expand(spec.shape)
                            for fqn, spec in self.layout.items() if spec.trainable}
-        buffers = dict(self.named_buffers())
+        buffers = {name: owner._buffers[leaf] for name, (owner, leaf) in self._buffer_slots.items()}
         updating = self._host_optimizer.pending() if self._host_optimizer else {}
         try:
             out = compiled.runtime.run(name, params, buffers, accumulated, list(batch), self._groups,
@@ -508,7 +521,7 @@ class ShardedModule(nn.Module):
         self._accumulated.clear()
         for fqn, grad in out["grads"].items():
             param = named[fqn]
-            local = rows(grad, 0, self._shard_rows(self.layout[fqn])[1])
+            local = rows(grad, 0, self._local_rows[fqn])
             if param.grad is None:
                 param.grad = _gradient_dtensor(param, local)
             else:

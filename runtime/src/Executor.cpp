@@ -29,6 +29,11 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <ATen/ops/_chunk_cat.h>
+#include <ATen/ops/_foreach_copy.h>
+#include <ATen/ops/split_with_sizes_copy.h>
+
+#include <algorithm>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -309,8 +314,10 @@ private:
       copyInFromHost(inst, pending, shards, region);
       return;
     }
-    for (size_t i = 0; i < shards.size(); ++i) // the one copy in, cast included
-      region(i).copy_(shards[i]);
+    std::vector<at::Tensor> regions;
+    for (size_t i = 0; i < shards.size(); ++i)
+      regions.push_back(region(i));
+    at::_foreach_copy_(regions, shards); // the one copy in, cast included: one kernel on a GPU
     out.collectives.push_back(backend.allGather(pending.collective));
     launch(inst, std::move(pending));
   }
@@ -369,18 +376,22 @@ private:
     at::TensorOptions options = first.options().dtype(inst.reduceType);
     int64_t ranks = scatter ? pending.ranks : 1;
     at::Tensor packed = at::empty({ranks, pending.total}, options);
+    std::vector<at::Tensor> inputs;
     for (size_t i = 0; i < inst.inputs.size(); ++i) {
       const at::Tensor &input = tensor(inst.inputs[i]);
-      const std::vector<int64_t> &shape = inst.shapes[i];
-      at::Tensor region = packed.narrow(1, pending.offsets[i], c10::multiply_integers(shape));
-      if (!scatter) {
-        if (input.sizes() != at::IntArrayRef(shape))
-          throw std::runtime_error("input " + std::to_string(i) + " has shape " + shapeText(input.sizes()) +
-                                   ", expected " + shapeText(shape));
-        region.view(input.sizes()).copy_(input);
-        continue;
-      }
-      packScatterInput(input, shape, region, i);
+      checkPackable(input, inst.shapes[i], ranks, scatter, i);
+      inputs.push_back(input);
+    }
+    bool oneDtype = std::all_of(inputs.begin(), inputs.end(),
+                                [&](const at::Tensor &t) { return t.scalar_type() == inputs[0].scalar_type(); });
+    bool chunkable = std::all_of(inputs.begin(), inputs.end(), [](const at::Tensor &t) { return t.numel() > 0 && t.dim() > 0; });
+    if (oneDtype && chunkable) {
+      // Each input padded to whole rows per rank and laid out rank-major,
+      // cast as it is copied: one kernel on a GPU.
+      at::_chunk_cat_out(packed, inputs, /*dim=*/0, /*num_chunks=*/ranks);
+    } else {
+      for (size_t i = 0; i < inputs.size(); ++i)
+        packPadded(inputs[i], inst.shapes[i], packed.narrow(1, pending.offsets[i], c10::multiply_integers(inst.shapes[i])));
     }
     if (inst.preDivide != 1.0)
       packed.div_(inst.preDivide);
@@ -390,17 +401,35 @@ private:
     launch(inst, std::move(pending));
   }
 
-  /// Copies a full tensor into `region` ([ranks, shard elements], one row
-  /// per destination rank) in FSDP's padded layout: whole shards in one
-  /// strided copy, then the partial shard, then zeros for the padding.
-  void packScatterInput(const at::Tensor &full, const std::vector<int64_t> &shardShape,
-                        const at::Tensor &region, size_t index) {
-    int64_t ranks = region.size(0), rows = shardShape.at(0);
+  /// An input of a reduction: a reduce-scatter's must shard into `shardShape`
+  /// over `ranks`, an all-reduce's must have the shape itself.
+  static void checkPackable(const at::Tensor &input, const std::vector<int64_t> &shape, int64_t ranks, bool scatter,
+                            size_t index) {
+    if (!scatter) {
+      if (input.sizes() != at::IntArrayRef(shape))
+        throw std::runtime_error("input " + std::to_string(index) + " has shape " + shapeText(input.sizes()) +
+                                 ", expected " + shapeText(shape));
+      return;
+    }
+    std::vector<int64_t> rest(shape.begin() + 1, shape.end());
+    if (input.dim() != static_cast<int64_t>(shape.size()) || input.sizes().slice(1) != at::IntArrayRef(rest) ||
+        shardRowsOf(input.size(0), ranks) != shape.at(0))
+      throw std::runtime_error("input " + std::to_string(index) + " of shape " + shapeText(input.sizes()) +
+                               " does not shard into " + shapeText(shape));
+  }
+
+  /// Copies one input into `region` ([ranks, shard elements], one row per
+  /// destination rank) in FSDP's padded layout: whole shards in one strided
+  /// copy, then the partial shard, then zeros for the padding. An
+  /// all-reduce's region is one row holding the whole input.
+  static void packPadded(const at::Tensor &full, const std::vector<int64_t> &shardShape, const at::Tensor &region) {
+    int64_t ranks = region.size(0);
+    if (ranks == 1 || full.dim() == 0) {
+      region.view(full.sizes()).copy_(full);
+      return;
+    }
+    int64_t rows = shardShape.at(0);
     std::vector<int64_t> rest(shardShape.begin() + 1, shardShape.end());
-    if (full.dim() != static_cast<int64_t>(shardShape.size()) ||
-        full.sizes().slice(1) != at::IntArrayRef(rest) || shardRowsOf(full.size(0), ranks) != rows)
-      throw std::runtime_error("input " + std::to_string(index) + " of shape " + shapeText(full.sizes()) +
-                               " does not shard into " + shapeText(shardShape));
     int64_t dim0 = full.size(0);
     int64_t whole = rows == 0 ? 0 : std::min(dim0 / rows, ranks);
     std::vector<int64_t> blocks{whole, rows};
@@ -461,32 +490,57 @@ private:
   }
 
   /// Copies each parameter out of the gathered buffer (rank-major blocks of
-  /// the packed shards) into its own unpadded tensor: whole shards in one
-  /// strided copy, then the partial one.
+  /// the packed shards) into its own unpadded tensor, allocated in program
+  /// order: where every parameter is its ranks' shards back to back, one
+  /// split copy (one kernel on a GPU); otherwise per parameter, whole shards
+  /// in one strided copy, then the partial one.
   void copyOutGathered(const Instruction &start, InFlight &pending, const std::vector<int> &results) {
     at::Tensor byRank = pending.collective.result;
-    for (size_t i = 0; i < start.shapes.size(); ++i) {
-      const std::vector<int64_t> &shape = start.shapes[i];
-      int64_t dim0 = shape[0], rows = shardRowsOf(dim0, pending.ranks);
-      int64_t rowElements = c10::multiply_integers(shape.begin() + 1, shape.end());
-      at::Tensor full = at::empty(shape, byRank.options());
-      int64_t whole = rows == 0 ? 0 : std::min(dim0 / rows, pending.ranks);
-      if (whole > 0)
-        full.narrow(0, 0, whole * rows)
-            .view({whole, rows * rowElements})
-            .copy_(byRank.narrow(0, 0, whole).narrow(1, pending.offsets[i], rows * rowElements));
-      int64_t partial = dim0 - whole * rows;
-      if (partial > 0)
-        full.narrow(0, whole * rows, partial)
-            .view({partial * rowElements})
-            .copy_(byRank.select(0, whole).narrow(0, pending.offsets[i], partial * rowElements));
-      if (results[i] >= 0)
-        slots[results[i]] = std::move(full);
+    int64_t ranks = pending.ranks;
+    bool evenlySharded = std::all_of(start.shapes.begin(), start.shapes.end(), [&](const std::vector<int64_t> &shape) {
+      return shardRowsOf(shape[0], ranks) * ranks == shape[0];
+    });
+    std::vector<at::Tensor> fulls;
+    for (const std::vector<int64_t> &shape : start.shapes)
+      fulls.push_back(at::empty(shape, byRank.options()));
+    if (evenlySharded) {
+      std::vector<at::Tensor> blocks;
+      std::vector<int64_t> perRank;
+      for (const at::Tensor &full : fulls) {
+        perRank.push_back(full.numel() / ranks);
+        blocks.push_back(full.view({ranks, perRank.back()}));
+      }
+      at::split_with_sizes_copy_out(blocks, byRank, perRank, /*dim=*/1);
+    } else {
+      for (size_t i = 0; i < fulls.size(); ++i) {
+        const std::vector<int64_t> &shape = start.shapes[i];
+        int64_t shardElements = shardRowsOf(shape[0], ranks) * c10::multiply_integers(shape.begin() + 1, shape.end());
+        unpackPadded(byRank.narrow(1, pending.offsets[i], shardElements), fulls[i]);
+      }
     }
+    for (size_t i = 0; i < fulls.size(); ++i)
+      if (results[i] >= 0)
+        slots[results[i]] = std::move(fulls[i]);
+    fulls.clear();
     byRank = at::Tensor();
     pending.collective.result = at::Tensor();
     freeStagingNow(pending.collective.recv);
     freeStagingNow(pending.collective.send);
+  }
+
+  /// `full` from its ranks' padded shards (`blocks`: [ranks, shard
+  /// elements]): whole shards in one strided copy, then the partial one.
+  static void unpackPadded(const at::Tensor &blocks, const at::Tensor &full) {
+    int64_t ranks = blocks.size(0), dim0 = full.size(0), rows = shardRowsOf(dim0, ranks);
+    int64_t rowElements = blocks.size(1) / std::max<int64_t>(rows, 1);
+    int64_t whole = rows == 0 ? 0 : std::min(dim0 / rows, ranks);
+    if (whole > 0)
+      full.narrow(0, 0, whole * rows).view({whole, rows * rowElements}).copy_(blocks.narrow(0, 0, whole));
+    int64_t partial = dim0 - whole * rows;
+    if (partial > 0)
+      full.narrow(0, whole * rows, partial)
+          .view({partial * rowElements})
+          .copy_(blocks.select(0, whole).narrow(0, 0, partial * rowElements));
   }
 
   void takeReduced(const Instruction &start, InFlight &pending, const std::vector<int> &results) {
