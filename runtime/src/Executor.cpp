@@ -29,6 +29,7 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/_chunk_cat.h>
 #include <ATen/ops/_foreach_copy.h>
 #include <ATen/ops/split_with_sizes_copy.h>
@@ -107,6 +108,9 @@ public:
 
   StepOutputs run() {
     c10::DeviceGuard onDevice(device); // the stream and allocator of the program's device
+    // The program is its own backward and no value in it requires grad, so
+    // autograd's kernels (view tracking, version counters) are skipped.
+    at::AutoDispatchBelowADInplaceOrView belowAutograd;
     checkInputs();
     for (size_t i = 0; i < function.inputs.size(); ++i)
       slots[function.inputs[i]] = in.batch[i];
@@ -243,8 +247,7 @@ private:
   }
 
   void callAten(const Instruction &inst) {
-    torch::jit::Stack stack;
-    stack.reserve(inst.args.size());
+    stack.clear();
     for (const AtenArgument &arg : inst.args) {
       switch (arg.kind) {
       case AtenArgument::Kind::Constant: stack.push_back(arg.constant); break;
@@ -280,6 +283,7 @@ private:
       else
         assign(std::move(value));
     }
+    stack.clear(); // results the program drops die here, as it planned
     if (next != inst.results.size())
       throw std::runtime_error("the operator returned " + std::to_string(next) + " results, the program expects " +
                                std::to_string(inst.results.size()));
@@ -637,6 +641,7 @@ private:
   std::optional<c10::Stream> transfer;  // host <-> device copies, once a host collective ran
   std::map<std::string, std::unique_ptr<Collectives>> backends;
   std::vector<c10::IValue> slots;
+  torch::jit::Stack stack; // an ATen call's arguments, then its results
   std::vector<InFlight> futures;
   StepOutputs out;
 };
