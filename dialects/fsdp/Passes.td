@@ -1,6 +1,6 @@
 //===- Passes.td - fsdp-opt passes --------------------------*- tablegen -*-===//
 //
-// The sharding pipeline, in order: shard-parameters, fuse-casts,
+// The sharding pipeline, in order: fold-views, shard-parameters, fuse-casts,
 // activation-checkpoint, reshard-after-forward, bucket-collectives, prefetch,
 // overlap-reductions, verify-schedule, plan-lifetimes; then the reports. `fsdp-sharding-pipeline` runs them all
 // with one set of FSDP2-style options.
@@ -11,6 +11,32 @@
 #define FSDP_PASSES_TD
 
 include "mlir/Pass/PassBase.td"
+
+def FoldViewsPass : Pass<"fsdp-fold-views", "::mlir::ModuleOp"> {
+  let summary = "Compose chains of views into one view, and drop views that change nothing.";
+  let description = [{
+    A captured backward is full of views of views: the transpose of a
+    transpose, a reshape of a reshape, the `alias` autograd takes of a saved
+    output. Each is a call the runtime dispatches, and a small model's step
+    on a GPU is bound by its calls, not by its math. This pass rewrites, in
+    program order:
+
+    - a `view` or `_unsafe_view` of a `view` or `_unsafe_view` into one view
+      of the inner view's input;
+    - a `permute` of a `permute` into one permute by the composed
+      permutation;
+    - a view that returns its input's type unchanged (an `alias`, an
+      `expand`, `view` or `_unsafe_view` to the same shape, a permute by the
+      identity) into its input.
+
+    Capture is functional, so a view and its base hold the same values
+    wherever they are read, and a view of a view addresses its base's memory
+    with one stride per dimension, as the composed view does. The memory
+    report counts views as their base's storage, so it does not change.
+    An inner view that nothing else reads is dropped. The sharding pipeline
+    runs this pass first.
+  }];
+}
 
 def GroupUnitsPass : Pass<"fsdp-group-units", "::mlir::ModuleOp"> {
   let summary = "Merge consecutive wrap units into one, so their parameters travel in one bucket.";

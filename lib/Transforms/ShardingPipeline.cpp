@@ -1,7 +1,7 @@
 //===- ShardingPipeline.cpp - every sharding pass, one set of options -----===//
 //
 // `fsdp-sharding-pipeline` takes FSDP2's knobs and runs, in order:
-// group-units (if units-per-group is not 1 or unit-bucket-mib is given), shard-parameters, fuse-casts,
+// fold-views, group-units (if units-per-group is not 1 or unit-bucket-mib is given), shard-parameters, fuse-casts,
 // activation-checkpoint (if units are named), reshard-after-forward,
 // bucket-collectives, prefetch, overlap-reductions, verify-schedule,
 // plan-lifetimes, offload-units (if units are named), and the reports that
@@ -112,6 +112,7 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
   if (mode != "true" && mode != "false")
     (void)StringRef(mode).getAsInteger(10, innerGroup); // the pass reports a bad value
 
+  pm.addPass(createFoldViewsPass());
   if (options.unitsPerGroup != 1 || options.unitBucketMib != 0) {
     GroupUnitsPassOptions group;
     group.size = options.unitsPerGroup;
