@@ -7,11 +7,13 @@ work: dispatching ATen calls, packing and unpacking buckets, Python.
 
     PYTHONPATH=python torchrun --nproc-per-node 2 benchmarks/host_overhead.py
 
-Prints, per rank 0, the median over alternated rounds of: fsdpc's forward +
-backward call, the whole training-loop iteration (call, fused AdamW step,
-zero_grad), and the same for the unsharded model under eager autograd on one
-rank (no communication: a floor that no sharded step reaches), plus the
-number of instructions and collectives the runtime executed per call.
+Prints, on rank 0, the median over alternated rounds of, for fsdpc, FSDP2
+(fully_shard per block and the root, eager, as benchmarks/compare.py builds
+it) and the unsharded model under eager autograd (no communication): the
+forward + backward call, and the whole training-loop iteration (call, fused
+AdamW step, zero_grad); and the number of instructions and collectives
+fsdpc's runtime executed per call. One rank is the GPU benchmark's shape
+(world size 1); more ranks on Gloo add its latency per collective.
 """
 
 import argparse
@@ -22,9 +24,9 @@ import time
 import torch
 import torch.distributed as dist
 
-import fsdpc
 from fsdpc.models.gpt import GPT, GPTConfig
 from fsdpc.models.language import next_token_loss
+from train_one import build
 
 TINY_GPT_23M = GPTConfig(vocab_size=64, max_seq=16, d_model=16, n_heads=2, n_layers=6)
 
@@ -34,6 +36,18 @@ def per_call_ms(fn, calls: int) -> float:
     for _ in range(calls):
         fn()
     return (time.perf_counter() - start) / calls * 1e3
+
+
+def iterations(name: str, forward_backward, optimizer, batch) -> dict:
+    def call():
+        forward_backward(batch)
+
+    def iteration():
+        forward_backward(batch)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return {f"{name} call": call, f"{name} iteration": iteration}
 
 
 def main() -> None:
@@ -47,28 +61,16 @@ def main() -> None:
     eager = GPT(TINY_GPT_23M)
     tokens = torch.randint(0, TINY_GPT_23M.vocab_size, (1, 9))
     batch = (tokens[:, :-1], tokens[:, 1:])
-    sharded = fsdpc.shard(copy.deepcopy(eager), batch, next_token_loss)
-    optimizer = torch.optim.AdamW(sharded.parameters(), lr=1e-3, fused=True)
-    eager_optimizer = torch.optim.AdamW(eager.parameters(), lr=1e-3, fused=True)
+    built = {name: build(name, copy.deepcopy(eager), batch, dist.get_world_size()) for name in ("fsdpc", "fsdp2")}
+    systems = {}
+    for name, (forward_backward, params, _) in built.items():
+        systems.update(iterations(name, forward_backward, torch.optim.AdamW(params, lr=1e-3, fused=True), batch))
 
-    def fsdpc_call():
-        sharded(*batch)
-
-    def fsdpc_iteration():
-        sharded(*batch)
-        optimizer.step()
-        optimizer.zero_grad()
-
-    def eager_call():
+    def eager_call(batch):
         next_token_loss(eager, *batch).backward()
 
-    def eager_iteration():
-        next_token_loss(eager, *batch).backward()
-        eager_optimizer.step()
-        eager_optimizer.zero_grad()
-
-    systems = {"fsdpc call": fsdpc_call, "fsdpc iteration": fsdpc_iteration,
-               "eager call (1 rank, unsharded)": eager_call, "eager iteration (1 rank, unsharded)": eager_iteration}
+    systems.update(iterations("eager, unsharded", eager_call,
+                              torch.optim.AdamW(eager.parameters(), lr=1e-3, fused=True), batch))
     for fn in systems.values():  # warm-up: caches, allocator, optimizer state
         for _ in range(10):
             fn()
@@ -77,6 +79,7 @@ def main() -> None:
         for name, fn in systems.items():
             dist.barrier()
             times[name].append(per_call_ms(fn, args.calls))
+    sharded = built["fsdpc"][2]["step"]
     sharded(*batch, trace=True)
     instructions = len(sharded.last_trace)
     collectives = len(sharded.last_collectives)
@@ -85,7 +88,7 @@ def main() -> None:
               f"median of {args.rounds} rounds x {args.calls} calls")
         print(f"runtime per call: {instructions} instructions traced, {collectives} collectives")
         for name, values in times.items():
-            print(f"  {name:38s} {statistics.median(values):7.3f} ms")
+            print(f"  {name:30s} {statistics.median(values):7.3f} ms")
     dist.destroy_process_group()
 
 
