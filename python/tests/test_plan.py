@@ -237,3 +237,30 @@ def test_a_step_captured_for_the_cpu_is_refused(tmp_path):
     assert main(["export", "--model", "mlp", "--batch", "4", "--out", str(ir)]) == 0
     with pytest.raises(PlanError, match="was captured for the CPU"):
         plan_step(ir.read_text(), gpus=2, model="mlp.mlir")
+
+
+def test_torchtitans_loss_holds_its_logits_in_fp32():
+    """The example the README plans torchtitan's published runs with: its
+    loss casts the logits to fp32, so the step's peak holds at least an fp32
+    log-softmax where the built-in loss holds a bf16 one."""
+    from pathlib import Path
+
+    from fsdpc.capture import MixedPrecision
+    from fsdpc.export import build, export_training_step, load_factory
+    from fsdpc.models.language import next_token_loss
+    from fsdpc.models.llama import LlamaConfig
+
+    import torch
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "torchtitan_llama3_8b.py"
+    config = LlamaConfig(vocab_size=8192)  # logits large enough to make the step's peak
+    batch, seq = 8, 64
+    model, tokens, titan_loss = build(load_factory(f"{example}:make"), meta=True, batch=batch, seq=seq, config=config)
+    bf16 = MixedPrecision(torch.bfloat16, torch.float32)
+    titan = export_training_step(model, tokens, titan_loss, mixed_precision=bf16, device="cuda").mlir
+    model, tokens, _ = build(load_factory(f"{example}:make"), meta=True, batch=batch, seq=seq, config=config)
+    ours = export_training_step(model, tokens, next_token_loss, mixed_precision=bf16, device="cuda").mlir
+    assert f"tensor<{batch * seq}x{config.vocab_size}xbf16> to tensor<{batch * seq}x{config.vocab_size}xf32>" in titan
+    titan_peak, our_peak = (plan_step(ir, gpus=1, model="llama").memory.peak for ir in (titan, ours))
+    assert titan_peak - our_peak >= batch * seq * config.vocab_size * 2
+
