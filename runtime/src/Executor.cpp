@@ -1,12 +1,16 @@
 //===- Executor.cpp - run a program's instructions ------------------------===//
 //
 // Collectives use FSDP's dim-0 padding layout (fsdp_rt/ShardLayout.h) and
-// copy each bucket once in each direction: the start packs every input
-// straight into one flat send buffer, casting as it copies; the wait copies
-// an all-gather's result out once per parameter, and a reduction's results
-// are views of its receive buffer (a cast copies only when the result dtype
-// differs). Staging buffers are dropped at the wait. The backend behind a
-// group (fsdp_rt/Collectives.h) issues and waits; nothing here depends on it.
+// copy each bucket once in each direction, in one call each way (one kernel
+// on a GPU): the start packs every input straight into one flat send buffer,
+// casting as it copies (`_foreach_copy_` for a gather's shards, `_chunk_cat`
+// for a reduction's padded inputs); the wait splits an all-gather's result
+// into its parameters (`split_with_sizes_copy`, or per parameter where one
+// is padded), and a reduction's results are views of its receive buffer (a
+// cast copies only when the result dtype differs). Staging buffers are
+// dropped at the wait. The backend behind a group (fsdp_rt/Collectives.h)
+// issues and waits; nothing here depends on it. ATen calls dispatch below
+// autograd: the program is its own backward.
 //
 // Offloaded units (`host` collectives) on a GPU: the copy-in of a bucket of
 // host shards runs on one transfer stream, after an event on the compute
