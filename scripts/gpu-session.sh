@@ -4,7 +4,7 @@
 # Run on the GPU host from the repository root, with build-portable/bin
 # carried there (`make portable-tools` on the build machine).
 #
-#   scripts/gpu-session.sh tests     # runtime build, make test-gpu (6 workers)
+#   scripts/gpu-session.sh tests     # runtime build, make test-gpu (6 workers), the host's CPU time per step
 #   scripts/gpu-session.sh bench     # Llama 0.9B and GPT 23M: fsdpc, FSDP2, FSDP2 + compile, torch.compile
 #   scripts/gpu-session.sh offload   # host optimizer rate; Llama 2.6B offloaded: fsdpc (plain, overlapped, the plan's pick), FSDP2
 #
@@ -26,6 +26,11 @@ case "$stage" in
     cd python/tests
     timeout 480 python3 -m pytest -q -rs -p no:cacheprovider -n 6 --timeout 400 test_gpu.py test_cuda_capture.py \
       2>&1 | tee "$OUT/test-gpu.log"
+    cd ../..
+    # The same host-bound measurement as on the build machine: how fast this
+    # host's CPU dispatches (the time model's issue cost, capture's speed).
+    timeout 60 python3 -m torch.distributed.run --nproc-per-node 1 benchmarks/host_overhead.py --rounds 5 --calls 50 \
+      2>&1 | tee "$OUT/host-overhead.log" || true
     ;;
   bench)
     timeout 540 python3 benchmarks/gpu.py --models llama-0.9b gpt-23m --repeats 2 --json "$OUT/gpu.json" \
