@@ -1,6 +1,6 @@
 //===- Passes.td - fsdp-opt passes --------------------------*- tablegen -*-===//
 //
-// The sharding pipeline, in order: fold-views, shard-parameters, fuse-casts,
+// The sharding pipeline, in order: fold-views, simplify-backward, shard-parameters, fuse-casts,
 // activation-checkpoint, reshard-after-forward, bucket-collectives, prefetch,
 // overlap-reductions, verify-schedule, plan-lifetimes; then the reports. `fsdp-sharding-pipeline` runs them all
 // with one set of FSDP2-style options.
@@ -35,6 +35,26 @@ def FoldViewsPass : Pass<"fsdp-fold-views", "::mlir::ModuleOp"> {
     report counts views as their base's storage, so it does not change.
     An inner view that nothing else reads is dropped. The sharding pipeline
     runs this pass first.
+  }];
+}
+
+def SimplifyBackwardPass : Pass<"fsdp-simplify-backward", "::mlir::ModuleOp"> {
+  let summary = "Drop the arithmetic of autograd's formulas that changes nothing.";
+  let description = [{
+    Autograd's formulas, decomposed to core ATen, do full-size work that
+    changes no value. This pass rewrites:
+
+    - `pow.Tensor_Scalar(x, 1)` (the gradient of `x.pow(2)` raises x to the
+      power 1) into x;
+    - `add(add(g, slice_scatter(zeros, a, d, ...)), slice_scatter(zeros, b,
+      d, ...))` (the gradient of two slices of one tensor, e.g. rotary
+      positions' halves), where the two slices tile dimension `d` and each
+      scatter and zero tensor has no other reader, into `add(g, cat([a, b],
+      d))`: two full-size fills, two full-size scatters and an add become
+      one concatenation.
+
+    Both are exact (up to the sign of a zero sum). The sharding pipeline runs
+    this pass after fold-views.
   }];
 }
 

@@ -1,7 +1,7 @@
 //===- ShardingPipeline.cpp - every sharding pass, one set of options -----===//
 //
 // `fsdp-sharding-pipeline` takes FSDP2's knobs and runs, in order:
-// fold-views, group-units (if units-per-group is not 1 or unit-bucket-mib is given), shard-parameters, fuse-casts,
+// fold-views, simplify-backward, group-units (if units-per-group is not 1 or unit-bucket-mib is given), shard-parameters, fuse-casts,
 // activation-checkpoint (if units are named), reshard-after-forward,
 // bucket-collectives, prefetch, overlap-reductions, verify-schedule,
 // plan-lifetimes, offload-units (if units are named), and the reports that
@@ -113,6 +113,7 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
     (void)StringRef(mode).getAsInteger(10, innerGroup); // the pass reports a bad value
 
   pm.addPass(createFoldViewsPass());
+  pm.addPass(createSimplifyBackwardPass());
   if (options.unitsPerGroup != 1 || options.unitBucketMib != 0) {
     GroupUnitsPassOptions group;
     group.size = options.unitsPerGroup;

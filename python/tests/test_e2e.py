@@ -92,6 +92,7 @@ def two_rank_runs(tmp_path_factory):
         "bf16": ("gpt", "--param-dtype", "bf16"),
         "grouped": ("gpt", "--pipeline", "units-per-group=2 checkpoint=blocks.1"),
         "op-checkpointed": ("gpt", "--pipeline", "checkpoint=* checkpoint-policy=ops selective-recompute=false"),
+        "llama": ("llama",),
     })
 
 
@@ -120,6 +121,13 @@ def check(result, reference, rtol=1e-5, atol=1e-6, param_atol=5e-6):
 @pytest.mark.parametrize("ranks", [1, 4])  # 2 ranks: the cache test; 3: the GPT and the conv net
 def test_mlp_full_shard_matches_eager(tmp_path, ranks):
     check(launch(tmp_path, "mlp", ranks), eager("mlp"))
+
+
+def test_llama_full_shard_matches_eager(two_rank_runs):
+    # The GPU benchmarks' architecture: RMSNorm written out, rotary positions,
+    # grouped-query attention, SwiGLU; its backward has the views, slices and
+    # scatters that the pipeline's rewrites touch.
+    check(two_rank_runs[1]["llama"], eager("llama"))
 
 
 def test_gpt_full_shard_matches_eager(three_rank_runs):
