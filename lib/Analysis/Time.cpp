@@ -133,12 +133,6 @@ Value operandAt(AtenOp op, unsigned position) {
   return op.getInputs()[index.getInt()];
 }
 
-bool boolAt(AtenOp op, unsigned position) {
-  ArrayAttr args = op.getArgsAttr();
-  auto flag = args && position < args.size() ? dyn_cast<BoolAttr>(args[position]) : BoolAttr();
-  return flag && flag.getValue();
-}
-
 double elements(RankedTensorType type) { return type ? double(type.getNumElements()) : 0; }
 
 OpWork atenWork(AtenOp op) {
@@ -191,7 +185,7 @@ OpWork atenWork(AtenOp op) {
       // causal masking skips half; backward recomputes P and makes three
       // gradients, 2.5 times forward (FlashAttention's count).
       double forward = 4 * elements(query) * double(key.getShape()[2]);
-      if (boolAt(op, kernel->isCausal))
+      if (boolLiteral(op, kernel->isCausal).value_or(false))
         forward /= 2;
       work.flops = kernel->backward ? 2.5 * forward : forward;
     }

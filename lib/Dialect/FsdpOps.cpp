@@ -766,6 +766,51 @@ static Operation *waitOf(Operation *start) {
   return future.hasOneUse() ? *future.getUsers().begin() : nullptr;
 }
 
+static Attribute literalAt(AtenOp op, unsigned position) {
+  ArrayAttr args = op.getArgsAttr();
+  return args && position < args.size() ? args[position] : Attribute();
+}
+
+static std::optional<int64_t> asInteger(Attribute attr) {
+  auto integer = dyn_cast_or_null<IntegerAttr>(attr);
+  if (!integer || isa<IndexType>(integer.getType()))
+    return std::nullopt;
+  return integer.getInt();
+}
+
+std::optional<int64_t> mlir::fsdp::integerLiteral(AtenOp op, unsigned position) {
+  return asInteger(literalAt(op, position));
+}
+
+std::optional<double> mlir::fsdp::numberLiteral(AtenOp op, unsigned position) {
+  Attribute literal = literalAt(op, position);
+  if (auto real = dyn_cast_or_null<FloatAttr>(literal))
+    return real.getValueAsDouble();
+  if (std::optional<int64_t> integer = asInteger(literal))
+    return static_cast<double>(*integer);
+  return std::nullopt;
+}
+
+std::optional<SmallVector<int64_t>> mlir::fsdp::integerListLiteral(AtenOp op, unsigned position) {
+  auto list = dyn_cast_or_null<ArrayAttr>(literalAt(op, position));
+  if (!list)
+    return std::nullopt;
+  SmallVector<int64_t> values;
+  for (Attribute item : list) {
+    std::optional<int64_t> value = asInteger(item);
+    if (!value)
+      return std::nullopt;
+    values.push_back(*value);
+  }
+  return values;
+}
+
+std::optional<bool> mlir::fsdp::boolLiteral(AtenOp op, unsigned position) {
+  if (auto flag = dyn_cast_or_null<BoolAttr>(literalAt(op, position)))
+    return flag.getValue();
+  return std::nullopt;
+}
+
 bool mlir::fsdp::isViewOf(Operation *op) {
   auto aten = dyn_cast_or_null<AtenOp>(op);
   return aten && !aten.getInputs().empty() && isViewOperator(aten.getCallee());

@@ -52,17 +52,7 @@ std::optional<SmallVector<int64_t>> listArgument(AtenOp op) {
   ArrayAttr args = op.getArgsAttr();
   if (op.getInputs().size() != 1 || op->getNumResults() != 1 || !args || args.size() != 2)
     return std::nullopt;
-  auto list = dyn_cast<ArrayAttr>(args[1]);
-  if (!list)
-    return std::nullopt;
-  SmallVector<int64_t> values;
-  for (Attribute item : list) {
-    auto integer = dyn_cast<IntegerAttr>(item);
-    if (!integer || isa<IndexType>(integer.getType()))
-      return std::nullopt;
-    values.push_back(integer.getInt());
-  }
-  return values;
+  return integerListLiteral(op, 1);
 }
 
 /// A permutation's dimensions in [0, rank), or nullopt if it is not one.
@@ -122,7 +112,7 @@ bool returnsItsInput(AtenOp op) {
   if (callee == "aten::alias" || callee == "aten::expand")
     return true;
   if (isReshape(op))
-    return listArgument(op).has_value();
+    return true;
   if (isPermute(op)) {
     std::optional<SmallVector<int64_t>> dims = permutation(op);
     return dims && llvm::equal(*dims, llvm::seq<int64_t>(0, dims->size()));

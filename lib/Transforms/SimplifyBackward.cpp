@@ -48,27 +48,8 @@ namespace {
 
 constexpr int64_t kNoEnd = std::numeric_limits<int64_t>::max();
 
-/// The literal `args[index]` as an integer, if it is one.
-std::optional<int64_t> integerArg(AtenOp op, unsigned index) {
-  ArrayAttr args = op.getArgsAttr();
-  if (!args || index >= args.size())
-    return std::nullopt;
-  auto integer = dyn_cast<IntegerAttr>(args[index]);
-  if (!integer || isa<IndexType>(integer.getType()))
-    return std::nullopt;
-  return integer.getInt();
-}
-
 /// Whether `args[index]` is the literal number `value`, integer or float.
-bool isNumber(AtenOp op, unsigned index, double value) {
-  ArrayAttr args = op.getArgsAttr();
-  if (!args || index >= args.size())
-    return false;
-  if (auto real = dyn_cast<FloatAttr>(args[index]))
-    return real.getValueAsDouble() == value;
-  std::optional<int64_t> integer = integerArg(op, index);
-  return integer && static_cast<double>(*integer) == value;
-}
+bool isNumber(AtenOp op, unsigned index, double value) { return numberLiteral(op, index) == value; }
 
 /// An `add.Tensor` of two operands with alpha 1.
 bool isPlainAdd(AtenOp op) {
@@ -97,8 +78,8 @@ std::optional<ScatterIntoZeros> scatterIntoZeros(Value value) {
       !isZeros(op.getInputs()[0]) || !op.getInputs()[0].hasOneUse())
     return std::nullopt;
   auto type = dyn_cast<RankedTensorType>(op->getResult(0).getType());
-  std::optional<int64_t> dim = integerArg(op, 2), begin = integerArg(op, 3), end = integerArg(op, 4),
-                         step = integerArg(op, 5);
+  std::optional<int64_t> dim = integerLiteral(op, 2), begin = integerLiteral(op, 3), end = integerLiteral(op, 4),
+                         step = integerLiteral(op, 5);
   if (!type || !dim || !begin || !end || step != 1 || type != op.getInputs()[0].getType())
     return std::nullopt;
   int64_t rank = type.getRank();

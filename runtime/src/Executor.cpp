@@ -529,7 +529,6 @@ private:
     for (size_t i = 0; i < fulls.size(); ++i)
       if (results[i] >= 0)
         slots[results[i]] = std::move(fulls[i]);
-    fulls.clear();
     byRank = at::Tensor();
     pending.collective.result = at::Tensor();
     freeStagingNow(pending.collective.recv);

@@ -14,6 +14,8 @@
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
+#include <optional>
+
 namespace mlir::fsdp {
 
 /// Ops of a training step's body: they must sit somewhere inside a function.
@@ -36,6 +38,13 @@ namespace mlir::fsdp {
 
 /// Whether `op` is an ATen view: its results share its first operand's storage.
 bool isViewOf(Operation *op);
+/// The literal at schema position `position` of an fsdp.aten op's `args`, if
+/// it is of the kind asked for: an integer (an operand reference is not
+/// one), a number (integer or float), a list of integers, a bool.
+std::optional<int64_t> integerLiteral(AtenOp op, unsigned position);
+std::optional<double> numberLiteral(AtenOp op, unsigned position);
+std::optional<SmallVector<int64_t>> integerListLiteral(AtenOp op, unsigned position);
+std::optional<bool> boolLiteral(AtenOp op, unsigned position);
 /// `value` and every ATen view derived from it, transitively (`value` first):
 /// the values that keep its storage alive.
 SmallVector<Value> viewClosure(Value value);
