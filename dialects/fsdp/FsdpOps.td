@@ -247,6 +247,73 @@ def Fsdp_AtenOp : Fsdp_Op<"aten", [Fsdp_InFunction,
   let hasVerifier = 1;
 }
 
+def Fsdp_PointwiseOp : Fsdp_Op<"pointwise", [
+    Pure, Fsdp_InFunction, IsolatedFromAbove, SingleBlock]> {
+  let summary = "Elementwise ATen calls computed by one generated kernel.";
+  let description = [{
+    A chain of elementwise `fsdp.aten` calls that runs as one kernel on a
+    GPU: every output element is computed from the inputs' elements at its
+    position (broadcast as ATen broadcasts), in `float`, and only the
+    results are written to memory. The intermediate tensors of the chain
+    are never allocated, and one kernel launch replaces one per call.
+    `fsdp-fuse-pointwise` makes these ops for CUDA steps; the lowering
+    prints the body as the kernel's source (`kernels` in the program),
+    which the runtime compiles once per process with NVRTC (through
+    PyTorch's jiterator) and launches on the compute stream.
+
+    The body's block arguments are the inputs; its `fsdp.aten` calls are
+    the chain, in order; `fsdp.yield` names the values the op returns.
+    `module` is the module of the chain's first call, for traces.
+
+    ```mlir
+    %y, %z = fsdp.pointwise (%x, %ms, %w) module "layers.0.ffn_norm"
+        : (tensor<8x64xbf16>, tensor<8x1xbf16>, tensor<64xbf16>) -> (tensor<8x64xbf16>, tensor<8x64xbf16>) {
+    ^bb0(%a: tensor<8x64xbf16>, %b: tensor<8x1xbf16>, %c: tensor<64xbf16>):
+      %r = fsdp.aten "aten::rsqrt"(%b) : (tensor<8x1xbf16>) -> tensor<8x1xbf16>
+      %n = fsdp.aten "aten::mul.Tensor"(%a, %r) : (tensor<8x64xbf16>, tensor<8x1xbf16>) -> tensor<8x64xbf16>
+      %s = fsdp.aten "aten::mul.Tensor"(%n, %c) : (tensor<8x64xbf16>, tensor<64xbf16>) -> tensor<8x64xbf16>
+      fsdp.yield %n, %s : tensor<8x64xbf16>, tensor<8x64xbf16>
+    }
+    ```
+
+    Rules: inside a function; 1 to 8 inputs and 1 to 8 results (the
+    jiterator's limits); the body is one block whose arguments have the
+    inputs' types, holding only `fsdp.aten` calls that a kernel can compute
+    element by element (`fsdp/Dialect/Pointwise.h` lists them and their
+    literals; none `random`) and ending with `fsdp.yield` of the results'
+    types; every input and result has one floating element type (f32,
+    bf16 or f16), the results one shape, and the inputs' shapes broadcast
+    to exactly that shape; every value in the body broadcasts to it.
+  }];
+  let arguments = (ins Variadic<Fsdp_StaticTensor>:$inputs, OptionalAttr<StrAttr>:$module);
+  let results = (outs Variadic<Fsdp_StaticTensor>:$results);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    `(` $inputs `)` (`module` $module^)? attr-dict `:` functional-type($inputs, $results) $body
+  }];
+  let extraClassDeclaration = [{
+    /// The op's terminator.
+    YieldOp getYield();
+  }];
+  let hasVerifier = 1;
+}
+
+def Fsdp_YieldOp : Fsdp_Op<"yield", [Pure, Terminator, HasParent<"PointwiseOp">]> {
+  let summary = "The values an fsdp.pointwise op returns.";
+  let description = [{
+    Ends the body of an `fsdp.pointwise` op and names its results, in order.
+
+    ```mlir
+    fsdp.yield %n, %s : tensor<8x64xbf16>, tensor<8x64xbf16>
+    ```
+
+    Rules: inside an `fsdp.pointwise` body, as its last op; one value per
+    result of the op, of the result's type.
+  }];
+  let arguments = (ins Variadic<Fsdp_StaticTensor>:$values);
+  let assemblyFormat = "attr-dict ($values^ `:` type($values))?";
+}
+
 def Fsdp_CastOp : Fsdp_Op<"cast", [Pure, Fsdp_InFunction]> {
   let summary = "Element-type conversion of a tensor.";
   let description = [{

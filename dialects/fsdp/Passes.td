@@ -309,6 +309,34 @@ def VerifySchedulePass : Pass<"fsdp-verify-schedule", "::mlir::ModuleOp"> {
   }];
 }
 
+def FusePointwisePass : Pass<"fsdp-fuse-pointwise", "::mlir::ModuleOp"> {
+  let summary = "Run chains of elementwise ATen calls as one generated kernel each (CUDA steps).";
+  let description = [{
+    On a GPU every elementwise call is a kernel launch that reads its
+    inputs from memory and writes a full-size result: RMSNorm's tail,
+    SwiGLU's `silu(a) * b` and their backward formulas are half a dozen
+    launches and tensors each. This pass groups such calls into
+    `fsdp.pointwise` ops, each one kernel that computes every output element
+    in registers and writes only what is read later.
+
+    Calls join a group in program order. A call that reads a value of a
+    group joins it when the group's calls can all move down to the call's
+    place (nothing outside the group reads their results, or frees their
+    operands, in between), the group stays within 8 inputs and 8 outputs,
+    every value read after the group has the group's full shape, and every
+    input is known to be a dense row-major tensor, so the kernel's outputs
+    have the layout eager's calls would have given them. Which calls
+    qualify, and how each computes an element, is one table
+    (`fsdp/Dialect/Pointwise.h`). A group of one call stays a call.
+
+    Only steps captured for CUDA (`fsdp.device = "cuda"` on the module) are
+    rewritten; on a CPU step the pass changes nothing. The sharding
+    pipeline runs it before `fsdp-plan-lifetimes` (`fuse-pointwise=false`
+    turns it off), so lifetimes and the memory report see the fused ops.
+  }];
+  let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
+}
+
 def PlanLifetimesPass : Pass<"fsdp-plan-lifetimes", "::mlir::ModuleOp"> {
   let summary = "Release every value right after its last use.";
   let description = [{

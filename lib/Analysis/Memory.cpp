@@ -152,7 +152,7 @@ Walk mlir::fsdp::walkSchedule(Step &step, bool gloo, bool hostIsDevice) {
         allocate(result, index[wait], isa<AllGatherStartOp>(op) ? Gathered : Gradient);
       continue;
     }
-    if (isa<AtenOp, CastOp, AllSliceOp>(op))
+    if (isa<AtenOp, PointwiseOp, CastOp, AllSliceOp>(op))
       for (Value result : op.getResults())
         if (isa<RankedTensorType>(result.getType()))
           allocate(result, here, Activation);

@@ -243,6 +243,12 @@ double collectiveSeconds(Operation *start, int64_t ranks, int64_t payload, bool 
 std::string intervalName(Operation *op) {
   if (auto aten = dyn_cast<AtenOp>(op))
     return aten.getCallee().str();
+  if (auto kernel = dyn_cast<PointwiseOp>(op)) {
+    std::string name = "pointwise(";
+    for (Operation &inner : kernel.getBody().front().without_terminator())
+      name += (name.back() == '(' ? "" : ", ") + cast<AtenOp>(inner).getCallee().str();
+    return name + ")";
+  }
   std::string name = op->getName().getStringRef().str();
   if (auto unit = op->getAttrOfType<FlatSymbolRefAttr>("unit"))
     name += " @" + unit.getValue().str();
@@ -344,7 +350,7 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
       updating.insert(unit.getKey());
 
   for (Operation &op : step.body()) {
-    if (isa<AtenOp, CastOp, AllSliceOp>(op)) {
+    if (isa<AtenOp, PointwiseOp, CastOp, AllSliceOp>(op)) {
       host += machine.issueTime;
       ++time.instructions;
       OpWork work = workOf(&op);

@@ -95,8 +95,13 @@ LogicalResult FsdpDialect::verifyOperationAttribute(Operation *op, NamedAttribut
     return success();
   }
   if (name == kRecomputedAttr) {
-    if (!isa<UnitAttr>(value) || !isa_and_nonnull<FunctionOpInterface>(op->getParentOp()))
-      return op->emitError("fsdp.recomputed must be a unit attribute on an op of a function");
+    // A recomputed call fused into a kernel keeps its mark inside the kernel's body.
+    Operation *parent = op->getParentOp();
+    if (isa_and_nonnull<PointwiseOp>(parent))
+      parent = parent->getParentOp();
+    if (!isa<UnitAttr>(value) || !isa_and_nonnull<FunctionOpInterface>(parent))
+      return op->emitError("fsdp.recomputed must be a unit attribute on an op of a function "
+                           "or of an fsdp.pointwise body in one");
     return success();
   }
   return op->emitError() << "unknown fsdp attribute '" << name << "'";

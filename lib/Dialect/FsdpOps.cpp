@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "fsdp/Dialect/FsdpOps.h"
+#include "fsdp/Dialect/Pointwise.h"
 #include "fsdp/Support/AtenOpName.h"
 #include "fsdp_rt/ShardLayout.h"
 
@@ -480,6 +481,78 @@ void AtenOp::getEffects(
     return;
   effects.emplace_back(MemoryEffects::Read::get(), RandomGeneratorResource::get());
   effects.emplace_back(MemoryEffects::Write::get(), RandomGeneratorResource::get());
+}
+
+//===----------------------------------------------------------------------===//
+// PointwiseOp
+//===----------------------------------------------------------------------===//
+
+/// Whether `shape` broadcasts to `target` as ATen broadcasts (trailing dims
+/// aligned, each equal or 1).
+static bool broadcastsTo(ArrayRef<int64_t> shape, ArrayRef<int64_t> target) {
+  if (shape.size() > target.size())
+    return false;
+  size_t offset = target.size() - shape.size();
+  for (auto [i, dim] : llvm::enumerate(shape))
+    if (dim != 1 && dim != target[offset + i])
+      return false;
+  return true;
+}
+
+YieldOp PointwiseOp::getYield() { return cast<YieldOp>(getBody().front().getTerminator()); }
+
+LogicalResult PointwiseOp::verify() {
+  constexpr size_t kMostTensors = 8; // the jiterator's limit, each way
+  if (getInputs().empty() || getInputs().size() > kMostTensors || getResults().empty() ||
+      getResults().size() > kMostTensors)
+    return emitOpError() << "has " << counted(getInputs().size(), "input") << " and "
+                         << counted(getResults().size(), "result") << "; a kernel takes 1 to 8 of each";
+  Block &body = getBody().front();
+  if (body.getNumArguments() != getInputs().size() ||
+      TypeRange(body.getArgumentTypes()) != getInputs().getTypes())
+    return emitOpError("body arguments must have the inputs' types");
+  auto yield = dyn_cast<YieldOp>(body.getTerminator());
+  if (!yield)
+    return emitOpError("body must end with fsdp.yield");
+  if (yield.getValues().getTypes() != getResults().getTypes())
+    return emitOpError("fsdp.yield must name one value of each result's type");
+  auto type = cast<RankedTensorType>(getResults().front().getType());
+  for (Type result : getResults().getTypes())
+    if (cast<RankedTensorType>(result).getShape() != type.getShape())
+      return emitOpError() << "results must share one shape, got " << type << " and " << result;
+  auto kernelFloat = [&](Type t) {
+    Type element = cast<RankedTensorType>(t).getElementType();
+    return element == type.getElementType() && (element.isF32() || element.isBF16() || element.isF16());
+  };
+  for (Type t : llvm::concat<const Type>(getInputs().getTypes(), getResults().getTypes()))
+    if (!kernelFloat(t))
+      return emitOpError() << "inputs and results must share one element type, f32, bf16 or f16; got " << t
+                           << " with results of " << type;
+  SmallVector<int64_t> broadcast;
+  for (Type input : getInputs().getTypes()) {
+    ArrayRef<int64_t> shape = cast<RankedTensorType>(input).getShape();
+    if (!broadcastsTo(shape, type.getShape()))
+      return emitOpError() << "input " << input << " does not broadcast to the results' shape " << type;
+    if (shape.size() > broadcast.size())
+      broadcast.insert(broadcast.begin(), shape.size() - broadcast.size(), 1);
+    for (auto [i, dim] : llvm::enumerate(shape))
+      if (dim != 1)
+        broadcast[broadcast.size() - shape.size() + i] = dim;
+  }
+  if (ArrayRef<int64_t>(broadcast) != type.getShape())
+    return emitOpError() << "the inputs broadcast to " << RankedTensorType::get(broadcast, type.getElementType())
+                         << ", not to the results' shape " << type;
+  for (Operation &op : body.without_terminator()) {
+    auto aten = dyn_cast<AtenOp>(op);
+    if (!aten)
+      return op.emitOpError("cannot be computed by a pointwise kernel: only fsdp.aten calls can");
+    if (std::string why = pointwiseRefusal(aten); !why.empty())
+      return aten.emitOpError("cannot be computed element by element: ") << why;
+    auto result = cast<RankedTensorType>(aten->getResult(0).getType());
+    if (!broadcastsTo(result.getShape(), type.getShape()))
+      return aten.emitOpError() << "result " << result << " does not broadcast to the kernel's shape " << type;
+  }
+  return success();
 }
 
 //===----------------------------------------------------------------------===//

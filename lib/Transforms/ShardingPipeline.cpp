@@ -4,7 +4,7 @@
 // fold-views, simplify-backward, group-units (if units-per-group is not 1 or unit-bucket-mib is given), shard-parameters, fuse-casts,
 // activation-checkpoint (if units are named), reshard-after-forward,
 // bucket-collectives, prefetch, overlap-reductions, verify-schedule,
-// plan-lifetimes, offload-units (if units are named), and the reports that
+// fuse-pointwise (CUDA steps, unless fuse-pointwise=false), plan-lifetimes, offload-units (if units are named), and the reports that
 // were asked for.
 //
 //   fsdp-opt gpt.mlir --fsdp-sharding-pipeline="ranks=8 strategy=full-shard
@@ -100,6 +100,10 @@ struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOpti
                               llvm::cl::init("gloo")};
   Option<std::string> reportFormat{*this, "report-format", llvm::cl::desc("table | json"),
                                    llvm::cl::init("table")};
+  Option<bool> fusePointwise{
+      *this, "fuse-pointwise",
+      llvm::cl::desc("On a CUDA step, run chains of elementwise calls as one generated kernel each"),
+      llvm::cl::init(true)};
   Option<std::string> trace{*this, "trace", llvm::cl::desc("Write the predicted step on an H100 (fsdp-step-time) as a Chrome trace here"),
                             llvm::cl::init("")};
 };
@@ -154,6 +158,8 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
   overlap.depth = options.overlapReductions;
   pm.addPass(createOverlapReductionsPass(overlap));
   pm.addPass(createVerifySchedulePass());
+  if (options.fusePointwise)
+    pm.addPass(createFusePointwisePass());
   pm.addPass(createPlanLifetimesPass());
   if (!options.offload.empty() || options.offloadToFit > 0) {
     OffloadUnitsPassOptions offload;

@@ -480,3 +480,27 @@ func.func @release(%x: tensor<8x4xf32>) -> tensor<8x4xf32> {
   fsdp.release %v : tensor<4x8xf32>
   return %z : tensor<8x4xf32>
 }
+
+// -----
+
+// CHECK-LABEL: func.func @pointwise
+// CHECK-SAME:    %[[X:[^:]*]]: tensor<8x64xbf16>, %[[M:[^:]*]]: tensor<8x1xbf16>, %[[W:[^:]*]]: tensor<64xbf16>)
+func.func @pointwise(%x: tensor<8x64xbf16>, %ms: tensor<8x1xbf16>, %w: tensor<64xbf16>) -> tensor<8x64xbf16> {
+  // CHECK-NEXT: %[[R:.*]]:2 = fsdp.pointwise(%[[X]], %[[M]], %[[W]]) module "norm" : (tensor<8x64xbf16>, tensor<8x1xbf16>, tensor<64xbf16>) -> (tensor<8x64xbf16>, tensor<8x64xbf16>) {
+  // CHECK-NEXT: ^bb0(%[[A:.*]]: tensor<8x64xbf16>, %[[B:.*]]: tensor<8x1xbf16>, %[[C:.*]]: tensor<64xbf16>):
+  // CHECK-NEXT:   %[[S:.*]] = fsdp.aten "aten::rsqrt"(%[[B]])
+  // CHECK-NEXT:   %[[N:.*]] = fsdp.aten "aten::mul.Tensor"(%[[A]], %[[S]])
+  // CHECK-NEXT:   %[[Y:.*]] = fsdp.aten "aten::mul.Tensor"(%[[N]], %[[C]])
+  // CHECK-NEXT:   fsdp.yield %[[N]], %[[Y]] : tensor<8x64xbf16>, tensor<8x64xbf16>
+  // CHECK-NEXT: }
+  // CHECK-NEXT: return %[[R]]#1
+  %n, %y = fsdp.pointwise (%x, %ms, %w) module "norm"
+      : (tensor<8x64xbf16>, tensor<8x1xbf16>, tensor<64xbf16>) -> (tensor<8x64xbf16>, tensor<8x64xbf16>) {
+  ^bb0(%a: tensor<8x64xbf16>, %b: tensor<8x1xbf16>, %c: tensor<64xbf16>):
+    %r = fsdp.aten "aten::rsqrt"(%b) : (tensor<8x1xbf16>) -> tensor<8x1xbf16>
+    %m = fsdp.aten "aten::mul.Tensor"(%a, %r) : (tensor<8x64xbf16>, tensor<8x1xbf16>) -> tensor<8x64xbf16>
+    %s = fsdp.aten "aten::mul.Tensor"(%m, %c) : (tensor<8x64xbf16>, tensor<64xbf16>) -> tensor<8x64xbf16>
+    fsdp.yield %m, %s : tensor<8x64xbf16>, tensor<8x64xbf16>
+  }
+  return %y : tensor<8x64xbf16>
+}

@@ -1,0 +1,296 @@
+//===- FusePointwise.cpp - chains of elementwise calls as one kernel ------===//
+//
+// Before: RMSNorm's tail and SwiGLU's product, as capture records them, are
+// one kernel launch and one full-size tensor per call:
+//
+//   %e = fsdp.aten "aten::add.Tensor"(%ms) args [0 : index, 1.0e-05, 1] : (tensor<8x1xbf16>) -> tensor<8x1xbf16>
+//   %r = fsdp.aten "aten::rsqrt"(%e) : (tensor<8x1xbf16>) -> tensor<8x1xbf16>
+//   %n = fsdp.aten "aten::mul.Tensor"(%x, %r) : (tensor<8x64xbf16>, tensor<8x1xbf16>) -> tensor<8x64xbf16>
+//   %y = fsdp.aten "aten::mul.Tensor"(%n, %w) : (tensor<8x64xbf16>, tensor<64xbf16>) -> tensor<8x64xbf16>
+//
+// After (when only %y is read later): one fsdp.pointwise, one kernel, one
+// tensor written:
+//
+//   %y = fsdp.pointwise (%ms, %x, %w) module "norm" : (...) -> tensor<8x64xbf16> {
+//   ^bb0(%a: tensor<8x1xbf16>, %b: tensor<8x64xbf16>, %c: tensor<64xbf16>):
+//     %e = fsdp.aten "aten::add.Tensor"(%a) args [0 : index, 1.0e-05, 1] : ...
+//     ... fsdp.yield %y2 : tensor<8x64xbf16>
+//   }
+//
+// Calls join a group in program order: a call that reads a value of a
+// group joins it when the group's calls can all move down to the call's
+// place (nothing outside the group reads their results or frees their
+// operands in between), the group stays within a kernel's 8 inputs and 8
+// outputs, every value it hands out has the group's full shape, and every
+// input is a dense, row-major tensor (so the kernel's outputs have the
+// layout eager's calls would have given them; a later view relies on it).
+// A group of one call stays a call. Only CUDA steps (`fsdp.device` =
+// "cuda") fuse: the kernels are CUDA source; a CPU step keeps ATen's.
+//
+// Test: test/Transforms/fuse-pointwise.mlir.
+//
+//===----------------------------------------------------------------------===//
+
+#include "fsdp/Analysis/Step.h"
+#include "fsdp/Dialect/Pointwise.h"
+#include "fsdp/Support/AtenOpName.h"
+#include "fsdp/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/StringSwitch.h"
+
+namespace mlir::fsdp {
+#define GEN_PASS_DEF_FUSEPOINTWISEPASS
+#include "fsdp/Passes.h.inc"
+} // namespace mlir::fsdp
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+namespace {
+
+constexpr size_t kMostKernelTensors = 8; // inputs, and outputs, of one kernel
+
+/// Whether a value is known to be a dense row-major tensor when the step
+/// runs: what the runtime allocates (parameters, gathered buffers, matrix
+/// products, concatenations) and what elementwise calls and contiguity-
+/// keeping views make of such tensors. Anything else (a permute, a slice,
+/// an attention kernel's output) may be strided.
+class DenseLayouts {
+public:
+  bool isDense(Value value) {
+    if (auto it = known.find(value); it != known.end())
+      return it->second;
+    bool dense = compute(value);
+    known[value] = dense;
+    return dense;
+  }
+
+private:
+  bool compute(Value value) {
+    Operation *op = value.getDefiningOp();
+    if (!op)
+      return false; // the batch: the caller's layout
+    if (isa<GetParamOp, GetBufferOp, GetAccumulatedGradOp, WaitOp, AllSliceOp>(op))
+      return true;
+    if (auto cast = dyn_cast<CastOp>(op))
+      return isDense(cast.getInput()); // preserves the input's strides
+    auto aten = dyn_cast<AtenOp>(op);
+    if (!aten)
+      return false;
+    StringRef callee = aten.getCallee();
+    bool fresh = llvm::StringSwitch<bool>(callee)
+                     .Cases({"aten::mm", "aten::bmm", "aten::addmm", "aten::cat", "aten::embedding"}, true)
+                     .Default(false);
+    if (fresh)
+      return true;
+    if (callee == "aten::clone")
+      return llvm::all_of(aten.getArgsAttr() ? aten.getArgsAttr().getValue() : ArrayRef<Attribute>(),
+                          [](Attribute arg) {
+                            auto text = dyn_cast<StringAttr>(arg);
+                            return !text || text.getValue() == "contiguous_format";
+                          }) &&
+             aten.getArgsAttr() && aten.getArgsAttr().size() == 2;
+    bool keepsDensity = llvm::StringSwitch<bool>(callee)
+                            .Cases({"aten::view", "aten::_unsafe_view", "aten::reshape", "aten::unsqueeze",
+                                    "aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims", "aten::alias"},
+                                   true)
+                            .Default(false);
+    if (isViewOperator(callee) && !keepsDensity)
+      return false;
+    return llvm::all_of(aten.getInputs(), [&](Value input) {
+      return !isa<RankedTensorType>(input.getType()) || isDense(input);
+    });
+  }
+
+  DenseMap<Value, bool> known;
+};
+
+/// A chain of calls to become one kernel, in program order.
+struct Group {
+  SmallVector<AtenOp> members;
+  llvm::SmallPtrSet<Operation *, 8> memberSet;
+};
+
+/// The shape both shapes broadcast to, or nullopt.
+std::optional<SmallVector<int64_t>> broadcastShapes(ArrayRef<int64_t> a, ArrayRef<int64_t> b) {
+  SmallVector<int64_t> out(std::max(a.size(), b.size()), 1);
+  for (size_t i = 0; i < out.size(); ++i) {
+    int64_t x = i < a.size() ? a[a.size() - 1 - i] : 1, y = i < b.size() ? b[b.size() - 1 - i] : 1;
+    if (x != y && x != 1 && y != 1)
+      return std::nullopt;
+    out[out.size() - 1 - i] = x == 1 ? y : x;
+  }
+  return out;
+}
+
+ArrayRef<int64_t> shapeOf(Value value) { return cast<RankedTensorType>(value.getType()).getShape(); }
+
+/// Groups one function body's elementwise calls and rewrites each group of
+/// two or more into an fsdp.pointwise.
+class PointwiseFuser {
+public:
+  explicit PointwiseFuser(Block &body) : body(body) {
+    for (auto [i, op] : llvm::enumerate(body))
+      index[&op] = i;
+  }
+
+  void run() {
+    for (Operation &op : body) {
+      auto aten = dyn_cast<AtenOp>(op);
+      if (!aten || !pointwiseRefusal(aten).empty())
+        continue;
+      if (!joinProducerGroup(aten) && fits(SmallVector<AtenOp>{aten})) {
+        groups.push_back(std::make_unique<Group>());
+        add(*groups.back(), aten);
+      }
+    }
+    for (auto &group : groups)
+      if (group->members.size() > 1)
+        rewrite(*group);
+  }
+
+private:
+  void add(Group &group, AtenOp op) {
+    group.members.push_back(op);
+    group.memberSet.insert(op);
+    groupOf[op] = &group;
+  }
+
+  /// Joins the latest group that produces one of `op`'s operands and can
+  /// take it.
+  bool joinProducerGroup(AtenOp op) {
+    SmallVector<Group *> candidates;
+    for (Value input : op.getInputs())
+      if (auto it = groupOf.find(input.getDefiningOp()); it != groupOf.end() && !llvm::is_contained(candidates, it->second))
+        candidates.push_back(it->second);
+    llvm::sort(candidates, [&](Group *a, Group *b) {
+      return index[a->members.back()] > index[b->members.back()];
+    });
+    for (Group *group : candidates) {
+      if (!canSinkTo(*group, op))
+        continue;
+      SmallVector<AtenOp> members = group->members;
+      members.push_back(op);
+      if (fits(members)) {
+        add(*group, op);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  /// Whether every member of `group` may move down to `op`'s place: nothing
+  /// else reads its results, or frees its operands, before `op`.
+  bool canSinkTo(Group &group, AtenOp op) {
+    int64_t to = index[op];
+    for (AtenOp member : group.members) {
+      int64_t from = index[member];
+      for (Operation *user : member->getUsers()) {
+        Operation *top = body.findAncestorOpInBlock(*user);
+        if (top != op && !group.memberSet.contains(top) && index[top] < to)
+          return false;
+      }
+      for (Value input : member.getInputs())
+        for (Operation *user : input.getUsers()) {
+          Operation *top = body.findAncestorOpInBlock(*user);
+          if (isa<ReshardOp, ReleaseOp>(top) && index[top] > from && index[top] < to)
+            return false;
+        }
+    }
+    return true;
+  }
+
+  /// The group's inputs (values from outside, in order of first use) and
+  /// outputs (results read outside, in program order).
+  static std::pair<SetVector<Value>, SmallVector<Value>> boundary(ArrayRef<AtenOp> members) {
+    llvm::SmallPtrSet<Operation *, 8> inside;
+    for (AtenOp member : members)
+      inside.insert(member);
+    SetVector<Value> inputs;
+    SmallVector<Value> outputs;
+    for (AtenOp member : members) {
+      for (Value input : member.getInputs())
+        if (!inside.contains(input.getDefiningOp()))
+          inputs.insert(input);
+      Value result = member->getResult(0);
+      if (llvm::any_of(result.getUsers(), [&](Operation *user) { return !inside.contains(user); }))
+        outputs.push_back(result);
+    }
+    return {inputs, outputs};
+  }
+
+  /// Whether `members` make one kernel: at most 8 inputs and 8 outputs,
+  /// one element type, dense inputs, and every output of the shape all
+  /// values broadcast to.
+  bool fits(ArrayRef<AtenOp> members) {
+    auto [inputs, outputs] = boundary(members);
+    if (inputs.empty() || inputs.size() > kMostKernelTensors || outputs.empty() ||
+        outputs.size() > kMostKernelTensors)
+      return false;
+    Type element = cast<RankedTensorType>(members.front()->getResult(0).getType()).getElementType();
+    SmallVector<int64_t> shape;
+    for (AtenOp member : members) {
+      auto result = cast<RankedTensorType>(member->getResult(0).getType());
+      std::optional<SmallVector<int64_t>> joined = broadcastShapes(shape, result.getShape());
+      if (result.getElementType() != element || !joined)
+        return false;
+      shape = *joined;
+    }
+    for (Value output : outputs)
+      if (shapeOf(output) != ArrayRef<int64_t>(shape))
+        return false;
+    return llvm::all_of(inputs, [&](Value input) { return layouts.isDense(input); });
+  }
+
+  void rewrite(Group &group) {
+    auto [inputs, outputs] = boundary(group.members);
+    AtenOp last = group.members.back();
+    OpBuilder builder(last);
+    SmallVector<Location> locations;
+    for (AtenOp member : group.members)
+      locations.push_back(member.getLoc());
+    SmallVector<Type> resultTypes;
+    for (Value output : outputs)
+      resultTypes.push_back(output.getType());
+    auto fused = PointwiseOp::create(builder, FusedLoc::get(builder.getContext(), locations), resultTypes,
+                                     inputs.getArrayRef(), group.members.front().getModuleAttr());
+    Block *kernel = builder.createBlock(&fused.getBody());
+    IRMapping map;
+    for (Value input : inputs)
+      map.map(input, kernel->addArgument(input.getType(), input.getLoc()));
+    for (AtenOp member : group.members)
+      builder.clone(*member, map);
+    SmallVector<Value> yielded;
+    for (Value output : outputs)
+      yielded.push_back(map.lookup(output));
+    YieldOp::create(builder, fused.getLoc(), yielded);
+    for (auto [output, result] : llvm::zip(outputs, fused.getResults()))
+      output.replaceUsesWithIf(result, [&](OpOperand &use) { return !group.memberSet.contains(use.getOwner()); });
+    for (AtenOp member : llvm::reverse(group.members))
+      member->erase();
+  }
+
+  Block &body;
+  DenseMap<Operation *, int64_t> index;
+  DenseLayouts layouts;
+  std::vector<std::unique_ptr<Group>> groups;
+  DenseMap<Operation *, Group *> groupOf;
+};
+
+struct FusePointwisePass : public fsdp::impl::FusePointwisePassBase<FusePointwisePass> {
+  using FusePointwisePassBase::FusePointwisePassBase;
+
+  void runOnOperation() override {
+    auto device = getOperation()->getAttrOfType<StringAttr>("fsdp.device");
+    if (!device || device.getValue() != "cuda")
+      return;
+    for (auto func : getOperation().getOps<func::FuncOp>())
+      if (!func.isExternal())
+        PointwiseFuser(func.getBody().front()).run();
+  }
+};
+
+} // namespace

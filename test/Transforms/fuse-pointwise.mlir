@@ -1,0 +1,109 @@
+// RUN: fsdp-opt %s -split-input-file --fsdp-fuse-pointwise | FileCheck %s
+
+// RMSNorm's tail and SwiGLU's product: the rsqrt is read later (by the
+// return), so it stays an output of its own [8, 1] kernel; the products
+// become one kernel with the weight broadcast along rows.
+module attributes {fsdp.device = "cuda"} {
+// CHECK-LABEL: func.func @norm_and_swiglu
+func.func @norm_and_swiglu(%x: tensor<8x64xbf16>, %ms: tensor<8x1xbf16>, %w: tensor<64xbf16>,
+                           %a: tensor<8x64xbf16>, %b: tensor<8x64xbf16>) -> (tensor<8x64xbf16>, tensor<8x1xbf16>, tensor<8x64xbf16>) {
+  %xd = fsdp.aten "aten::clone"(%x) args [0 : index, "contiguous_format"] : (tensor<8x64xbf16>) -> tensor<8x64xbf16>
+  %msd = fsdp.aten "aten::clone"(%ms) args [0 : index, "contiguous_format"] : (tensor<8x1xbf16>) -> tensor<8x1xbf16>
+  %wd = fsdp.aten "aten::clone"(%w) args [0 : index, "contiguous_format"] : (tensor<64xbf16>) -> tensor<64xbf16>
+  %e = fsdp.aten "aten::add.Tensor"(%msd) args [0 : index, 1.0e-05, 1] : (tensor<8x1xbf16>) -> tensor<8x1xbf16>
+  %r = fsdp.aten "aten::rsqrt"(%e) : (tensor<8x1xbf16>) -> tensor<8x1xbf16>
+  %n = fsdp.aten "aten::mul.Tensor"(%xd, %r) : (tensor<8x64xbf16>, tensor<8x1xbf16>) -> tensor<8x64xbf16>
+  %y = fsdp.aten "aten::mul.Tensor"(%n, %wd) : (tensor<8x64xbf16>, tensor<64xbf16>) -> tensor<8x64xbf16>
+  %ad = fsdp.aten "aten::clone"(%a) args [0 : index, "contiguous_format"] : (tensor<8x64xbf16>) -> tensor<8x64xbf16>
+  %bd = fsdp.aten "aten::clone"(%b) args [0 : index, "contiguous_format"] : (tensor<8x64xbf16>) -> tensor<8x64xbf16>
+  %s = fsdp.aten "aten::silu"(%ad) : (tensor<8x64xbf16>) -> tensor<8x64xbf16>
+  %g = fsdp.aten "aten::mul.Tensor"(%s, %bd) : (tensor<8x64xbf16>, tensor<8x64xbf16>) -> tensor<8x64xbf16>
+  return %y, %r, %g : tensor<8x64xbf16>, tensor<8x1xbf16>, tensor<8x64xbf16>
+}
+}
+// The batch's layout is the caller's: contiguous clones of it are dense.
+// CHECK:      %[[XD:.*]] = fsdp.aten "aten::clone"(%arg0)
+// CHECK:      %[[MSD:.*]] = fsdp.aten "aten::clone"(%arg1)
+// CHECK:      %[[WD:.*]] = fsdp.aten "aten::clone"(%arg2)
+// CHECK:      %[[R:.*]] = fsdp.pointwise(%[[MSD]]) : (tensor<8x1xbf16>) -> tensor<8x1xbf16> {
+// CHECK-NEXT: ^bb0(%[[MS:.*]]: tensor<8x1xbf16>):
+// CHECK-NEXT:   %[[E:.*]] = fsdp.aten "aten::add.Tensor"(%[[MS]]) args [0 : index, 1.000000e-05, 1]
+// CHECK-NEXT:   %[[RS:.*]] = fsdp.aten "aten::rsqrt"(%[[E]])
+// CHECK-NEXT:   fsdp.yield %[[RS]] : tensor<8x1xbf16>
+// CHECK:      %[[Y:.*]] = fsdp.pointwise(%[[XD]], %[[R]], %[[WD]]) : (tensor<8x64xbf16>, tensor<8x1xbf16>, tensor<64xbf16>) -> tensor<8x64xbf16>
+// CHECK:        fsdp.aten "aten::mul.Tensor"
+// CHECK:        fsdp.aten "aten::mul.Tensor"
+// CHECK:      %[[G:.*]] = fsdp.pointwise(%{{.*}}, %{{.*}}) : (tensor<8x64xbf16>, tensor<8x64xbf16>) -> tensor<8x64xbf16>
+// CHECK:        fsdp.aten "aten::silu"
+// CHECK:        fsdp.aten "aten::mul.Tensor"
+// CHECK:      return %[[Y]], %[[R]], %[[G]]
+
+// -----
+
+// Not fused: a strided input (a permute); the reshard of an operand between
+// a call and its reader; different element types; a reduction between.
+module attributes {fsdp.device = "cuda"} {
+fsdp.unit @root root
+fsdp.param @w : tensor<8x8xf32> unit @root sharded on @g axes = [0] padding = 0
+shard.grid @g(shape = 1)
+// CHECK-LABEL: func.func @refused
+func.func @refused(%x: tensor<8x8xf32>) -> (tensor<8x8xf32>, tensor<8x8xf32>, tensor<8x8xf16>, tensor<8x8xf32>) {
+  %x0 = fsdp.aten "aten::mm"(%x, %x) : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+  %t = fsdp.aten "aten::permute"(%x0) args [0 : index, [1, 0]] : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  %a = fsdp.aten "aten::neg"(%t) : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  %b = fsdp.aten "aten::exp"(%a) : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  %s = fsdp.get_param @w : tensor<8x8xf32>
+  %f = fsdp.all_gather_start %s on @g axes = [0] : tensor<8x8xf32> -> !fsdp.future<tensor<8x8xf32>>
+  %w = fsdp.wait %f : !fsdp.future<tensor<8x8xf32>>
+  %c = fsdp.aten "aten::mul.Tensor"(%x0, %w) : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+  fsdp.reshard %w : tensor<8x8xf32>
+  %d = fsdp.aten "aten::sigmoid"(%c) : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  %h = fsdp.cast %x0 : tensor<8x8xf32> to tensor<8x8xf16>
+  %h2 = fsdp.aten "aten::neg"(%h) : (tensor<8x8xf16>) -> tensor<8x8xf16>
+  %m = fsdp.aten "aten::sum.dim_IntList"(%x0) args [0 : index, [1], true, unit] : (tensor<8x8xf32>) -> tensor<8x1xf32>
+  %e = fsdp.aten "aten::div.Tensor"(%x0, %m) : (tensor<8x8xf32>, tensor<8x1xf32>) -> tensor<8x8xf32>
+  return %b, %d, %h2, %e : tensor<8x8xf32>, tensor<8x8xf32>, tensor<8x8xf16>, tensor<8x8xf32>
+}
+}
+// CHECK-NOT: fsdp.pointwise
+// CHECK:     fsdp.aten "aten::neg"
+// CHECK:     fsdp.aten "aten::exp"
+// CHECK:     fsdp.aten "aten::mul.Tensor"(%{{.*}}, %{{.*}})
+// CHECK:     fsdp.reshard
+// CHECK:     fsdp.aten "aten::sigmoid"
+// CHECK-NOT: fsdp.pointwise
+
+// -----
+
+// A value read before the chain ends keeps its producer out of the chain's
+// kernel; a CPU step is left alone.
+module attributes {fsdp.device = "cuda"} {
+// CHECK-LABEL: func.func @read_between
+func.func @read_between(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %d = fsdp.aten "aten::mm"(%x, %x) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  %a = fsdp.aten "aten::exp"(%d) : (tensor<4xf32>) -> tensor<4xf32>
+  %b = fsdp.aten "aten::mm"(%a, %a) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  %c = fsdp.aten "aten::add.Tensor"(%a, %b) args [0 : index, 1 : index, 1] : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  %e = fsdp.aten "aten::tanh"(%c) : (tensor<4xf32>) -> tensor<4xf32>
+  return %e : tensor<4xf32>
+}
+}
+// CHECK:      fsdp.aten "aten::exp"
+// CHECK-NEXT: fsdp.aten "aten::mm"
+// CHECK-NEXT: fsdp.pointwise
+// CHECK-NEXT: ^bb0
+// CHECK-NEXT:   fsdp.aten "aten::add.Tensor"
+// CHECK-NEXT:   fsdp.aten "aten::tanh"
+
+// -----
+
+module attributes {fsdp.device = "cpu"} {
+// CHECK-LABEL: func.func @cpu_step
+func.func @cpu_step(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %d = fsdp.aten "aten::mm"(%x, %x) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  %a = fsdp.aten "aten::exp"(%d) : (tensor<4xf32>) -> tensor<4xf32>
+  %b = fsdp.aten "aten::neg"(%a) : (tensor<4xf32>) -> tensor<4xf32>
+  return %b : tensor<4xf32>
+}
+}
+// CHECK-NOT: fsdp.pointwise
