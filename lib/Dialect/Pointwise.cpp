@@ -27,6 +27,8 @@ enum class Param {
   TensorOrNumber, ///< an operand, or a number literal (a wrapped scalar)
   Number,         ///< a number literal
   Approximate,    ///< gelu's `approximate`: "none" or "tanh"
+  Sizes,          ///< expand's sizes: a list of integers (the result type says them)
+  Flag,           ///< a bool literal the element does not depend on
 };
 
 /// One argument as the expression sees it.
@@ -113,6 +115,9 @@ const std::vector<Rule> &rules() {
        [](ArrayRef<Arg> a) {
          return "(" + a[1].text + " <= " + a[2].text + " ? 0.0f : " + a[0].text + ")";
        }},
+      // A broadcast: each element reads its input's element at the broadcast index.
+      {"aten::expand", {P::Tensor, P::Sizes, P::Flag}, {std::nullopt, std::nullopt, 0.0},
+       [](ArrayRef<Arg> a) { return a[0].text; }},
       {"aten::gelu", {P::Tensor, P::Approximate}, {std::nullopt, std::nullopt},
        [](ArrayRef<Arg> a) {
          return (a[1].word == "tanh" ? "fsdp_gelu_tanh(" : "fsdp_gelu(") + a[0].text + ")";
@@ -182,6 +187,8 @@ std::variant<SmallVector<Arg>, std::string> argumentsOf(AtenOp op, const Rule &r
           position < rule.defaults.size() ? rule.defaults[position] : std::optional<double>();
       if (param == Param::Approximate) {
         arg.word = "none";
+      } else if (param == Param::Sizes) {
+        return where + " is missing";
       } else if (fallback) {
         arg.number = fallback;
         arg.text = floatLiteral(*fallback);
@@ -200,6 +207,14 @@ std::variant<SmallVector<Arg>, std::string> argumentsOf(AtenOp op, const Rule &r
         return where + " is not a tensor of the result's element type";
       if (!operands.empty())
         arg.text = operands[*index];
+    } else if (param == Param::Sizes) {
+      auto sizes = dyn_cast<ArrayAttr>(attr);
+      if (!sizes || !llvm::all_of(sizes, [](Attribute size) { return isa<IntegerAttr>(size); }))
+        return where + " is not a list of sizes";
+    } else if (param == Param::Flag) {
+      auto flag = dyn_cast<IntegerAttr>(attr);
+      if (!flag || !flag.getType().isInteger(1))
+        return where + " is not a bool";
     } else if (param == Param::Approximate) {
       auto word = dyn_cast<StringAttr>(attr);
       if (!word || (word.getValue() != "none" && word.getValue() != "tanh"))
@@ -218,6 +233,13 @@ std::variant<SmallVector<Arg>, std::string> argumentsOf(AtenOp op, const Rule &r
     args.push_back(arg);
   }
   return args;
+}
+
+std::string shapeText(ArrayRef<int64_t> shape) {
+  std::string text = "[";
+  for (auto [i, dim] : llvm::enumerate(shape))
+    text += (i ? ", " : "") + std::to_string(dim);
+  return text + "]";
 }
 
 } // namespace
@@ -242,6 +264,15 @@ std::string mlir::fsdp::pointwiseRefusal(AtenOp op) {
   auto args = argumentsOf(op, *rule, {});
   if (auto *why = std::get_if<std::string>(&args))
     return *why;
+  ArrayRef<int64_t> result = cast<RankedTensorType>(op->getResult(0).getType()).getShape();
+  for (Value input : op.getInputs()) {
+    ArrayRef<int64_t> shape = cast<RankedTensorType>(input.getType()).getShape();
+    bool broadcasts = shape.size() <= result.size();
+    for (size_t i = 0; broadcasts && i < shape.size(); ++i)
+      broadcasts = shape[i] == 1 || shape[i] == result[result.size() - shape.size() + i];
+    if (!broadcasts)
+      return "an operand of shape " + shapeText(shape) + " does not broadcast to the result's " + shapeText(result);
+  }
   return "";
 }
 

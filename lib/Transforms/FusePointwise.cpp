@@ -17,13 +17,16 @@
 //     ... fsdp.yield %y2 : tensor<8x64xbf16>
 //   }
 //
-// Calls join a group in program order: a call that reads a value of a
-// group joins it when the group's calls can all move down to the call's
-// place (nothing outside the group reads their results or frees their
-// operands in between), the group stays within a kernel's 8 inputs and 8
-// outputs, every value it hands out has the group's full shape, and every
-// input is a dense, row-major tensor (so the kernel's outputs have the
-// layout eager's calls would have given them; a later view relies on it).
+// Calls join a group in program order. A call that reads values of groups
+// joins them (merged) when their calls can all move down to its place
+// (nothing outside reads their results or frees their operands in
+// between), or joins one of them by moving down to it, or by moving up to
+// it (its other operands exist there, at most 8 calls earlier). The group
+// stays within a kernel's 8 inputs and 8 outputs, every value it hands out
+// has the group's full shape and is not a view (an expand is read inside
+// only), and every input is a dense, row-major tensor (so the kernel's
+// outputs have the layout eager's calls would have given them; a later
+// view relies on it).
 // A group of one call stays a call. Only CUDA steps (`fsdp.device` =
 // "cuda") fuse: the kernels are CUDA source; a CPU step keeps ATen's.
 //
@@ -108,10 +111,12 @@ private:
   DenseMap<Value, bool> known;
 };
 
-/// A chain of calls to become one kernel, in program order.
+/// A chain of calls to become one kernel: its calls in program order, and
+/// the call before which the kernel will run.
 struct Group {
   SmallVector<AtenOp> members;
   llvm::SmallPtrSet<Operation *, 8> memberSet;
+  Operation *anchor = nullptr;
 };
 
 /// The shape both shapes broadcast to, or nullopt.
@@ -142,39 +147,79 @@ public:
       auto aten = dyn_cast<AtenOp>(op);
       if (!aten || !pointwiseRefusal(aten).empty())
         continue;
-      if (!joinProducerGroup(aten) && fits(SmallVector<AtenOp>{aten})) {
+      if (!joinProducerGroups(aten) && fits({aten})) {
         groups.push_back(std::make_unique<Group>());
         add(*groups.back(), aten);
+        groups.back()->anchor = aten;
       }
     }
     for (auto &group : groups)
-      if (group->members.size() > 1)
+      if (group->members.size() > 1 && !handsOutAView(*group))
         rewrite(*group);
   }
 
 private:
+  /// Where `op` runs once the groups are rewritten: at its group's anchor.
+  int64_t position(Operation *op) {
+    auto it = groupOf.find(op);
+    return index[it != groupOf.end() ? it->second->anchor : op];
+  }
+
+  /// A group whose result read outside is a view (an expand nothing in the
+  /// group consumed) stays calls: a kernel would copy what a view shares.
+  bool handsOutAView(Group &group) {
+    return llvm::any_of(boundary(group.members).second,
+                        [](Value output) { return isViewOf(output.getDefiningOp()); });
+  }
+
   void add(Group &group, AtenOp op) {
     group.members.push_back(op);
     group.memberSet.insert(op);
     groupOf[op] = &group;
   }
 
-  /// Joins the latest group that produces one of `op`'s operands and can
-  /// take it.
-  bool joinProducerGroup(AtenOp op) {
+  /// Joins `op` to the groups that produce its operands: all of them merged
+  /// and moved down to `op`; else the latest one that `op` fits, moved down
+  /// to `op` or with `op` moved up to it.
+  bool joinProducerGroups(AtenOp op) {
     SmallVector<Group *> candidates;
     for (Value input : op.getInputs())
       if (auto it = groupOf.find(input.getDefiningOp()); it != groupOf.end() && !llvm::is_contained(candidates, it->second))
         candidates.push_back(it->second);
-    llvm::sort(candidates, [&](Group *a, Group *b) {
-      return index[a->members.back()] > index[b->members.back()];
-    });
+    llvm::sort(candidates, [&](Group *a, Group *b) { return index[a->anchor] > index[b->anchor]; });
+    if (candidates.size() > 1) {
+      SmallVector<AtenOp> merged;
+      for (Group *group : candidates)
+        llvm::append_range(merged, group->members);
+      llvm::sort(merged, [&](AtenOp a, AtenOp b) { return index[a] < index[b]; });
+      merged.push_back(op);
+      if (canSinkTo(merged, op) && fits(merged)) {
+        Group &into = *candidates.front();
+        for (Group *other : ArrayRef(candidates).drop_front())
+          for (AtenOp member : other->members) {
+            into.memberSet.insert(member);
+            groupOf[member] = &into;
+          }
+        merged.pop_back();
+        into.members = merged;
+        for (Group *other : ArrayRef(candidates).drop_front())
+          other->members.clear();
+        add(into, op);
+        into.anchor = op;
+        return true;
+      }
+    }
     for (Group *group : candidates) {
-      if (!canSinkTo(*group, op))
-        continue;
       SmallVector<AtenOp> members = group->members;
       members.push_back(op);
-      if (fits(members)) {
+      if (!fits(members))
+        continue;
+      if (canSinkTo(members, op)) {
+        add(*group, op);
+        group->anchor = op;
+        return true;
+      }
+      if (canHoistTo(op, *group)) {
         add(*group, op);
         return true;
       }
@@ -182,15 +227,18 @@ private:
     return false;
   }
 
-  /// Whether every member of `group` may move down to `op`'s place: nothing
-  /// else reads its results, or frees its operands, before `op`.
-  bool canSinkTo(Group &group, AtenOp op) {
+  /// Whether `members` may all move down to `op`'s place: nothing outside
+  /// them reads their results, or frees their operands, before `op`.
+  bool canSinkTo(ArrayRef<AtenOp> members, AtenOp op) {
+    llvm::SmallPtrSet<Operation *, 16> inside;
+    for (AtenOp member : members)
+      inside.insert(member);
     int64_t to = index[op];
-    for (AtenOp member : group.members) {
+    for (AtenOp member : members) {
       int64_t from = index[member];
       for (Operation *user : member->getUsers()) {
         Operation *top = body.findAncestorOpInBlock(*user);
-        if (top != op && !group.memberSet.contains(top) && index[top] < to)
+        if (!inside.contains(top) && position(top) < to)
           return false;
       }
       for (Value input : member.getInputs())
@@ -201,6 +249,22 @@ private:
         }
     }
     return true;
+  }
+
+  /// Whether `op` may move up to `group`'s place: its other operands are
+  /// made before it (where their own groups run), and it is close enough
+  /// that computing it early holds its result only a few calls longer.
+  /// Later moves see `op` at the group's anchor (`position`), so no group
+  /// it reads moves below it.
+  bool canHoistTo(AtenOp op, Group &group) {
+    constexpr int64_t kMostCallsEarlier = 8;
+    int64_t to = index[group.anchor];
+    if (index[op] - to > kMostCallsEarlier)
+      return false;
+    return llvm::all_of(op.getInputs(), [&](Value input) {
+      Operation *def = input.getDefiningOp();
+      return group.memberSet.contains(def) || !def || position(def) < to;
+    });
   }
 
   /// The group's inputs (values from outside, in order of first use) and
@@ -247,8 +311,7 @@ private:
 
   void rewrite(Group &group) {
     auto [inputs, outputs] = boundary(group.members);
-    AtenOp last = group.members.back();
-    OpBuilder builder(last);
+    OpBuilder builder(group.anchor);
     SmallVector<Location> locations;
     for (AtenOp member : group.members)
       locations.push_back(member.getLoc());

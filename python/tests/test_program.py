@@ -116,7 +116,7 @@ def test_the_reshard_check_catches_a_view_that_outlives_its_buffer():
         "groups": [{"key": "g", "grid": "world", "grid_shape": [1], "axes": [0], "size": 1, "members": [[0]]}],
         "params": [{"name": "w", "shape": [3, 2], "dtype": "f32", "unit": "root", "trainable": True, "offloaded": False,
                     "tied": [], "group": "g", "shard_rows": 3, "padding": 0}],
-        "buffers": [],
+        "buffers": [], "kernels": [],
         "functions": [{
             "name": "leak", "step": False, "inputs": [], "input_types": [], "slots": 3, "futures": 1,
             "instructions": [
@@ -146,7 +146,7 @@ def test_capture_prints_only_element_types_the_runtime_knows():
     for dtype, name in _ELEMENT_TYPES.items():
         text = json.dumps({
             "format": "fsdpc.program", "version": VERSION, "device": "cpu", "groups": [], "params": [], "buffers": [],
-            "functions": [{"name": "f", "step": False, "inputs": [0], "input_types": [{"shape": [2], "dtype": name}],
+            "kernels": [], "functions": [{"name": "f", "step": False, "inputs": [0], "input_types": [{"shape": [2], "dtype": name}],
                            "slots": 1, "futures": 0, "instructions": [{"op": "return", "values": [0]}]}]})
         value = torch.zeros(2, dtype=dtype)
         out = runtime_extension().Program(text, "cpu").run("f", {}, {}, {}, [value], {}, 10.0)

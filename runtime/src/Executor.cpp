@@ -27,6 +27,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "fsdp_rt/Executor.h"
+#include "fsdp_rt/Kernels.h"
 #include "fsdp_rt/ShardLayout.h"
 
 #include <c10/core/Event.h>
@@ -96,7 +97,7 @@ struct InFlight {
 class Executor {
 public:
   Executor(const Program &program, const Function &function, StepInputs inputs)
-      : device(program.device()), function(function), in(std::move(inputs)),
+      : device(program.device()), kernels(program.kernels()), function(function), in(std::move(inputs)),
         slots(function.slots), futures(function.futures) {
     std::set<std::string> offloadedUnits;
     for (const ParamSpec &param : program.params())
@@ -243,6 +244,7 @@ private:
       return;
     case Kind::Reshard: return reshard(inst);
     case Kind::AllSlice: return allSlice(inst);
+    case Kind::Pointwise: return launchPointwise(inst);
     case Kind::Return:
       for (int slot : inst.inputs)
         out.returned.push_back(tensor(slot));
@@ -291,6 +293,15 @@ private:
     if (next != inst.results.size())
       throw std::runtime_error("the operator returned " + std::to_string(next) + " results, the program expects " +
                                std::to_string(inst.results.size()));
+  }
+
+  void launchPointwise(const Instruction &inst) {
+    std::vector<at::Tensor> inputs;
+    for (int slot : inst.inputs)
+      inputs.push_back(tensor(slot));
+    std::vector<at::Tensor> outputs = launchKernel(kernels[inst.kernel], inputs);
+    for (size_t i = 0; i < outputs.size(); ++i)
+      slots[inst.results[i]] = std::move(outputs[i]);
   }
 
   void startAllGather(const Instruction &inst) {
@@ -623,6 +634,7 @@ private:
     using Kind = Instruction::Kind;
     switch (inst.kind) {
     case Kind::Aten:
+    case Kind::Pointwise:
     case Kind::Cast:
     case Kind::AllSlice:
       out.trace.push_back({inst.name, "compute", inst.where, start, nowUs() - start});
@@ -638,6 +650,7 @@ private:
   }
 
   c10::Device device;
+  const std::vector<KernelSpec> &kernels;
   const Function &function;
   StepInputs in;
   std::set<std::string> offloaded;      // parameters whose shards are in host memory

@@ -372,6 +372,12 @@ Instruction loadInstruction(const Value &json, c10::Device device) {
     inst.name = json.at("op").asString();
     inst.inputs = slotList(json.at("values"));
     break;
+  case Instruction::Kind::Pointwise:
+    inst.name = "pointwise";
+    inst.kernel = index(json.at("kernel"));
+    inst.inputs = slotList(json.at("inputs"));
+    inst.results = slotList(json.at("results"));
+    break;
   case Instruction::Kind::AllSlice:
     inst.name = "all_slice";
     inst.group = json.at("group").asString();
@@ -423,6 +429,11 @@ BufferSpec loadBuffer(const Value &json) {
   return {json.at("name").asString(), intList(json.at("shape")), json.at("dtype").asString()};
 }
 
+KernelSpec loadKernel(const Value &json) {
+  return {json.at("name").asString(), json.at("source").asString(), count(json.at("inputs"), "inputs"),
+          count(json.at("outputs"), "outputs")};
+}
+
 /// Runs `load` on each entry of the manifest list `key`, naming the entry
 /// that fails.
 template <typename T, typename Load>
@@ -468,6 +479,7 @@ Program Program::load(const std::string &text, std::optional<c10::Device> runOn)
     program.groups_ = loadList<GroupSpec>(root, "groups", loadGroup);
     program.params_ = loadList<ParamSpec>(root, "params", loadParam);
     program.buffers_ = loadList<BufferSpec>(root, "buffers", loadBuffer);
+    program.kernels_ = loadList<KernelSpec>(root, "kernels", loadKernel);
     root.at("functions").asArray();
   } catch (const std::exception &error) {
     throw std::runtime_error(std::string("fsdp_rt: cannot load the manifest: ") + error.what());

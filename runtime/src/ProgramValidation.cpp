@@ -14,6 +14,8 @@
 #include "fsdp_rt/Program.h"
 #include "fsdp_rt/ShardLayout.h"
 
+#include <algorithm>
+#include <cctype>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -74,13 +76,34 @@ void checkGroup(const GroupSpec &group) {
       fail(what + ": axis " + std::to_string(axis) + " is not an axis of the grid");
 }
 
+/// A generated kernel: CUDA source under an identifier, with the number of
+/// tensors it takes and makes within PyTorch's jiterator limits (1 to 8).
+void checkKernel(const KernelSpec &kernel, const std::string &deviceKind, std::set<std::string> &names) {
+  std::string what = "kernel '" + kernel.name + "'";
+  if (deviceKind != "cuda")
+    fail(what + ": generated kernels run on cuda, and the program is for " + deviceKind);
+  bool identifier = !kernel.name.empty() && !std::isdigit(static_cast<unsigned char>(kernel.name[0])) &&
+                    std::all_of(kernel.name.begin(), kernel.name.end(), [](char c) {
+                      return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+                    });
+  if (!identifier)
+    fail(what + ": the name is not a C++ identifier");
+  if (!names.insert(kernel.name).second)
+    fail(what + " is listed twice");
+  if (kernel.inputs < 1 || kernel.inputs > 8 || kernel.outputs < 1 || kernel.outputs > 8)
+    fail(what + " takes " + std::to_string(kernel.inputs) + " tensors and makes " +
+         std::to_string(kernel.outputs) + "; a kernel takes and makes 1 to 8");
+  if (kernel.source.find(kernel.name) == std::string::npos)
+    fail(what + ": the source does not define it");
+}
+
 class FunctionValidator {
 public:
   FunctionValidator(const Function &function, const std::map<std::string, const GroupSpec *> &groups,
                     const std::set<std::string> &params, const std::map<std::string, std::string> &offloaded,
-                    const std::set<std::string> &buffers)
+                    const std::set<std::string> &buffers, const std::vector<KernelSpec> &kernels)
       : function(function), groups(groups), params(params), offloaded(offloaded), buffers(buffers),
-        defined(function.slots, false), startedBy(function.futures, nullptr) {}
+        kernels(kernels), defined(function.slots, false), startedBy(function.futures, nullptr) {}
 
   void run() {
     if (function.inputs.size() != function.inputTypes.size())
@@ -217,6 +240,18 @@ private:
       for (int slot : inst.inputs)
         read(slot);
       return;
+    case Kind::Pointwise: {
+      if (inst.kernel < 0 || inst.kernel >= static_cast<int>(kernels.size()))
+        fail("kernel " + std::to_string(inst.kernel) + " is outside the program's " +
+             std::to_string(kernels.size()));
+      const KernelSpec &kernel = kernels[inst.kernel];
+      arity(inst, kernel.inputs, kernel.outputs);
+      for (int slot : inst.inputs)
+        read(slot);
+      for (int slot : inst.results)
+        write(slot, "a result");
+      return;
+    }
     case Kind::AllSlice:
       arity(inst, 1, 1);
       group(inst.group);
@@ -273,6 +308,7 @@ private:
   const std::set<std::string> &params;
   const std::map<std::string, std::string> &offloaded; // parameter -> its unit
   const std::set<std::string> &buffers;
+  const std::vector<KernelSpec> &kernels;
   const Instruction *current = nullptr;
   std::map<int, const std::pair<const std::string, std::string> *> hostShards; // slot -> offloaded parameter
   std::vector<bool> defined;
@@ -313,6 +349,9 @@ void validateProgram(const Program &program) {
     }
     for (const BufferSpec &buffer : program.buffers())
       checkTensorEntry(buffers, "buffer", buffer.name, buffer.shape, buffer.dtype);
+    std::set<std::string> kernelNames;
+    for (const KernelSpec &kernel : program.kernels())
+      checkKernel(kernel, program.deviceKind(), kernelNames);
   } catch (const std::exception &error) {
     throw std::runtime_error(std::string("fsdp_rt: invalid program manifest: ") + error.what());
   }
@@ -320,7 +359,7 @@ void validateProgram(const Program &program) {
     try {
       if (!functions.insert(function.name).second)
         fail("the function is defined twice");
-      FunctionValidator(function, groups, params, offloaded, buffers).run();
+      FunctionValidator(function, groups, params, offloaded, buffers, program.kernels()).run();
     } catch (const std::exception &error) {
       throw std::runtime_error("fsdp_rt: invalid program: @" + function.name + ": " + error.what());
     }

@@ -8,13 +8,15 @@
 // layout (l0.w's 10 rows take 3 per rank, 2 rows of padding), then one
 // instruction per op: shard reads, bucketed collectives, ATen calls with
 // their source line, and the drops that fsdp-plan-lifetimes decided.
-// CHECK:      {"format": "fsdpc.program", "version": 4, "device": "cpu",
+// CHECK:      {"format": "fsdpc.program", "version": 5, "device": "cpu",
 // CHECK-NEXT:  "groups": [
 // CHECK-NEXT:    {"axes":[0],"grid":"fsdp_grid","grid_shape":[4],"key":"fsdp_grid:0","members":{{\[\[}}0,1,2,3{{\]\]}},"size":4}
 // CHECK:       "params": [
 // CHECK-NEXT:    {"dtype":"f32","group":"fsdp_grid:0","name":"l0.w","offloaded":false,"padding":2,"shape":[10,4],"shard_rows":3,"tied":[],"trainable":true,"unit":"l0"},
 // CHECK:         {"dtype":"f32","group":"fsdp_grid:0","name":"head","offloaded":false,"padding":1,"shape":[3,4],"shard_rows":1,"tied":[],"trainable":false,"unit":"root"}
-// CHECK:       "functions": [
+// CHECK:       "kernels": [
+// CHECK-NEXT:  ],
+// CHECK-NEXT:  "functions": [
 // CHECK-NEXT:   {"futures": 6, "input_types": [{"dtype":"f32","shape":[2,4]}], "inputs": [0], "name": "train_step", "slots": {{[0-9]+}}, "step": true,
 // CHECK-NEXT:    "instructions": [
 // CHECK-NEXT:      {"name":"l0.b","op":"param","result":1},

@@ -40,14 +40,18 @@ func.func @norm_and_swiglu(%x: tensor<8x64xbf16>, %ms: tensor<8x1xbf16>, %w: ten
 
 // -----
 
-// Not fused: a strided input (a permute); the reshard of an operand between
-// a call and its reader; different element types; a reduction between.
+// Not fused: a strided input (a permute); a chain whose later call reads a
+// value made after the reshard of an earlier call's operand (the earlier
+// call cannot move below the reshard, the later one not above its
+// operand); different element types; a reduction between. A call whose
+// operands exist earlier moves up instead: the sigmoid joins the product
+// ahead of the reshard.
 module attributes {fsdp.device = "cuda"} {
 fsdp.unit @root root
 fsdp.param @w : tensor<8x8xf32> unit @root sharded on @g axes = [0] padding = 0
 shard.grid @g(shape = 1)
 // CHECK-LABEL: func.func @refused
-func.func @refused(%x: tensor<8x8xf32>) -> (tensor<8x8xf32>, tensor<8x8xf32>, tensor<8x8xf16>, tensor<8x8xf32>) {
+func.func @refused(%x: tensor<8x8xf32>) -> (tensor<8x8xf32>, tensor<8x8xf32>, tensor<8x8xf16>, tensor<8x8xf32>, tensor<8x8xf32>) {
   %x0 = fsdp.aten "aten::mm"(%x, %x) : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
   %t = fsdp.aten "aten::permute"(%x0) args [0 : index, [1, 0]] : (tensor<8x8xf32>) -> tensor<8x8xf32>
   %a = fsdp.aten "aten::neg"(%t) : (tensor<8x8xf32>) -> tensor<8x8xf32>
@@ -58,19 +62,25 @@ func.func @refused(%x: tensor<8x8xf32>) -> (tensor<8x8xf32>, tensor<8x8xf32>, te
   %c = fsdp.aten "aten::mul.Tensor"(%x0, %w) : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
   fsdp.reshard %w : tensor<8x8xf32>
   %d = fsdp.aten "aten::sigmoid"(%c) : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  %z = fsdp.aten "aten::mm"(%x, %x) : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+  %k = fsdp.aten "aten::add.Tensor"(%d, %z) args [0 : index, 1 : index, 1] : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
   %h = fsdp.cast %x0 : tensor<8x8xf32> to tensor<8x8xf16>
   %h2 = fsdp.aten "aten::neg"(%h) : (tensor<8x8xf16>) -> tensor<8x8xf16>
   %m = fsdp.aten "aten::sum.dim_IntList"(%x0) args [0 : index, [1], true, unit] : (tensor<8x8xf32>) -> tensor<8x1xf32>
   %e = fsdp.aten "aten::div.Tensor"(%x0, %m) : (tensor<8x8xf32>, tensor<8x1xf32>) -> tensor<8x8xf32>
-  return %b, %d, %h2, %e : tensor<8x8xf32>, tensor<8x8xf32>, tensor<8x8xf16>, tensor<8x8xf32>
+  return %b, %d, %h2, %e, %k : tensor<8x8xf32>, tensor<8x8xf32>, tensor<8x8xf16>, tensor<8x8xf32>, tensor<8x8xf32>
 }
 }
 // CHECK-NOT: fsdp.pointwise
 // CHECK:     fsdp.aten "aten::neg"
 // CHECK:     fsdp.aten "aten::exp"
-// CHECK:     fsdp.aten "aten::mul.Tensor"(%{{.*}}, %{{.*}})
+// CHECK:     %[[D:.*]] = fsdp.pointwise
+// CHECK:       fsdp.aten "aten::mul.Tensor"
+// CHECK:       fsdp.aten "aten::sigmoid"
+// CHECK:       fsdp.yield
 // CHECK:     fsdp.reshard
-// CHECK:     fsdp.aten "aten::sigmoid"
+// CHECK:     %[[Z:.*]] = fsdp.aten "aten::mm"
+// CHECK:     fsdp.aten "aten::add.Tensor"(%[[D]], %[[Z]])
 // CHECK-NOT: fsdp.pointwise
 
 // -----
@@ -107,3 +117,51 @@ func.func @cpu_step(%x: tensor<4xf32>) -> tensor<4xf32> {
 }
 }
 // CHECK-NOT: fsdp.pointwise
+
+// -----
+
+// RMSNorm's backward shape: a call reading two groups merges them, and a
+// broadcast (expand) read only inside is the kernel's own broadcasting.
+// An expand that is read outside stays a view: its group stays calls.
+module attributes {fsdp.device = "cuda"} {
+// CHECK-LABEL: func.func @merge_and_broadcast
+func.func @merge_and_broadcast(%g: tensor<4x8xf32>, %r: tensor<4x1xf32>, %x: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %gd = fsdp.aten "aten::clone"(%g) args [0 : index, "contiguous_format"] : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %rd = fsdp.aten "aten::clone"(%r) args [0 : index, "contiguous_format"] : (tensor<4x1xf32>) -> tensor<4x1xf32>
+  %xd = fsdp.aten "aten::clone"(%x) args [0 : index, "contiguous_format"] : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %p = fsdp.aten "aten::pow.Tensor_Scalar"(%rd) args [0 : index, 3] : (tensor<4x1xf32>) -> tensor<4x1xf32>
+  %s = fsdp.aten "aten::mul.Scalar"(%rd) args [0 : index, -5.000000e-01] : (tensor<4x1xf32>) -> tensor<4x1xf32>
+  %m = fsdp.aten "aten::mul.Tensor"(%s, %p) : (tensor<4x1xf32>, tensor<4x1xf32>) -> tensor<4x1xf32>
+  %e = fsdp.aten "aten::expand"(%m) args [0 : index, [4, 8], false] : (tensor<4x1xf32>) -> tensor<4x8xf32>
+  %dv = fsdp.aten "aten::div.Scalar"(%e) args [0 : index, 8] : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %x2 = fsdp.aten "aten::mul.Scalar"(%xd) args [0 : index, 2.000000e+00] : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %y = fsdp.aten "aten::mul.Tensor"(%dv, %x2) : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %z = fsdp.aten "aten::add.Tensor"(%gd, %y) args [0 : index, 1 : index, 1] : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %z : tensor<4x8xf32>
+}
+// CHECK:      %[[G:.*]] = fsdp.aten "aten::clone"
+// CHECK:      %[[R:.*]] = fsdp.aten "aten::clone"
+// CHECK:      %[[X:.*]] = fsdp.aten "aten::clone"
+// CHECK-NEXT: %[[Z:.*]] = fsdp.pointwise(%[[R]], %[[X]], %[[G]]) : (tensor<4x1xf32>, tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+// CHECK:        fsdp.aten "aten::pow.Tensor_Scalar"
+// CHECK:        fsdp.aten "aten::mul.Scalar"
+// CHECK:        fsdp.aten "aten::mul.Tensor"
+// CHECK:        fsdp.aten "aten::expand"
+// CHECK:        fsdp.aten "aten::div.Scalar"
+// CHECK:        fsdp.aten "aten::mul.Scalar"
+// CHECK:        fsdp.aten "aten::mul.Tensor"
+// CHECK:        fsdp.aten "aten::add.Tensor"
+// CHECK:      return %[[Z]]
+
+// CHECK-LABEL: func.func @broadcast_read_outside
+func.func @broadcast_read_outside(%r: tensor<4x1xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+  %rd = fsdp.aten "aten::clone"(%r) args [0 : index, "contiguous_format"] : (tensor<4x1xf32>) -> tensor<4x1xf32>
+  %n = fsdp.aten "aten::neg"(%rd) : (tensor<4x1xf32>) -> tensor<4x1xf32>
+  %e = fsdp.aten "aten::expand"(%n) args [0 : index, [4, 8], false] : (tensor<4x1xf32>) -> tensor<4x8xf32>
+  %d = fsdp.aten "aten::exp"(%e) : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %e, %d : tensor<4x8xf32>, tensor<4x8xf32>
+}
+// CHECK-NOT: fsdp.pointwise
+// CHECK:     fsdp.aten "aten::expand"
+// CHECK:     fsdp.aten "aten::exp"
+}

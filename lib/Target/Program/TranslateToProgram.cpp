@@ -27,6 +27,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "fsdp/Target/Program.h"
+#include "PointwiseKernel.h"
 
 #include "fsdp/Analysis/Step.h"
 #include "fsdp/Dialect/FsdpOps.h"
@@ -147,9 +148,35 @@ private:
   llvm::MapVector<std::string, json::Object, std::map<std::string, unsigned>> groups;
 };
 
+/// Generated kernels, each source once: fused chains that compute the same
+/// (80 identical layers' RMSNorm tails) share one entry.
+class KernelTable {
+public:
+  int64_t index(PointwiseOp op) {
+    constexpr llvm::StringLiteral kNamePlaceholder = "@FSDP_KERNEL@";
+    std::string source = pointwiseKernelSource(op, kNamePlaceholder);
+    auto [it, added] = indexOf.try_emplace(source, kernels.size());
+    if (added) {
+      std::string name = "fsdp_pointwise_" + std::to_string(kernels.size());
+      source.replace(source.find(kNamePlaceholder), kNamePlaceholder.size(), name);
+      kernels.push_back(json::Object{{"name", name},
+                                     {"source", source},
+                                     {"inputs", static_cast<int64_t>(op.getInputs().size())},
+                                     {"outputs", static_cast<int64_t>(op.getNumResults())}});
+    }
+    return it->second;
+  }
+
+  json::Array &toJson() { return kernels; }
+
+private:
+  std::map<std::string, int64_t> indexOf;
+  json::Array kernels;
+};
+
 class FunctionPrinter {
 public:
-  FunctionPrinter(GroupTable &groups) : groups(groups) {}
+  FunctionPrinter(GroupTable &groups, KernelTable &kernels) : groups(groups), kernels(kernels) {}
 
   FailureOr<json::Object> print(func::FuncOp func) {
     json::Array inputs;
@@ -318,6 +345,15 @@ private:
       return read(Kind::AccumulatedGrad, get.getName(), get.getResult());
     if (auto aten = dyn_cast<AtenOp>(op))
       return printAten(aten);
+    if (auto kernel = dyn_cast<PointwiseOp>(op)) {
+      json::Object out{{"op", opText(Kind::Pointwise)},
+                       {"kernel", kernels.index(kernel)},
+                       {"inputs", slotList(kernel.getInputs())},
+                       {"results", slotList(kernel.getResults())}};
+      if (std::string loc = locationText(op.getLoc()); !loc.empty())
+        out["loc"] = loc;
+      return Result(std::move(out));
+    }
     if (auto cast = dyn_cast<CastOp>(op)) {
       FailureOr<std::string> dtype = elementTypeName(cast.getResult().getType().getElementType(), &op);
       if (failed(dtype))
@@ -396,6 +432,7 @@ private:
   }
 
   GroupTable &groups;
+  KernelTable &kernels;
   DenseMap<Value, int64_t> slots, futures;
   json::Array inputSpecs;
 };
@@ -442,6 +479,7 @@ FailureOr<json::Array> parameters(ModuleOp module, GroupTable &groups) {
 
 LogicalResult mlir::fsdp::translateToProgram(ModuleOp module, raw_ostream &os) {
   GroupTable groups;
+  KernelTable kernels;
   FailureOr<json::Array> params = parameters(module, groups);
   if (failed(params))
     return failure();
@@ -462,7 +500,7 @@ LogicalResult mlir::fsdp::translateToProgram(ModuleOp module, raw_ostream &os) {
     if (isStep && !func->hasAttr("fsdp.collective_hash"))
       return func.emitError("fsdp-to-program: run fsdp-verify-schedule (or the sharding "
                             "pipeline) first: only a verified schedule lowers");
-    FailureOr<json::Object> printed = FunctionPrinter(groups).print(func);
+    FailureOr<json::Object> printed = FunctionPrinter(groups, kernels).print(func);
     if (failed(printed))
       return failure();
     (*printed)["step"] = isStep;
@@ -487,6 +525,8 @@ LogicalResult mlir::fsdp::translateToProgram(ModuleOp module, raw_ostream &os) {
   lines("params", *params, " ");
   os << ",\n";
   lines("buffers", buffers, " ");
+  os << ",\n";
+  lines("kernels", kernels.toJson(), " ");
   os << ",\n \"functions\": [";
   for (auto [i, value] : llvm::enumerate(functions)) {
     json::Object &function = *value.getAsObject();

@@ -70,6 +70,14 @@ struct Instruction {
   Reduction reduction = Reduction::Sum;
   double preDivide = 1.0, postDivide = 1.0;
   int64_t rows = 0;               // all_slice
+  int kernel = -1;                // pointwise: the index in Program::kernels()
+};
+
+/// A generated elementwise kernel (fsdp.pointwise): CUDA source in
+/// PyTorch's jiterator form, `name<T>(T in0, ..., T& out0, ...)`.
+struct KernelSpec {
+  std::string name, source;
+  int inputs = 0, outputs = 0;
 };
 
 struct TensorSpec {
@@ -125,6 +133,7 @@ public:
   const std::vector<GroupSpec> &groups() const { return groups_; }
   const std::vector<ParamSpec> &params() const { return params_; }
   const std::vector<BufferSpec> &buffers() const { return buffers_; }
+  const std::vector<KernelSpec> &kernels() const { return kernels_; }
   c10::Device device() const { return device_; }
   /// The device kind the step was compiled for ("cpu", "cuda").
   const std::string &deviceKind() const { return deviceKind_; }
@@ -135,6 +144,7 @@ private:
   std::vector<GroupSpec> groups_;
   std::vector<ParamSpec> params_;
   std::vector<BufferSpec> buffers_;
+  std::vector<KernelSpec> kernels_;
   std::vector<Function> functions_;
   c10::Device device_;
   std::string deviceKind_;

@@ -18,7 +18,7 @@
 namespace fsdp_rt {
 
 /// Bump on any change to the program's JSON schema (docs/program.md).
-inline constexpr int64_t kProgramVersion = 4;
+inline constexpr int64_t kProgramVersion = 5;
 inline constexpr std::string_view kProgramFormat = "fsdpc.program";
 
 /// The device kinds a step is captured for and runs on (the module's
@@ -36,7 +36,7 @@ inline bool isDeviceKind(std::string_view name) {
 
 enum class InstructionKind {
   Param, Buffer, AccumulatedGrad, Aten, Cast, Loss, Gradients, AllGather, ReduceScatter,
-  AllReduce, Wait, Release, Reshard, AllSlice, Return,
+  AllReduce, Wait, Release, Reshard, AllSlice, Return, Pointwise,
 };
 
 struct InstructionKindInfo {
@@ -60,6 +60,7 @@ inline constexpr InstructionKindInfo kInstructionKinds[] = {
     {InstructionKind::Reshard, "reshard"},
     {InstructionKind::AllSlice, "all_slice"},
     {InstructionKind::Return, "return"},
+    {InstructionKind::Pointwise, "pointwise"},
 };
 
 inline constexpr std::string_view opName(InstructionKind kind) {
