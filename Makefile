@@ -60,12 +60,13 @@ runtime:
 	fi
 	@$(RUNTIME_PYTHON) scripts/install-in-place.py
 
-# fsdpc.shard on the GPU (python/tests/test_gpu.py) and CUDA-target capture;
+# fsdpc.shard on the GPU (python/tests/test_gpu.py), CUDA-target capture and the
+# generated kernels (launched on the GPU, compiled with NVRTC, checked on the host);
 # where there is no GPU, pytest says so and skips them.
 TEST_PYTHON ?= $(if $(wildcard .venv/bin/python),$(PYTHON),$(RUNTIME_PYTHON))
 test-gpu:
 	@cd python/tests && PYTHONPATH=$(CURDIR)/python $(TEST_PYTHON) -m pytest -q -rs -p no:cacheprovider \
-	  test_gpu.py test_cuda_capture.py
+	  test_gpu.py test_cuda_capture.py test_pointwise_kernels.py
 
 clean:
 	rm -rf $(BUILD_DIR) $(PORTABLE_DIR)

@@ -16,7 +16,9 @@ fsdpc-offload-overlap (the same, the host optimizer beside the next
 forward: overlap_host_optimizer); fsdpc-fit-overlap (what `fsdpc plan
 --search --budget-gib 12.9 --overlap-host-optimizer` picks for the 2.6B
 Llama: every unit checkpointed and only what does not fit FSDP2 offload's
-12.9 GiB peak offloaded, `checkpoint=* offload-to-fit=13209`, overlapped).
+12.9 GiB peak offloaded, `checkpoint=* offload-to-fit=13209`, overlapped);
+fsdpc-unfused (fsdpc without generated kernels, `fuse-pointwise=false`:
+every elementwise call an ATen kernel, as before 2026-11-24).
 
 Measured: compile (model built to the end of the first step), median step
 time over the timed steps (forward, backward and optimizer, synchronized),
@@ -115,7 +117,8 @@ def build(system: str, model: torch.nn.Module, example, block_class):
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     overlap = system.endswith("-overlap")
-    system = system.removesuffix("-overlap")
+    unfused = system.endswith("-unfused")
+    system = system.removesuffix("-overlap").removesuffix("-unfused")
     fit = system.endswith("-fit")  # issue 16's budget: FSDP2 offload's 12.9 GiB peak
     offload = CPUOffloadPolicy() if system.endswith("-offload") else None  # pinned host memory
     system = system.removesuffix("-offload").removesuffix("-fit")
@@ -124,7 +127,8 @@ def build(system: str, model: torch.nn.Module, example, block_class):
         import fsdpc
 
         sharded = fsdpc.shard(model, example, next_token_loss, mp_policy=policy, offload_policy=offload,
-                              pipeline="checkpoint=* offload-to-fit=13209" if fit else "")
+                              pipeline="checkpoint=* offload-to-fit=13209" if fit
+                              else "fuse-pointwise=false" if unfused else "")
         if overlap:
             extras["overlap"] = sharded.overlap_host_optimizer
         extras["compile_phases_s"] = sharded.compile_seconds

@@ -5,7 +5,7 @@
 # carried there (`make portable-tools` on the build machine).
 #
 #   scripts/gpu-session.sh tests     # runtime build, make test-gpu (6 workers), the host's CPU time per step
-#   scripts/gpu-session.sh bench     # Llama 0.9B and GPT 23M: fsdpc, FSDP2, FSDP2 + compile, torch.compile
+#   scripts/gpu-session.sh bench     # Llama 0.9B and GPT 23M: fsdpc (and without generated kernels), FSDP2, FSDP2 + compile, torch.compile
 #   scripts/gpu-session.sh offload   # host optimizer rate; Llama 2.6B offloaded: fsdpc (plain, overlapped, the plan's pick), FSDP2
 #
 # Each stage builds the runtime first (seconds when it is built).
@@ -25,7 +25,7 @@ case "$stage" in
   tests)
     cd python/tests
     timeout 480 python3 -m pytest -q -rs -p no:cacheprovider -n 6 --timeout 400 test_gpu.py test_cuda_capture.py \
-      2>&1 | tee "$OUT/test-gpu.log"
+      test_pointwise_kernels.py 2>&1 | tee "$OUT/test-gpu.log"
     cd ../..
     # The same host-bound measurement as on the build machine: how fast this
     # host's CPU dispatches (the time model's issue cost, capture's speed).
@@ -34,7 +34,7 @@ case "$stage" in
     ;;
   bench)
     timeout 540 python3 benchmarks/gpu.py --models llama-0.9b gpt-23m --repeats 2 --json "$OUT/gpu.json" \
-      2>&1 | tee "$OUT/bench.log"
+      --systems fsdpc fsdpc-unfused fsdp2 fsdp2-compile compile 2>&1 | tee "$OUT/bench.log"
     ;;
   offload)
     python3 benchmarks/host_optimizer.py --threads 1 "$(nproc)" 2>&1 | tee "$OUT/host-optimizer.log"

@@ -296,6 +296,7 @@ def Fsdp_PointwiseOp : Fsdp_Op<"pointwise", [
     YieldOp getYield();
   }];
   let hasVerifier = 1;
+  let hasRegionVerifier = 1;
 }
 
 def Fsdp_YieldOp : Fsdp_Op<"yield", [Pure, Terminator, HasParent<"PointwiseOp">]> {

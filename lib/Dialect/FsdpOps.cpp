@@ -507,15 +507,6 @@ LogicalResult PointwiseOp::verify() {
       getResults().size() > kMostTensors)
     return emitOpError() << "has " << counted(getInputs().size(), "input") << " and "
                          << counted(getResults().size(), "result") << "; a kernel takes 1 to 8 of each";
-  Block &body = getBody().front();
-  if (body.getNumArguments() != getInputs().size() ||
-      TypeRange(body.getArgumentTypes()) != getInputs().getTypes())
-    return emitOpError("body arguments must have the inputs' types");
-  auto yield = dyn_cast<YieldOp>(body.getTerminator());
-  if (!yield)
-    return emitOpError("body must end with fsdp.yield");
-  if (yield.getValues().getTypes() != getResults().getTypes())
-    return emitOpError("fsdp.yield must name one value of each result's type");
   auto type = cast<RankedTensorType>(getResults().front().getType());
   for (Type result : getResults().getTypes())
     if (cast<RankedTensorType>(result).getShape() != type.getShape())
@@ -542,6 +533,22 @@ LogicalResult PointwiseOp::verify() {
   if (ArrayRef<int64_t>(broadcast) != type.getShape())
     return emitOpError() << "the inputs broadcast to " << RankedTensorType::get(broadcast, type.getElementType())
                          << ", not to the results' shape " << type;
+  return success();
+}
+
+// The body's rules run once its ops have passed their own verifiers, so an
+// fsdp.aten's `args` are known to be in range when the table reads them.
+LogicalResult PointwiseOp::verifyRegions() {
+  auto type = cast<RankedTensorType>(getResults().front().getType());
+  Block &body = getBody().front();
+  if (body.getNumArguments() != getInputs().size() ||
+      TypeRange(body.getArgumentTypes()) != getInputs().getTypes())
+    return emitOpError("body arguments must have the inputs' types");
+  auto yield = dyn_cast<YieldOp>(body.getTerminator());
+  if (!yield)
+    return emitOpError("body must end with fsdp.yield");
+  if (yield.getValues().getTypes() != getResults().getTypes())
+    return emitOpError("fsdp.yield must name one value of each result's type");
   for (Operation &op : body.without_terminator()) {
     auto aten = dyn_cast<AtenOp>(op);
     if (!aten)

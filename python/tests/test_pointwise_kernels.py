@@ -10,6 +10,8 @@
   computes: its kernel's source, compiled for the host with g++, runs on
   random inputs against the ATen operator on CPU; so does a broadcasting
   chain (RMSNorm's tail).
+- Where a GPU is present (`make test-gpu` runs this file too), the runtime
+  launches the same kernels, f32 and bf16, against ATen on the GPU.
 """
 
 from __future__ import annotations
@@ -223,15 +225,20 @@ def host_program(kernels: list[dict], used: dict[str, int]) -> str:
     return "".join(parts)
 
 
+def table_module(dtype: str = "f32") -> str:
+    """A CUDA module of one function per table operator, plus RMSNorm's tail."""
+    functions = "".join(single_call(name, callee, shapes, args) for name, callee, shapes, args, _, _ in CASES)
+    return (f'module attributes {{fsdp.device = "cuda"}} {{\n{functions}{RMSNORM_TAIL}}}\n'
+            .replace("f32>", f"{dtype}>"))
+
+
 @pytest.fixture(scope="module")
 def host_kernels(tmp_path_factory):
     """The table's operators and the RMSNorm tail, lowered and compiled for
     the host: (binary, function name -> kernel index)."""
     if shutil.which("g++") is None:
         pytest.skip("no g++ to compile the kernels for the host")
-    functions = "".join(single_call(name, callee, shapes, args) for name, callee, shapes, args, _, _ in CASES)
-    module = f'module attributes {{fsdp.device = "cuda"}} {{\n{functions}{RMSNORM_TAIL}}}\n'
-    program = json.loads(translate(module).text)
+    program = json.loads(translate(table_module()).text)
     used = {}
     for function in program["functions"]:
         (call,) = [inst for inst in function["instructions"] if inst["op"] == "pointwise"]
@@ -275,3 +282,28 @@ def test_a_broadcasting_chain_computes_what_aten_computes(host_kernels):
     inputs = [x, ms.expand(4, 8), w.expand(4, 8)]
     (got,) = run_on_host(binary, used["rmsnorm_tail"], inputs, 1)
     torch.testing.assert_close(got, (x * torch.rsqrt(ms + 1e-5) * w).reshape(-1), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)], ids=["f32", "bf16"])
+def test_the_runtime_launches_each_kernel_on_the_gpu(dtype, tolerance):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU on this machine: the kernels' launches run in make test-gpu")
+    from fsdpc.program import runtime_extension
+
+    program = translate(table_module("bf16" if dtype == torch.bfloat16 else "f32"))
+    runtime = runtime_extension().Program(program.text, "cuda")
+    generator = torch.Generator().manual_seed(1)
+    for name, _, shapes, _, reference, positive in CASES:
+        inputs = [torch.randn(shape, generator=generator) * 2 for shape in shapes]
+        if positive:
+            inputs = [tensor.abs() + 0.1 for tensor in inputs]
+        inputs = [tensor.to(dtype).cuda() for tensor in inputs]
+        (got,) = runtime.run(name, {}, {}, {}, inputs, {}, 60.0)["returned"]
+        # ATen computes one call in float and rounds once, as the kernel does.
+        expected = reference(*[tensor.float() for tensor in inputs]).to(dtype)
+        torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance, msg=name)
+    x = torch.randn(4, 8, device="cuda", dtype=dtype)
+    ms, w = x.float().pow(2).mean(-1, keepdim=True).to(dtype), torch.randn(8, device="cuda", dtype=dtype)
+    (got,) = runtime.run("rmsnorm_tail", {}, {}, {}, [x, ms, w], {}, 60.0)["returned"]
+    expected = (x.float() * torch.rsqrt(ms.float() + 1e-5) * w.float()).to(dtype)
+    torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
