@@ -36,7 +36,6 @@
 
 #include "fsdp/Analysis/Step.h"
 #include "fsdp/Dialect/Pointwise.h"
-#include "fsdp/Support/AtenOpName.h"
 #include "fsdp/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
@@ -57,10 +56,11 @@ namespace {
 constexpr size_t kMostKernelTensors = 8; // inputs, and outputs, of one kernel
 
 /// Whether a value is known to be a dense row-major tensor when the step
-/// runs: what the runtime allocates (parameters, gathered buffers, matrix
-/// products, concatenations) and what elementwise calls and contiguity-
-/// keeping views make of such tensors. Anything else (a permute, a slice,
-/// an attention kernel's output) may be strided.
+/// runs: what the runtime allocates (parameters, gathered buffers), what
+/// always comes out dense (matrix products, concatenations, contiguous
+/// clones), and what elementwise calls, reductions and contiguity-keeping
+/// views make of dense tensors. Anything else (a permute, a slice, an
+/// attention kernel's output, an operator not listed) may be strided.
 class DenseLayouts {
 public:
   bool isDense(Value value) {
@@ -84,28 +84,28 @@ private:
     if (!aten)
       return false;
     StringRef callee = aten.getCallee();
-    bool fresh = llvm::StringSwitch<bool>(callee)
-                     .Cases({"aten::mm", "aten::bmm", "aten::addmm", "aten::cat", "aten::embedding"}, true)
-                     .Default(false);
-    if (fresh)
+    if (callee == "aten::clone") {
+      ArrayAttr args = aten.getArgsAttr();
+      auto format = args && args.size() == 2 ? dyn_cast<StringAttr>(args[1]) : StringAttr();
+      if (format && format.getValue() == "contiguous_format")
+        return true;
+    }
+    bool alwaysDense = llvm::StringSwitch<bool>(callee)
+                           .Cases({"aten::mm", "aten::bmm", "aten::addmm", "aten::cat", "aten::embedding"}, true)
+                           .Default(false);
+    if (alwaysDense)
       return true;
-    if (callee == "aten::clone")
-      return llvm::all_of(aten.getArgsAttr() ? aten.getArgsAttr().getValue() : ArrayRef<Attribute>(),
-                          [](Attribute arg) {
-                            auto text = dyn_cast<StringAttr>(arg);
-                            return !text || text.getValue() == "contiguous_format";
-                          }) &&
-             aten.getArgsAttr() && aten.getArgsAttr().size() == 2;
-    bool keepsDensity = llvm::StringSwitch<bool>(callee)
-                            .Cases({"aten::view", "aten::_unsafe_view", "aten::reshape", "aten::unsqueeze",
-                                    "aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims", "aten::alias"},
-                                   true)
-                            .Default(false);
-    if (isViewOperator(callee) && !keepsDensity)
-      return false;
-    return llvm::all_of(aten.getInputs(), [&](Value input) {
-      return !isa<RankedTensorType>(input.getType()) || isDense(input);
-    });
+    bool denseFromDense = llvm::StringSwitch<bool>(callee)
+                              .Cases({"aten::view", "aten::_unsafe_view", "aten::reshape", "aten::unsqueeze",
+                                      "aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims", "aten::alias",
+                                      "aten::clone", "aten::_to_copy", "aten::sum.dim_IntList", "aten::mean.dim",
+                                      "aten::full_like", "aten::where.self", "aten::native_layer_norm",
+                                      "aten::_softmax", "aten::_log_softmax"},
+                                     true)
+                              .Default(pointwiseRefusal(aten).empty() && !isViewOf(aten));
+    return denseFromDense && llvm::all_of(aten.getInputs(), [&](Value input) {
+             return !isa<RankedTensorType>(input.getType()) || isDense(input);
+           });
   }
 
   DenseMap<Value, bool> known;
