@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import math
 import re
 import shutil
 import subprocess
@@ -29,7 +28,7 @@ import torch
 
 from fsdpc.__main__ import main
 from fsdpc.compiler import run_fsdp_opt
-from fsdpc.program import translate
+from fsdpc.program import Program, ProgramError, translate
 
 aten = torch.ops.aten
 
@@ -72,6 +71,43 @@ def test_a_cpu_step_keeps_aten_calls(tmp_path):
     assert main(["export", "--model", "llama", "--device", "cpu", "--out", str(out)]) == 0
     program = translate(sharded(out.read_text(), ""))
     assert json.loads(program.text)["kernels"] == []
+
+
+def damaged(text: str, how: str) -> str:
+    program = json.loads(text)
+    kernel = program["kernels"][0]
+    call = next(inst for inst in program["functions"][0]["instructions"] if inst["op"] == "pointwise")
+    if how == "cpu program":
+        program["device"] = "cpu"
+    elif how == "arity":
+        kernel["inputs"] += 1
+    elif how == "too many":
+        kernel["outputs"] = 9
+    elif how == "index":
+        call["kernel"] = len(program["kernels"])
+    elif how == "name":
+        kernel["name"] = "fsdp pointwise"
+    elif how == "twice":
+        program["kernels"].append(dict(kernel))
+    elif how == "undefined":
+        kernel["source"] = kernel["source"].replace(kernel["name"], "other")
+    return json.dumps(program)
+
+
+@pytest.mark.parametrize("how, message", [
+    ("cpu program", "generated kernels run on cuda, and the program is for cpu"),
+    ("arity", "pointwise takes"),
+    ("too many", "a kernel takes and makes 1 to 8"),
+    ("index", "is outside the program's"),
+    ("name", "the name is not a C++ identifier"),
+    ("twice", "is listed twice"),
+    ("undefined", "the source does not define it"),
+])
+def test_the_loader_refuses_damaged_kernels(llama_bf16, how, message):
+    text = translate(sharded(llama_bf16, "")).text
+    Program.parse(text)
+    with pytest.raises(ProgramError, match=re.escape(message)):
+        Program.parse(damaged(text, how))
 
 
 def nvrtc_library() -> ctypes.CDLL | None:
