@@ -112,8 +112,8 @@ def test_the_loader_refuses_damaged_kernels(llama_bf16, how, message):
 
 def nvrtc_library() -> ctypes.CDLL | None:
     """The NVRTC that torch's jiterator loads: the wheel's, else the toolkit's."""
-    candidates = [Path(torch.__file__).parents[1] / "nvidia" / "cu13" / "lib" / "libnvrtc.so.13",
-                  Path("/usr/local/cuda/lib64/libnvrtc.so")]
+    wheels = Path(torch.__file__).parents[1] / "nvidia"
+    candidates = [*sorted(wheels.glob("*/lib/libnvrtc.so.*[0-9]")), Path("/usr/local/cuda/lib64/libnvrtc.so")]
     for path in candidates:
         if path.exists():
             return ctypes.CDLL(str(path))
