@@ -24,6 +24,7 @@ from typing import Iterator
 from fsdpc.capture import MixedPrecision
 from fsdpc.compiler import FsdpOptError, run_fsdp_opt
 from fsdpc.export import build, export_training_step, load_factory
+from fsdpc.program import runtime_extension
 
 GIB = 2**30
 
@@ -516,7 +517,7 @@ _OPTIMIZER_MARKS = ("_fused_adam", "_foreach_", "optimizer", "Optimizer")
 class Profile:
     """One measured step, from a PyTorch profiler Chrome trace (the GPU
     benchmark writes one per run): seconds of kernels by class, and the host
-    time the runtime's ATen calls spanned."""
+    time the runtime's ATen calls and generated kernels' launches spanned."""
 
     kernels: dict  # class -> seconds
     host: float
@@ -562,7 +563,8 @@ class Profile:
             for op in top:
                 if found := kind(op["name"]):
                     kernels[found] += op["dur"] * 1e-6
-        calls = [op for op in top if op["name"].startswith("aten::") and kind(op["name"])]
+        launch = runtime_extension().KERNEL_LAUNCH_RECORD  # a generated kernel's launch
+        calls = [op for op in top if (op["name"].startswith("aten::") or op["name"] == launch) and kind(op["name"])]
         if not calls:
             raise PlanError(f"--profile {path}: no ATen calls in the trace")
         host = (max(op["ts"] + op["dur"] for op in calls) - min(op["ts"] for op in calls)) * 1e-6

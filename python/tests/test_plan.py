@@ -147,8 +147,9 @@ def test_the_search_ranks_only_what_its_memory_model_says_fits(gpt_ir):
 
 def write_profile(path):
     """A profiler trace of one step as PyTorch writes it on a GPU: host calls
-    (`cpu_op`, one nested in another), the kernels each launched (linked by
-    External id), a collective's kernel and an optimizer step."""
+    (`cpu_op`, one nested in another, one a generated kernel's launch), the
+    kernels each launched (linked by External id), a collective's kernel and
+    an optimizer step."""
     def call(name, ident, ts, dur):
         return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 7, "ts": ts, "dur": dur,
                 "args": {"External id": ident}}
@@ -157,9 +158,11 @@ def write_profile(path):
         return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
                 "args": {"External id": ident, "stream": 7}}
     events = [call("aten::mm", 1, 0, 10), call("aten::_scaled_dot_product_cudnn_attention", 2, 10, 10),
-              call("aten::empty", 3, 12, 1), call("aten::mul.Tensor", 4, 20, 10), call("aten::_fused_adamw_", 5, 40, 5),
+              call("aten::empty", 3, 12, 1), call("aten::mul.Tensor", 4, 20, 5), call("fsdp::pointwise", 6, 25, 5),
+              call("aten::_fused_adamw_", 5, 40, 5),
               kernel("sm90_gemm", 1, 100, 100), kernel("sm90_gemm_splitk", 1, 200, 50), kernel("cudnn_sdpa", 2, 250, 200),
-              kernel("fill", 3, 450, 5), kernel("elementwise", 4, 455, 20), kernel("adamw", 5, 500, 30),
+              kernel("fill", 3, 450, 5), kernel("elementwise", 4, 455, 20), kernel("fsdp_pointwise_0_kernel", 6, 475, 10),
+              kernel("adamw", 5, 500, 30),
               kernel("ncclDevKernel_AllGather_RING", 0, 100, 500)]
     path.write_text(json.dumps({"traceEvents": events}))
     return path
@@ -180,18 +183,18 @@ def test_a_measured_profile_calibrates_the_time_model(gpt_ir, tmp_path, capsys):
     profile = Profile.read(write_profile(tmp_path / "step.json"), classes)
     # Kernels count for the top-level call that launched them (the fill
     # inside attention, attention's); collectives and the optimizer do not count.
-    assert profile.kernels == pytest.approx({"matmul": 150e-6, "attention": 205e-6, "memory": 20e-6})
-    assert profile.ops == 3 and profile.host == pytest.approx(30e-6)
+    assert profile.kernels == pytest.approx({"matmul": 150e-6, "attention": 205e-6, "memory": 30e-6})
+    assert profile.ops == 4 and profile.host == pytest.approx(30e-6)
     plan = plan_step(gpt_ir, gpus=1, model="gpt")
-    numbers = calibrate(profile, {"matmul": 75e-6, "attention": 102.5e-6, "memory": 20e-6})
+    numbers = calibrate(profile, {"matmul": 75e-6, "attention": 102.5e-6, "memory": 30e-6})
     assert numbers == pytest.approx({"matmul-efficiency": 0.5, "attention-efficiency": 0.5,
-                                     "memory-efficiency": 1.0, "issue-us": 10.0})
+                                     "memory-efficiency": 1.0, "issue-us": 7.5})
     # Calibrated numbers go to the model (this step's products are tiny: only a
     # far lower efficiency lifts them above the shortest kernel).
     calibrated = plan_step(gpt_ir, gpus=1, model="gpt", machine=machine("h100-sxm", matmul_efficiency=0.001))
     assert calibrated.time.compute > plan.time.compute + plan.time.ideal["matmul"] / 0.001 / 2
     out = plan_command(capsys, "--model", "mlp", "--gpus", "2", "--batch", "4", "--profile", str(tmp_path / "step.json"))
-    assert out.startswith(f"calibrated from {tmp_path / 'step.json'} (3 calls): matmul-efficiency ")
+    assert out.startswith(f"calibrated from {tmp_path / 'step.json'} (4 calls): matmul-efficiency ")
 
 
 def test_the_command_prints_the_table_and_the_verdict(capsys):

@@ -8,6 +8,7 @@
 
 #include "fsdp_rt/ElementTypes.h"
 #include "fsdp_rt/Executor.h"
+#include "fsdp_rt/Kernels.h"
 #include "fsdp_rt/Program.h"
 
 #include <torch/csrc/utils/pybind.h>
@@ -104,6 +105,7 @@ PYBIND11_MODULE(_fsdp_rt, m) {
   m.doc() = "fsdpc runtime: loads compiled programs and runs their steps";
   m.attr("PROGRAM_FORMAT") = std::string(fsdp_rt::kProgramFormat);
   m.attr("PROGRAM_VERSION") = fsdp_rt::kProgramVersion;
+  m.attr("KERNEL_LAUNCH_RECORD") = std::string(fsdp_rt::kKernelLaunchRecord);
   m.def("element_types", [] {
     std::vector<std::string> names;
     for (const fsdp_rt::ElementTypeInfo &info : fsdp_rt::kElementTypes)

@@ -2,6 +2,8 @@
 
 #include "fsdp_rt/Kernels.h"
 
+#include <ATen/record_function.h>
+
 #include <stdexcept>
 #include <string>
 
@@ -19,6 +21,7 @@ std::vector<at::Tensor> launchKernel(const KernelSpec &kernel, const std::vector
       throw std::runtime_error("kernel " + kernel.name + " reads a tensor on " + input.device().str() +
                                "; generated kernels run on cuda");
 #if FSDP_RT_JITERATOR
+  RECORD_FUNCTION(kKernelLaunchRecord, c10::ArrayRef<const c10::IValue>{});
   c10::SmallVector<at::Tensor> tensors(inputs.begin(), inputs.end());
   c10::SmallVector<at::Tensor> outputs = at::cuda::CompileAndLaunchKernel(
       kernel.source, kernel.name, kernel.outputs, tensors, /*extra_args=*/{}, /*return_by_ref=*/true);

@@ -20,6 +20,10 @@
 
 namespace fsdp_rt {
 
+/// The profiler's name for a generated kernel's launch (a `cpu_op` around
+/// it, as ATen's calls have), so that a measured trace attributes the kernel.
+inline constexpr const char *kKernelLaunchRecord = "fsdp::pointwise";
+
 /// Whether this runtime can launch generated kernels (built against a torch
 /// with CUDA).
 bool canLaunchKernels();
