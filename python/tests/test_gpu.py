@@ -3,7 +3,7 @@ the sharded side on CUDA, each checked against eager PyTorch on CPU. One
 process on NCCL (NCCL refuses two ranks on one GPU), and 2 and 4 ranks that
 share the GPU over Gloo (which moves CUDA tensors between them): every
 strategy, accumulation, hybrid meshes, meta initialization, CPU offload,
-checkpoints GPU <-> CPU and fsdpc <-> FSDP2. Where there is no GPU every test is skipped
+the Llama with its generated kernels, checkpoints GPU <-> CPU and fsdpc <-> FSDP2. Where there is no GPU every test is skipped
 with that reason (make test-gpu prints it)."""
 
 import subprocess
@@ -28,14 +28,14 @@ def run(ranks: int, scenario: str, *extra, device: str = "cuda", backend: str | 
 
 
 @pytest.mark.parametrize("scenario", ["train", "accumulate", "shapes", "misuse", "scalar", "fsdp2", "meta",
-                                      "offload"])
+                                      "offload", "llama"])
 def test_one_rank_on_nccl(scenario, tmp_path):
     run(1, scenario, "--save", tmp_path)
 
 
 @pytest.mark.parametrize("scenario, ranks", [
     ("train", 2), ("hybrid", 4), ("replicated", 2), ("meta", 2), ("accumulate", 2), ("scalar", 4),
-    ("offload", 2),
+    ("offload", 2), ("llama", 2),
 ])
 def test_ranks_sharing_the_gpu_over_gloo(scenario, ranks, tmp_path):
     run(ranks, scenario, "--save", tmp_path)
@@ -52,8 +52,9 @@ def test_a_checkpoint_moves_between_gpu_and_cpu(saved_on, loaded_on, tmp_path):
                                rtol=1e-5, atol=1e-6)
 
 
-def test_mixed_precision_equals_fsdp2(tmp_path):
-    run(1, "mixed_fsdp2", "--save", tmp_path)
+@pytest.mark.parametrize("scenario", ["mixed_fsdp2", "llama_mixed_fsdp2"])
+def test_mixed_precision_equals_fsdp2(scenario, tmp_path):
+    run(1, scenario, "--save", tmp_path)
 
 
 def test_collectives_overlap_kernels(tmp_path):
