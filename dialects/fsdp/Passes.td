@@ -324,8 +324,9 @@ def FusePointwisePass : Pass<"fsdp-fuse-pointwise", "::mlir::ModuleOp"> {
     place (nothing outside the group reads their results, or frees their
     operands, in between), the group stays within 8 inputs and 8 outputs,
     every value read after the group has the group's full shape, and every
-    input is known to be a dense row-major tensor, so the kernel's outputs
-    have the layout eager's calls would have given them. Which calls
+    input is known to be a dense row-major tensor (or a broadcast of one),
+    so the kernel's outputs have the layout eager's calls would have given
+    them. Which calls
     qualify, and how each computes an element, is one table
     (`fsdp/Dialect/Pointwise.h`). A group of one call stays a call.
 

@@ -24,7 +24,8 @@
 // it (its other operands exist there, at most 8 calls earlier). The group
 // stays within a kernel's 8 inputs and 8 outputs, every value it hands out
 // has the group's full shape and is not a view (an expand is read inside
-// only), and every input is a dense, row-major tensor (so the kernel's
+// only), and every input is a dense, row-major tensor or a broadcast of
+// one (so the kernel's
 // outputs have the layout eager's calls would have given them; a later
 // view relies on it).
 // A group of one call stays a call. Only CUDA steps (`fsdp.device` =
@@ -59,8 +60,10 @@ constexpr size_t kMostKernelTensors = 8; // inputs, and outputs, of one kernel
 /// runs: what the runtime allocates (parameters, gathered buffers), what
 /// always comes out dense (matrix products, concatenations, contiguous
 /// clones), and what elementwise calls, reductions and contiguity-keeping
-/// views make of dense tensors. Anything else (a permute, a slice, an
-/// attention kernel's output, an operator not listed) may be strided.
+/// views make of dense tensors. A broadcast (an expand) of a dense tensor
+/// counts too: its broadcast dimensions have stride 0, which never decides
+/// the layout of an elementwise result. Anything else (a permute, a slice,
+/// an attention kernel's output, an operator not listed) may be strided.
 class DenseLayouts {
 public:
   bool isDense(Value value) {
@@ -98,7 +101,7 @@ private:
     bool denseFromDense = llvm::StringSwitch<bool>(callee)
                               .Cases({"aten::view", "aten::_unsafe_view", "aten::reshape", "aten::unsqueeze",
                                       "aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims", "aten::alias",
-                                      "aten::clone", "aten::_to_copy", "aten::sum.dim_IntList", "aten::mean.dim",
+                                      "aten::expand", "aten::clone", "aten::_to_copy", "aten::sum.dim_IntList", "aten::mean.dim",
                                       "aten::full_like", "aten::where.self", "aten::native_layer_norm",
                                       "aten::_softmax", "aten::_log_softmax"},
                                      true)
