@@ -25,11 +25,10 @@
 // stays within a kernel's 8 inputs and 8 outputs, every value it hands out
 // has the group's full shape and is not a view (an expand is read inside
 // only), and every input is a dense, row-major tensor or a broadcast of
-// one (so the kernel's
-// outputs have the layout eager's calls would have given them; a later
-// view relies on it).
-// A group of one call stays a call. Only CUDA steps (`fsdp.device` =
-// "cuda") fuse: the kernels are CUDA source; a CPU step keeps ATen's.
+// one (so the kernel's outputs have the layout eager's calls would have
+// given them; a later view relies on it). A group of one call stays a
+// call. Only CUDA steps (`fsdp.device` = "cuda") fuse: the kernels are CUDA
+// source; a CPU step keeps ATen's.
 //
 // Test: test/Transforms/fuse-pointwise.mlir.
 //
