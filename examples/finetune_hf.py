@@ -88,6 +88,11 @@ def main() -> None:
               f"{expected / world:.4f} in a plain LlamaForCausalLM", flush=True)
         if abs(sharded - expected / world) > 1e-4 * max(1.0, abs(sharded)):
             raise SystemExit("the gathered weights do not reproduce the sharded model's loss")
+    # Every rank tears down together, as api_train.py does: a rank that
+    # destroyed its groups and finalized while rank 0 still checked the
+    # weights aborted once at exit in CI ("terminate called without an
+    # active exception", the teardown race docs/design.md describes).
+    dist.barrier()
     dist.destroy_process_group()
 
 
