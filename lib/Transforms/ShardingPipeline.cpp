@@ -1,10 +1,12 @@
 //===- ShardingPipeline.cpp - every sharding pass, one set of options -----===//
 //
 // `fsdp-sharding-pipeline` takes FSDP2's knobs and runs, in order:
-// fold-views, simplify-backward, group-units (if units-per-group is not 1 or unit-bucket-mib is given), shard-parameters, fuse-casts,
-// activation-checkpoint (if units are named), reshard-after-forward,
-// bucket-collectives, prefetch, overlap-reductions, verify-schedule,
-// fuse-pointwise (CUDA steps, unless fuse-pointwise=false), plan-lifetimes, offload-units (if units are named), and the reports that
+// fold-views, simplify-backward, group-units (if units-per-group is not 1
+// or unit-bucket-mib is given), shard-parameters, fuse-casts,
+// activation-checkpoint (if units are named), selective-recompute,
+// reshard-after-forward, bucket-collectives, prefetch, overlap-reductions,
+// verify-schedule, fuse-pointwise (CUDA steps, unless fuse-pointwise=false),
+// plan-lifetimes, offload-units (if units are named), and the reports that
 // were asked for.
 //
 //   fsdp-opt gpt.mlir --fsdp-sharding-pipeline="ranks=8 strategy=full-shard
