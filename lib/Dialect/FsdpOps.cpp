@@ -9,6 +9,7 @@
 #include "fsdp/Dialect/FsdpOps.h"
 #include "fsdp/Dialect/Pointwise.h"
 #include "fsdp/Support/AtenOpName.h"
+#include "fsdp_rt/ProgramFormat.h"
 #include "fsdp_rt/ShardLayout.h"
 
 #include "mlir/IR/Builders.h"
@@ -487,36 +488,25 @@ void AtenOp::getEffects(
 // PointwiseOp
 //===----------------------------------------------------------------------===//
 
-/// Whether `shape` broadcasts to `target` as ATen broadcasts (trailing dims
-/// aligned, each equal or 1).
+/// Whether `shape` broadcasts to exactly `target`.
 static bool broadcastsTo(ArrayRef<int64_t> shape, ArrayRef<int64_t> target) {
-  if (shape.size() > target.size())
-    return false;
-  size_t offset = target.size() - shape.size();
-  for (auto [i, dim] : llvm::enumerate(shape))
-    if (dim != 1 && dim != target[offset + i])
-      return false;
-  return true;
+  return broadcastShape(shape, target) == SmallVector<int64_t>(target);
 }
 
 YieldOp PointwiseOp::getYield() { return cast<YieldOp>(getBody().front().getTerminator()); }
 
 LogicalResult PointwiseOp::verify() {
-  constexpr size_t kMostTensors = 8; // the jiterator's limit, each way
-  if (getInputs().empty() || getInputs().size() > kMostTensors || getResults().empty() ||
-      getResults().size() > kMostTensors)
+  if (getInputs().empty() || getInputs().size() > fsdp_rt::kMostKernelTensors || getResults().empty() ||
+      getResults().size() > fsdp_rt::kMostKernelTensors)
     return emitOpError() << "has " << counted(getInputs().size(), "input") << " and "
                          << counted(getResults().size(), "result") << "; a kernel takes 1 to 8 of each";
   auto type = cast<RankedTensorType>(getResults().front().getType());
   for (Type result : getResults().getTypes())
     if (cast<RankedTensorType>(result).getShape() != type.getShape())
       return emitOpError() << "results must share one shape, got " << type << " and " << result;
-  auto kernelFloat = [&](Type t) {
-    Type element = cast<RankedTensorType>(t).getElementType();
-    return element == type.getElementType() && (element.isF32() || element.isBF16() || element.isF16());
-  };
   for (Type t : llvm::concat<const Type>(getInputs().getTypes(), getResults().getTypes()))
-    if (!kernelFloat(t))
+    if (Type element = cast<RankedTensorType>(t).getElementType();
+        element != type.getElementType() || !isKernelElementType(element))
       return emitOpError() << "inputs and results must share one element type, f32, bf16 or f16; got " << t
                            << " with results of " << type;
   SmallVector<int64_t> broadcast;
@@ -524,11 +514,7 @@ LogicalResult PointwiseOp::verify() {
     ArrayRef<int64_t> shape = cast<RankedTensorType>(input).getShape();
     if (!broadcastsTo(shape, type.getShape()))
       return emitOpError() << "input " << input << " does not broadcast to the results' shape " << type;
-    if (shape.size() > broadcast.size())
-      broadcast.insert(broadcast.begin(), shape.size() - broadcast.size(), 1);
-    for (auto [i, dim] : llvm::enumerate(shape))
-      if (dim != 1)
-        broadcast[broadcast.size() - shape.size() + i] = dim;
+    broadcast = *broadcastShape(broadcast, shape); // both broadcast to the results' shape
   }
   if (ArrayRef<int64_t>(broadcast) != type.getShape())
     return emitOpError() << "the inputs broadcast to " << RankedTensorType::get(broadcast, type.getElementType())

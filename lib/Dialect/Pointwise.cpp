@@ -3,13 +3,14 @@
 // One row per operator: the schema arguments it reads, in order, and the
 // C++ expression of one element. Expressions compute in float (the kernel's
 // `T` is float for f32, bf16 and f16 tensors, as ATen's opmath type);
-// helper functions they call (fsdp_sigmoid, ...) are in every kernel's
-// preamble (lib/Target/Program/PointwiseKernel.cpp).
+// a kernel's source carries the helper functions its expressions call
+// (fsdp_sigmoid, ...; lib/Target/Program/PointwiseKernel.cpp).
 //
 //===----------------------------------------------------------------------===//
 
 #include "fsdp/Dialect/Pointwise.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -138,10 +139,19 @@ const Rule *ruleOf(StringRef callee) {
   return nullptr;
 }
 
+/// A C++ float literal ("1e-05f", "2.0f").
+std::string floatLiteral(double value) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.9g", value);
+  std::string text = buffer;
+  if (text.find_first_of(".e") == std::string::npos)
+    text += ".0";
+  return text + "f";
+}
+
 bool isKernelFloat(Type type) {
   auto tensor = dyn_cast<RankedTensorType>(type);
-  return tensor && (tensor.getElementType().isF32() || tensor.getElementType().isBF16() ||
-                    tensor.getElementType().isF16());
+  return tensor && isKernelElementType(tensor.getElementType());
 }
 
 /// The schema argument at `position`: an operand index, a literal, or
@@ -244,13 +254,17 @@ std::string shapeText(ArrayRef<int64_t> shape) {
 
 } // namespace
 
-std::string mlir::fsdp::floatLiteral(double value) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%.9g", value);
-  std::string text = buffer;
-  if (text.find_first_of(".e") == std::string::npos)
-    text += ".0";
-  return text + "f";
+bool mlir::fsdp::isKernelElementType(Type type) { return type.isF32() || type.isBF16() || type.isF16(); }
+
+std::optional<SmallVector<int64_t>> mlir::fsdp::broadcastShape(ArrayRef<int64_t> a, ArrayRef<int64_t> b) {
+  SmallVector<int64_t> out(std::max(a.size(), b.size()), 1);
+  for (size_t i = 0; i < out.size(); ++i) {
+    int64_t x = i < a.size() ? a[a.size() - 1 - i] : 1, y = i < b.size() ? b[b.size() - 1 - i] : 1;
+    if (x != y && x != 1 && y != 1)
+      return std::nullopt;
+    out[out.size() - 1 - i] = x == 1 ? y : x;
+  }
+  return out;
 }
 
 std::string mlir::fsdp::pointwiseRefusal(AtenOp op) {
@@ -267,10 +281,7 @@ std::string mlir::fsdp::pointwiseRefusal(AtenOp op) {
   ArrayRef<int64_t> result = cast<RankedTensorType>(op->getResult(0).getType()).getShape();
   for (Value input : op.getInputs()) {
     ArrayRef<int64_t> shape = cast<RankedTensorType>(input.getType()).getShape();
-    bool broadcasts = shape.size() <= result.size();
-    for (size_t i = 0; broadcasts && i < shape.size(); ++i)
-      broadcasts = shape[i] == 1 || shape[i] == result[result.size() - shape.size() + i];
-    if (!broadcasts)
+    if (broadcastShape(shape, result) != SmallVector<int64_t>(result))
       return "an operand of shape " + shapeText(shape) + " does not broadcast to the result's " + shapeText(result);
   }
   return "";

@@ -37,6 +37,7 @@
 #include "fsdp/Analysis/Step.h"
 #include "fsdp/Dialect/Pointwise.h"
 #include "fsdp/Transforms/Passes.h"
+#include "fsdp_rt/ProgramFormat.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
@@ -52,8 +53,6 @@ using namespace mlir;
 using namespace mlir::fsdp;
 
 namespace {
-
-constexpr size_t kMostKernelTensors = 8; // inputs, and outputs, of one kernel
 
 /// Whether a value is known to be a dense row-major tensor when the step
 /// runs: what the runtime allocates (parameters, gathered buffers), what
@@ -120,18 +119,6 @@ struct Group {
   llvm::SmallPtrSet<Operation *, 8> memberSet;
   Operation *anchor = nullptr;
 };
-
-/// The shape both shapes broadcast to, or nullopt.
-std::optional<SmallVector<int64_t>> broadcastShapes(ArrayRef<int64_t> a, ArrayRef<int64_t> b) {
-  SmallVector<int64_t> out(std::max(a.size(), b.size()), 1);
-  for (size_t i = 0; i < out.size(); ++i) {
-    int64_t x = i < a.size() ? a[a.size() - 1 - i] : 1, y = i < b.size() ? b[b.size() - 1 - i] : 1;
-    if (x != y && x != 1 && y != 1)
-      return std::nullopt;
-    out[out.size() - 1 - i] = x == 1 ? y : x;
-  }
-  return out;
-}
 
 ArrayRef<int64_t> shapeOf(Value value) { return cast<RankedTensorType>(value.getType()).getShape(); }
 
@@ -293,14 +280,14 @@ private:
   /// values broadcast to.
   bool fits(ArrayRef<AtenOp> members) {
     auto [inputs, outputs] = boundary(members);
-    if (inputs.empty() || inputs.size() > kMostKernelTensors || outputs.empty() ||
-        outputs.size() > kMostKernelTensors)
+    if (inputs.empty() || inputs.size() > fsdp_rt::kMostKernelTensors || outputs.empty() ||
+        outputs.size() > fsdp_rt::kMostKernelTensors)
       return false;
     Type element = cast<RankedTensorType>(members.front()->getResult(0).getType()).getElementType();
     SmallVector<int64_t> shape;
     for (AtenOp member : members) {
       auto result = cast<RankedTensorType>(member->getResult(0).getType());
-      std::optional<SmallVector<int64_t>> joined = broadcastShapes(shape, result.getShape());
+      std::optional<SmallVector<int64_t>> joined = broadcastShape(shape, result.getShape());
       if (result.getElementType() != element || !joined)
         return false;
       shape = *joined;

@@ -77,7 +77,8 @@ void checkGroup(const GroupSpec &group) {
 }
 
 /// A generated kernel: CUDA source under an identifier, with the number of
-/// tensors it takes and makes within PyTorch's jiterator limits (1 to 8).
+/// tensors it takes and makes within PyTorch's jiterator limits (1 to
+/// kMostKernelTensors).
 void checkKernel(const KernelSpec &kernel, const std::string &deviceKind, std::set<std::string> &names) {
   std::string what = "kernel '" + kernel.name + "'";
   if (deviceKind != "cuda")
@@ -90,7 +91,8 @@ void checkKernel(const KernelSpec &kernel, const std::string &deviceKind, std::s
     fail(what + ": the name is not a C++ identifier");
   if (!names.insert(kernel.name).second)
     fail(what + " is listed twice");
-  if (kernel.inputs < 1 || kernel.inputs > 8 || kernel.outputs < 1 || kernel.outputs > 8)
+  constexpr int most = static_cast<int>(kMostKernelTensors);
+  if (kernel.inputs < 1 || kernel.inputs > most || kernel.outputs < 1 || kernel.outputs > most)
     fail(what + " takes " + std::to_string(kernel.inputs) + " tensors and makes " +
          std::to_string(kernel.outputs) + "; a kernel takes and makes 1 to 8");
   if (kernel.source.find(kernel.name) == std::string::npos)

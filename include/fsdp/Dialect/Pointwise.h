@@ -13,6 +13,7 @@
 
 #include "fsdp/Dialect/FsdpOps.h"
 
+#include <optional>
 #include <string>
 
 namespace mlir::fsdp {
@@ -28,8 +29,12 @@ std::string pointwiseRefusal(AtenOp op);
 /// type float). `op` must pass `pointwiseRefusal`.
 std::string pointwiseExpression(AtenOp op, ArrayRef<std::string> operands);
 
-/// A float literal in C++ source ("1e-05f", "2.0f").
-std::string floatLiteral(double value);
+/// Whether a generated kernel computes in this element type: f32, bf16, f16.
+bool isKernelElementType(Type type);
+
+/// The shape `a` and `b` broadcast to, as ATen broadcasts (trailing
+/// dimensions aligned, each equal or 1), or nullopt if they do not.
+std::optional<SmallVector<int64_t>> broadcastShape(ArrayRef<int64_t> a, ArrayRef<int64_t> b);
 
 } // namespace mlir::fsdp
 

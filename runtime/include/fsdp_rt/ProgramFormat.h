@@ -11,6 +11,7 @@
 #ifndef FSDP_RT_PROGRAMFORMAT_H
 #define FSDP_RT_PROGRAMFORMAT_H
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -33,6 +34,10 @@ inline bool isDeviceKind(std::string_view name) {
       return true;
   return false;
 }
+
+/// The most tensors a generated kernel takes, and makes (PyTorch's
+/// jiterator's limit): the compiler fuses within it, the loader checks it.
+inline constexpr size_t kMostKernelTensors = 8;
 
 enum class InstructionKind {
   Param, Buffer, AccumulatedGrad, Aten, Cast, Loss, Gradients, AllGather, ReduceScatter,
