@@ -323,10 +323,13 @@ def FusePointwisePass : Pass<"fsdp-fuse-pointwise", "::mlir::ModuleOp"> {
     group joins it when the group's calls can all move down to the call's
     place (nothing outside the group reads their results, or frees their
     operands, in between), the group stays within 8 inputs and 8 outputs,
-    every value read after the group has the group's full shape, and every
-    input is known to be a dense row-major tensor (or a broadcast of one),
-    so the kernel's outputs have the layout eager's calls would have given
-    them. Which calls
+    every value read after the group has the group's full shape, and the
+    kernel's outputs get the strides eager's calls would have
+    given them (the kernel's TensorIterator orders dimensions by its
+    inputs' strides, eager's last call by its own; a later `view` relies on
+    the result's strides), which `fsdp/Analysis/Strides.h` computes from
+    ATen's rules; inputs may be strided views (a permuted or sliced query,
+    a broadcast table). Which calls
     qualify, and how each computes an element, is one table
     (`fsdp/Dialect/Pointwise.h`). A group of one call stays a call.
 
@@ -336,6 +339,16 @@ def FusePointwisePass : Pass<"fsdp-fuse-pointwise", "::mlir::ModuleOp"> {
     turns it off), so lifetimes and the memory report see the fused ops.
   }];
   let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
+}
+
+def TestEagerStridesPass : Pass<"fsdp-test-eager-strides", "::mlir::ModuleOp"> {
+  let summary = "Annotate every tensor result with the strides eager PyTorch gives it (for tests).";
+  let description = [{
+    Writes what `fsdp-fuse-pointwise` assumes about layouts where a test can
+    hold it against ATen: each op with tensor results gets
+    `test.eager_strides`, one entry per result, the strides in elements
+    (`array<i64: ...>`) or `unit` where no rule says. Changes nothing else.
+  }];
 }
 
 def PlanLifetimesPass : Pass<"fsdp-plan-lifetimes", "::mlir::ModuleOp"> {

@@ -24,10 +24,11 @@
 // it (its other operands exist there, at most 8 calls earlier). The group
 // stays within a kernel's 8 inputs and 8 outputs, every value it hands out
 // has the group's full shape and is not a view (an expand is read inside
-// only), and every input is a dense, row-major tensor or a broadcast of
-// one (so the kernel's outputs have the layout eager's calls would have
-// given them; a later view relies on it). A group of one call stays a
-// call. Only CUDA steps (`fsdp.device` = "cuda") fuse: the kernels are CUDA
+// only), and the kernel's outputs have the strides eager's calls would
+// have given them (fsdp/Analysis/Strides.h; a later view relies on it):
+// inputs may be strided (a permuted or sliced view), as long as the
+// kernel's TensorIterator orders the dimensions as eager's last call did.
+// A group of one call stays a call. Only CUDA steps (`fsdp.device` = "cuda") fuse: the kernels are CUDA
 // source; a CPU step keeps ATen's.
 //
 // Test: test/Transforms/fuse-pointwise.mlir.
@@ -35,6 +36,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "fsdp/Analysis/Step.h"
+#include "fsdp/Analysis/Strides.h"
 #include "fsdp/Dialect/Pointwise.h"
 #include "fsdp/Transforms/Passes.h"
 #include "fsdp_rt/ProgramFormat.h"
@@ -42,7 +44,6 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/SetVector.h"
-#include "llvm/ADT/StringSwitch.h"
 
 namespace mlir::fsdp {
 #define GEN_PASS_DEF_FUSEPOINTWISEPASS
@@ -53,64 +54,6 @@ using namespace mlir;
 using namespace mlir::fsdp;
 
 namespace {
-
-/// Whether a value is known to be a dense row-major tensor when the step
-/// runs: what the runtime allocates (parameters, gathered buffers), what
-/// always comes out dense (matrix products, concatenations, contiguous
-/// clones), and what elementwise calls, reductions and contiguity-keeping
-/// views make of dense tensors. A broadcast (an expand) of a dense tensor
-/// counts too: its broadcast dimensions have stride 0, which never decides
-/// the layout of an elementwise result. Anything else (a permute, a slice,
-/// an attention kernel's output, an operator not listed) may be strided.
-class DenseLayouts {
-public:
-  bool isDense(Value value) {
-    if (auto it = known.find(value); it != known.end())
-      return it->second;
-    bool dense = compute(value);
-    known[value] = dense;
-    return dense;
-  }
-
-private:
-  bool compute(Value value) {
-    Operation *op = value.getDefiningOp();
-    if (!op)
-      return false; // the batch: the caller's layout
-    if (isa<GetParamOp, GetBufferOp, GetAccumulatedGradOp, WaitOp, AllSliceOp>(op))
-      return true;
-    if (auto cast = dyn_cast<CastOp>(op))
-      return isDense(cast.getInput()); // preserves the input's strides
-    auto aten = dyn_cast<AtenOp>(op);
-    if (!aten)
-      return false;
-    StringRef callee = aten.getCallee();
-    if (callee == "aten::clone") {
-      ArrayAttr args = aten.getArgsAttr();
-      auto format = args && args.size() == 2 ? dyn_cast<StringAttr>(args[1]) : StringAttr();
-      if (format && format.getValue() == "contiguous_format")
-        return true;
-    }
-    bool alwaysDense = llvm::StringSwitch<bool>(callee)
-                           .Cases({"aten::mm", "aten::bmm", "aten::addmm", "aten::cat", "aten::embedding"}, true)
-                           .Default(false);
-    if (alwaysDense)
-      return true;
-    bool denseFromDense = llvm::StringSwitch<bool>(callee)
-                              .Cases({"aten::view", "aten::_unsafe_view", "aten::reshape", "aten::unsqueeze",
-                                      "aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims", "aten::alias",
-                                      "aten::expand", "aten::clone", "aten::_to_copy", "aten::sum.dim_IntList", "aten::mean.dim",
-                                      "aten::full_like", "aten::where.self", "aten::native_layer_norm",
-                                      "aten::_softmax", "aten::_log_softmax"},
-                                     true)
-                              .Default(pointwiseRefusal(aten).empty() && !isViewOf(aten));
-    return denseFromDense && llvm::all_of(aten.getInputs(), [&](Value input) {
-             return !isa<RankedTensorType>(input.getType()) || isDense(input);
-           });
-  }
-
-  DenseMap<Value, bool> known;
-};
 
 /// A chain of calls to become one kernel: its calls in program order, and
 /// the call before which the kernel will run.
@@ -127,8 +70,11 @@ ArrayRef<int64_t> shapeOf(Value value) { return cast<RankedTensorType>(value.get
 class PointwiseFuser {
 public:
   explicit PointwiseFuser(Block &body) : body(body) {
-    for (auto [i, op] : llvm::enumerate(body))
+    for (auto [i, op] : llvm::enumerate(body)) {
       index[&op] = i;
+      for (Value result : op.getResults())
+        (void)strides.of(result); // in program order: no deep recursion later
+    }
   }
 
   void run() {
@@ -276,8 +222,9 @@ private:
   }
 
   /// Whether `members` make one kernel: at most 8 inputs and 8 outputs,
-  /// one element type, dense inputs, and every output of the shape all
-  /// values broadcast to.
+  /// one element type, every output of the shape all values broadcast to
+  /// and laid out as eager would lay it out (the kernel's TensorIterator
+  /// orders the dimensions by its inputs, eager's calls by theirs).
   bool fits(ArrayRef<AtenOp> members) {
     auto [inputs, outputs] = boundary(members);
     if (inputs.empty() || inputs.size() > fsdp_rt::kMostKernelTensors || outputs.empty() ||
@@ -295,7 +242,25 @@ private:
     for (Value output : outputs)
       if (shapeOf(output) != ArrayRef<int64_t>(shape))
         return false;
-    return llvm::all_of(inputs, [&](Value input) { return layouts.isDense(input); });
+    SmallVector<Strides> inputStrides;
+    for (Value input : inputs) {
+      std::optional<Strides> known = strides.of(input);
+      if (!known)
+        return false;
+      inputStrides.push_back(*known);
+    }
+    SmallVector<StridedOperand> operands;
+    for (auto [input, known] : llvm::zip(inputs, inputStrides))
+      operands.push_back({shapeOf(input), known});
+    Strides fused = elementwiseResultStrides(shape, operands);
+    // A broadcast handed out is a view, never a kernel's output: the group
+    // is not rewritten unless a later call reads it inside (handsOutAView).
+    return llvm::all_of(outputs, [&](Value output) {
+      if (isViewOf(output.getDefiningOp()))
+        return true;
+      std::optional<Strides> eager = strides.of(output);
+      return eager && sameLayout(shape, fused, *eager);
+    });
   }
 
   void rewrite(Group &group) {
@@ -327,7 +292,7 @@ private:
 
   Block &body;
   DenseMap<Operation *, int64_t> index;
-  DenseLayouts layouts;
+  EagerStrides strides;
   std::vector<std::unique_ptr<Group>> groups;
   DenseMap<Operation *, Group *> groupOf;
 };

@@ -40,7 +40,10 @@ func.func @norm_and_swiglu(%x: tensor<8x64xbf16>, %ms: tensor<8x1xbf16>, %w: ten
 
 // -----
 
-// Not fused: a strided input (a permute); a chain whose later call reads a
+// Not fused: a kernel that would lay its result out unlike eager (the
+// neg reads a transposed product, so the kernel would order the result's
+// dimensions by it; eager's add orders them by its first, row-major,
+// operand and makes a row-major result); a chain whose later call reads a
 // value made after the reshard of an earlier call's operand (the earlier
 // call cannot move below the reshard, the later one not above its
 // operand); different element types; a reduction between. A call whose
@@ -55,7 +58,8 @@ func.func @refused(%x: tensor<8x8xf32>) -> (tensor<8x8xf32>, tensor<8x8xf32>, te
   %x0 = fsdp.aten "aten::mm"(%x, %x) : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
   %t = fsdp.aten "aten::permute"(%x0) args [0 : index, [1, 0]] : (tensor<8x8xf32>) -> tensor<8x8xf32>
   %a = fsdp.aten "aten::neg"(%t) : (tensor<8x8xf32>) -> tensor<8x8xf32>
-  %b = fsdp.aten "aten::exp"(%a) : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  %y = fsdp.aten "aten::mm"(%x, %x) : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+  %b = fsdp.aten "aten::add.Tensor"(%y, %a) args [0 : index, 1 : index, 1] : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
   %s = fsdp.get_param @w : tensor<8x8xf32>
   %f = fsdp.all_gather_start %s on @g axes = [0] : tensor<8x8xf32> -> !fsdp.future<tensor<8x8xf32>>
   %w = fsdp.wait %f : !fsdp.future<tensor<8x8xf32>>
@@ -73,7 +77,7 @@ func.func @refused(%x: tensor<8x8xf32>) -> (tensor<8x8xf32>, tensor<8x8xf32>, te
 }
 // CHECK-NOT: fsdp.pointwise
 // CHECK:     fsdp.aten "aten::neg"
-// CHECK:     fsdp.aten "aten::exp"
+// CHECK:     fsdp.aten "aten::add.Tensor"
 // CHECK:     %[[D:.*]] = fsdp.pointwise
 // CHECK:       fsdp.aten "aten::mul.Tensor"
 // CHECK:       fsdp.aten "aten::sigmoid"
@@ -165,3 +169,37 @@ func.func @broadcast_read_outside(%r: tensor<4x1xf32>) -> (tensor<4x8xf32>, tens
 // CHECK:     fsdp.aten "aten::expand"
 // CHECK:     fsdp.aten "aten::exp"
 }
+
+// -----
+
+// Rotary positions on a query viewed as heads: the inputs are strided (a
+// permuted query, a row-major concatenation, tables broadcast over batch
+// and heads), and the kernel's result is ordered by its first input, the
+// query, as eager's add is ordered by its first operand, the query's
+// product.
+module attributes {fsdp.device = "cuda"} {
+// CHECK-LABEL: func.func @rotary
+func.func @rotary(%x: tensor<16x8xf32>, %cos: tensor<4x8xf32>, %sin: tensor<4x8xf32>) -> tensor<2x2x4x8xf32> {
+  %xd = fsdp.aten "aten::clone"(%x) args [0 : index, "contiguous_format"] : (tensor<16x8xf32>) -> tensor<16x8xf32>
+  %cd = fsdp.aten "aten::clone"(%cos) args [0 : index, "contiguous_format"] : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %sd = fsdp.aten "aten::clone"(%sin) args [0 : index, "contiguous_format"] : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %v = fsdp.aten "aten::view"(%xd) args [0 : index, [2, 4, 2, 8]] : (tensor<16x8xf32>) -> tensor<2x4x2x8xf32>
+  %q = fsdp.aten "aten::permute"(%v) args [0 : index, [0, 2, 1, 3]] : (tensor<2x4x2x8xf32>) -> tensor<2x2x4x8xf32>
+  %lo = fsdp.aten "aten::slice.Tensor"(%q) args [0 : index, 3, 0, 4, 1] : (tensor<2x2x4x8xf32>) -> tensor<2x2x4x4xf32>
+  %hi = fsdp.aten "aten::slice.Tensor"(%q) args [0 : index, 3, 4, 8, 1] : (tensor<2x2x4x8xf32>) -> tensor<2x2x4x4xf32>
+  %qc = fsdp.aten "aten::mul.Tensor"(%q, %cd) : (tensor<2x2x4x8xf32>, tensor<4x8xf32>) -> tensor<2x2x4x8xf32>
+  %n = fsdp.aten "aten::neg"(%hi) : (tensor<2x2x4x4xf32>) -> tensor<2x2x4x4xf32>
+  %r = fsdp.aten "aten::cat"(%n, %lo) args [[0 : index, 1 : index], -1] : (tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>) -> tensor<2x2x4x8xf32>
+  %rs = fsdp.aten "aten::mul.Tensor"(%r, %sd) : (tensor<2x2x4x8xf32>, tensor<4x8xf32>) -> tensor<2x2x4x8xf32>
+  %out = fsdp.aten "aten::add.Tensor"(%qc, %rs) args [0 : index, 1 : index, 1] : (tensor<2x2x4x8xf32>, tensor<2x2x4x8xf32>) -> tensor<2x2x4x8xf32>
+  return %out : tensor<2x2x4x8xf32>
+}
+}
+// CHECK:      %[[Q:.*]] = fsdp.aten "aten::permute"
+// CHECK:      fsdp.aten "aten::neg"
+// CHECK:      %[[R:.*]] = fsdp.aten "aten::cat"
+// CHECK:      %[[OUT:.*]] = fsdp.pointwise(%[[Q]], %{{.*}}, %[[R]], %{{.*}}) : (tensor<2x2x4x8xf32>, tensor<4x8xf32>, tensor<2x2x4x8xf32>, tensor<4x8xf32>) -> tensor<2x2x4x8xf32>
+// CHECK:        fsdp.aten "aten::mul.Tensor"
+// CHECK:        fsdp.aten "aten::mul.Tensor"
+// CHECK:        fsdp.aten "aten::add.Tensor"
+// CHECK:      return %[[OUT]]

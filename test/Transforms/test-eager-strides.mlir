@@ -1,0 +1,33 @@
+// RUN: fsdp-opt %s --fsdp-test-eager-strides | FileCheck %s
+
+// A query as attention reads it: a matrix product's rows viewed as heads,
+// permuted to [batch, heads, seq, dim], sliced in halves along dim. An
+// elementwise call follows its first input's order (the table, broadcast,
+// decides nothing); a concatenation is row-major; the batch is unknown.
+// CHECK-LABEL: func.func @rotary_layouts
+func.func @rotary_layouts(%x: tensor<16x8xf32>, %cos: tensor<4x8xf32>) -> (tensor<2x2x4x8xf32>, tensor<2x2x4x8xf32>, tensor<2x2x4x8xf32>) {
+  // CHECK: fsdp.aten "aten::clone"{{.*}}test.eager_strides = [array<i64: 8, 1>]
+  %xd = fsdp.aten "aten::clone"(%x) args [0 : index, "contiguous_format"] : (tensor<16x8xf32>) -> tensor<16x8xf32>
+  // CHECK: fsdp.aten "aten::clone"{{.*}}test.eager_strides = [array<i64: 8, 1>]
+  %cd = fsdp.aten "aten::clone"(%cos) args [0 : index, "contiguous_format"] : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  // CHECK: fsdp.aten "aten::view"{{.*}}test.eager_strides = [array<i64: 64, 16, 8, 1>]
+  %v = fsdp.aten "aten::view"(%xd) args [0 : index, [2, 4, 2, 8]] : (tensor<16x8xf32>) -> tensor<2x4x2x8xf32>
+  // CHECK: fsdp.aten "aten::permute"{{.*}}test.eager_strides = [array<i64: 64, 8, 16, 1>]
+  %q = fsdp.aten "aten::permute"(%v) args [0 : index, [0, 2, 1, 3]] : (tensor<2x4x2x8xf32>) -> tensor<2x2x4x8xf32>
+  // CHECK: fsdp.aten "aten::mul.Tensor"{{.*}}test.eager_strides = [array<i64: 64, 8, 16, 1>]
+  %qc = fsdp.aten "aten::mul.Tensor"(%q, %cd) : (tensor<2x2x4x8xf32>, tensor<4x8xf32>) -> tensor<2x2x4x8xf32>
+  // CHECK: fsdp.aten "aten::mul.Tensor"{{.*}}test.eager_strides = [array<i64: 64, 8, 16, 1>]
+  %cq = fsdp.aten "aten::mul.Tensor"(%cd, %q) : (tensor<4x8xf32>, tensor<2x2x4x8xf32>) -> tensor<2x2x4x8xf32>
+  // CHECK: fsdp.aten "aten::slice.Tensor"{{.*}}test.eager_strides = [array<i64: 64, 8, 16, 1>]
+  %hi = fsdp.aten "aten::slice.Tensor"(%q) args [0 : index, 3, 4, 8, 1] : (tensor<2x2x4x8xf32>) -> tensor<2x2x4x4xf32>
+  // CHECK: fsdp.aten "aten::neg"{{.*}}test.eager_strides = [array<i64: 32, 4, 8, 1>]
+  %n = fsdp.aten "aten::neg"(%hi) : (tensor<2x2x4x4xf32>) -> tensor<2x2x4x4xf32>
+  // CHECK: fsdp.aten "aten::cat"{{.*}}test.eager_strides = [array<i64: 64, 32, 8, 1>]
+  %r = fsdp.aten "aten::cat"(%n, %n) args [[0 : index, 1 : index], -1] : (tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>) -> tensor<2x2x4x8xf32>
+  // The first input decides: the row-major concatenation, then the query.
+  // CHECK: fsdp.aten "aten::add.Tensor"{{.*}}test.eager_strides = [array<i64: 64, 32, 8, 1>]
+  %s = fsdp.aten "aten::add.Tensor"(%r, %qc) args [0 : index, 1 : index, 1] : (tensor<2x2x4x8xf32>, tensor<2x2x4x8xf32>) -> tensor<2x2x4x8xf32>
+  // CHECK: fsdp.aten "aten::view"{{.*}}test.eager_strides = [unit]
+  %bad = fsdp.aten "aten::view"(%x) args [0 : index, [128]] : (tensor<16x8xf32>) -> tensor<128xf32>
+  return %qc, %cq, %s : tensor<2x2x4x8xf32>, tensor<2x2x4x8xf32>, tensor<2x2x4x8xf32>
+}
