@@ -21,8 +21,10 @@ def FoldViewsPass : Pass<"fsdp-fold-views", "::mlir::ModuleOp"> {
     on a GPU is bound by its calls, not by its math. This pass rewrites, in
     program order:
 
-    - a `view` or `_unsafe_view` of a `view` or `_unsafe_view` into one view
-      of the inner view's input;
+    - a `view` or `_unsafe_view` of a `view`, `_unsafe_view`, `unsqueeze`
+      or `squeeze` into one view of the inner view's input, and an
+      `unsqueeze` or `squeeze` of a `view` into one `view` (views that only
+      change the shape compose into one reshape);
     - a `permute` of a `permute` into one permute by the composed
       permutation;
     - a view that returns its input's type unchanged (an `alias`, an
@@ -34,7 +36,8 @@ def FoldViewsPass : Pass<"fsdp-fold-views", "::mlir::ModuleOp"> {
     with one stride per dimension, as the composed view does. The memory
     report counts views as their base's storage, so it does not change.
     An inner view that nothing else reads is dropped. The sharding pipeline
-    runs this pass first.
+    runs this pass first, and again after `fsdp-fuse-pointwise` (its kernels
+    over split halves read and return views).
   }];
 }
 
@@ -329,14 +332,27 @@ def FusePointwisePass : Pass<"fsdp-fuse-pointwise", "::mlir::ModuleOp"> {
     inputs' strides, eager's last call by its own; a later `view` relies on
     the result's strides), which `fsdp/Analysis/Strides.h` computes from
     ATen's rules; inputs may be strided views (a permuted or sliced query,
-    a broadcast table). Which calls
+    a broadcast table).
+
+    Half slices and concatenations of halves join too (`x[..., :h]`,
+    `x[..., h:]`, `cat([a, b], -1)`: the rotary embeddings' `rotate_half`
+    and its backward). Such a kernel runs over the split dimension as
+    `[2, h]`: it reads a whole input as a view split so, a half of one as a
+    slice of that view (made once per function, where the input is made),
+    computes a half of a value inside from halves of its operands, makes a
+    concatenation a choice (`aten::where.self`) by which half an element is
+    in (a `[2, 1]` bool tensor made once per function), and views its
+    results back; eager's layout is checked on that. While such a group
+    grows it may hand out halves, or a layout the next call changes; it
+    becomes a kernel only where neither remains. Which calls
     qualify, and how each computes an element, is one table
     (`fsdp/Dialect/Pointwise.h`). A group of one call stays a call.
 
     Only steps captured for CUDA (`fsdp.device = "cuda"` on the module) are
     rewritten; on a CPU step the pass changes nothing. The sharding
-    pipeline runs it before `fsdp-plan-lifetimes` (`fuse-pointwise=false`
-    turns it off), so lifetimes and the memory report see the fused ops.
+    pipeline runs it, then `fsdp-fold-views`, before `fsdp-plan-lifetimes`
+    (`fuse-pointwise=false` turns both off), so lifetimes and the memory
+    report see the fused ops.
   }];
   let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
 }

@@ -504,11 +504,17 @@ LogicalResult PointwiseOp::verify() {
   for (Type result : getResults().getTypes())
     if (cast<RankedTensorType>(result).getShape() != type.getShape())
       return emitOpError() << "results must share one shape, got " << type << " and " << result;
-  for (Type t : llvm::concat<const Type>(getInputs().getTypes(), getResults().getTypes()))
-    if (Type element = cast<RankedTensorType>(t).getElementType();
-        element != type.getElementType() || !isKernelElementType(element))
-      return emitOpError() << "inputs and results must share one element type, f32, bf16 or f16; got " << t
-                           << " with results of " << type;
+  // A bool input is a condition (aten::where.self); the body's calls say where it may be read.
+  Type element = type.getElementType();
+  for (Type t : llvm::concat<const Type>(getInputs().getTypes(), getResults().getTypes())) {
+    Type own = cast<RankedTensorType>(t).getElementType();
+    bool condition = own.isInteger(1) && llvm::is_contained(getInputs().getTypes(), t) &&
+                     !llvm::is_contained(getResults().getTypes(), t);
+    if ((own != element || !isKernelElementType(own)) && !condition)
+      return emitOpError() << "inputs and results must share one element type, f32, bf16 or f16 (an input "
+                              "may also be a bool condition); got "
+                           << t << " with results of " << type;
+  }
   SmallVector<int64_t> broadcast;
   for (Type input : getInputs().getTypes()) {
     ArrayRef<int64_t> shape = cast<RankedTensorType>(input).getShape();

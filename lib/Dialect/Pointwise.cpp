@@ -30,6 +30,7 @@ enum class Param {
   Approximate,    ///< gelu's `approximate`: "none" or "tanh"
   Sizes,          ///< expand's sizes: a list of integers (the result type says them)
   Flag,           ///< a bool literal the element does not depend on
+  Condition,      ///< a bool operand (the kernel reads it as 0 or 1 of the float type)
 };
 
 /// One argument as the expression sees it.
@@ -116,6 +117,8 @@ const std::vector<Rule> &rules() {
        [](ArrayRef<Arg> a) {
          return "(" + a[1].text + " <= " + a[2].text + " ? 0.0f : " + a[0].text + ")";
        }},
+      {"aten::where.self", {P::Condition, P::Tensor, P::Tensor}, {},
+       [](ArrayRef<Arg> a) { return "(" + a[0].text + " != 0.0f ? " + a[1].text + " : " + a[2].text + ")"; }},
       // A broadcast: each element reads its input's element at the broadcast index.
       {"aten::expand", {P::Tensor, P::Sizes, P::Flag}, {std::nullopt, std::nullopt, 0.0},
        [](ArrayRef<Arg> a) { return a[0].text; }},
@@ -209,6 +212,15 @@ std::variant<SmallVector<Arg>, std::string> argumentsOf(AtenOp op, const Rule &r
       continue;
     }
     if (std::optional<int64_t> index = operandIndex(attr)) {
+      if (param == Param::Condition) {
+        auto condition = dyn_cast<RankedTensorType>(op.getInputs()[*index].getType());
+        if (!condition || !condition.getElementType().isInteger(1))
+          return where + " is not a bool tensor";
+        if (!operands.empty())
+          arg.text = operands[*index];
+        args.push_back(arg);
+        continue;
+      }
       if (param != Param::Tensor && param != Param::TensorOrNumber)
         return where + " must be a literal";
       if (!isKernelFloat(op.getInputs()[*index].getType()) ||
@@ -217,6 +229,8 @@ std::variant<SmallVector<Arg>, std::string> argumentsOf(AtenOp op, const Rule &r
         return where + " is not a tensor of the result's element type";
       if (!operands.empty())
         arg.text = operands[*index];
+    } else if (param == Param::Condition) {
+      return where + " is not a bool tensor";
     } else if (param == Param::Sizes) {
       auto sizes = dyn_cast<ArrayAttr>(attr);
       if (!sizes || !llvm::all_of(sizes, [](Attribute size) { return isa<IntegerAttr>(size); }))

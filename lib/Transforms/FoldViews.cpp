@@ -10,7 +10,9 @@
 //   %y = fsdp.aten "aten::view" (%v) args [0 : index, [64]] : (tensor<2x4x8xf32>) -> tensor<64xf32>
 //   %a = fsdp.aten "aten::alias" (%y) : (tensor<64xf32>) -> tensor<64xf32>
 //
-// After: a reshape of a reshape, or a permute of a permute, is one view of
+// After: a reshape of a reshape (or of a squeeze or unsqueeze, which only
+// change the shape; an unsqueeze of a reshape becomes a reshape), or a
+// permute of a permute, is one view of
 // the base (the inner view goes once nothing else reads it); a view that
 // returns its input's shape unchanged (a permute by the identity, a view or
 // expand to the same shape, an alias) is its input. Uses of %u read %w, uses
@@ -44,6 +46,14 @@ using namespace mlir::fsdp;
 namespace {
 
 bool isReshape(AtenOp op) { return op && (op.getCallee() == "aten::view" || op.getCallee() == "aten::_unsafe_view"); }
+/// A view that changes only the shape, never the order of elements: a
+/// reshape, or dimensions of size 1 added or dropped.
+bool isShapeOnly(AtenOp op) {
+  return op && op.getInputs().size() == 1 && op->getNumResults() == 1 &&
+         (isReshape(op) || llvm::is_contained({StringRef("aten::unsqueeze"), StringRef("aten::squeeze"),
+                                               StringRef("aten::squeeze.dim"), StringRef("aten::squeeze.dims")},
+                                              op.getCallee()));
+}
 bool isPermute(AtenOp op) { return op && op.getCallee() == "aten::permute"; }
 
 /// The integer list at `args[1]` of a view or permute whose `args[0]` is
@@ -80,11 +90,29 @@ void setListArgument(AtenOp op, ArrayRef<int64_t> values) {
   op.setArgsAttr(builder.getArrayAttr({op.getArgsAttr()[0], builder.getArrayAttr(items)}));
 }
 
-/// Makes `op` read the input of the view it reads, where both are
-/// reshapes or both permutes; the inner view goes once nothing reads it.
+/// Makes `op` read the input of the view it reads, where both change only
+/// the shape (the pair is one reshape of the inner view's input; an
+/// unsqueeze or squeeze of a reshape becomes that reshape) or both are
+/// permutes; the inner view goes once nothing reads it.
 void composeWithInner(AtenOp op) {
   auto inner = op.getInputs()[0].getDefiningOp<AtenOp>();
-  if (!inner || !listArgument(op) || !listArgument(inner))
+  if (!inner)
+    return;
+  if (isShapeOnly(op) && isShapeOnly(inner) && (isReshape(op) || isReshape(inner))) {
+    if (!isReshape(op)) {
+      OpBuilder builder(op);
+      SmallVector<Attribute> sizes;
+      for (int64_t size : cast<RankedTensorType>(op->getResult(0).getType()).getShape())
+        sizes.push_back(builder.getI64IntegerAttr(size));
+      op.setCalleeAttr(builder.getStringAttr("aten::view"));
+      op.setArgsAttr(builder.getArrayAttr({builder.getIndexAttr(0), builder.getArrayAttr(sizes)}));
+    }
+    op->setOperand(0, inner.getInputs()[0]);
+    if (inner->use_empty())
+      inner->erase();
+    return;
+  }
+  if (!listArgument(op) || !listArgument(inner))
     return;
   if (isPermute(op) && isPermute(inner)) {
     std::optional<SmallVector<int64_t>> outer = permutation(op), first = permutation(inner);

@@ -28,7 +28,18 @@
 // have given them (fsdp/Analysis/Strides.h; a later view relies on it):
 // inputs may be strided (a permuted or sliced view), as long as the
 // kernel's TensorIterator orders the dimensions as eager's last call did.
-// A group of one call stays a call. Only CUDA steps (`fsdp.device` = "cuda") fuse: the kernels are CUDA
+// A group of one call stays a call.
+//
+// Half slices and concatenations of halves (rotary embeddings'
+// `cat(-x[..., h:], x[..., :h])`) join as well: such a kernel runs over the
+// split dimension as [2, h], reading whole inputs as split views and halves
+// as slices of them, and a concatenation becomes a choice by which half an
+// element is in (`aten::where.self` on a [2, 1] bool tensor):
+//
+//   %k = fsdp.pointwise(%q2, %cos2, %q2hi, %q2lo, %sin2, %half) {
+//     %qc = mul(%q2, %cos2)  %n = neg(%q2hi)  %r = where(%half, %q2lo, %n)
+//     ... add(%qc, mul(%r, %sin2)) }
+//   %out = fsdp.aten "aten::view"(%k) args [0 : index, [2, 2, 4, 8]] Only CUDA steps (`fsdp.device` = "cuda") fuse: the kernels are CUDA
 // source; a CPU step keeps ATen's.
 //
 // Test: test/Transforms/fuse-pointwise.mlir.
@@ -43,7 +54,10 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/SetVector.h"
+
+#include <functional>
 
 namespace mlir::fsdp {
 #define GEN_PASS_DEF_FUSEPOINTWISEPASS
@@ -54,6 +68,98 @@ using namespace mlir;
 using namespace mlir::fsdp;
 
 namespace {
+
+/// A dimension split into two halves that a group's half slices and
+/// concatenations address: the dimension counted from the last, and the
+/// length of a half.
+struct HalfSplit {
+  int64_t fromEnd = 0;
+  int64_t half = 0;
+  bool operator==(const HalfSplit &other) const { return fromEnd == other.fromEnd && half == other.half; }
+};
+
+std::optional<int64_t> integerArg(AtenOp op, unsigned position) {
+  ArrayAttr args = op.getArgsAttr();
+  auto value = args && position < args.size() ? dyn_cast<IntegerAttr>(args[position]) : IntegerAttr();
+  if (!value || value.getType().isIndex())
+    return std::nullopt;
+  return value.getInt();
+}
+
+/// Which half a half slice (`x[..., :h]` or `x[..., h:]` of a dimension of
+/// 2h, h >= 2) reads, with the split; nullopt for any other call.
+std::optional<std::pair<HalfSplit, int>> halfSliceOf(AtenOp op) {
+  if (op.getCallee() != "aten::slice.Tensor" || op.getInputs().size() != 1 || op->getNumResults() != 1)
+    return std::nullopt;
+  ArrayRef<int64_t> shape = cast<RankedTensorType>(op.getInputs()[0].getType()).getShape();
+  std::optional<int64_t> dim = integerArg(op, 1), start = integerArg(op, 2), end = integerArg(op, 3),
+                         step = integerArg(op, 4);
+  auto rank = static_cast<int64_t>(shape.size());
+  if (!dim || !start || !end || !step || *step != 1 || *dim < -rank || *dim >= rank)
+    return std::nullopt;
+  int64_t d = *dim < 0 ? *dim + rank : *dim;
+  int64_t size = shape[d], half = size / 2;
+  if (size % 2 || half < 2 || (*start != 0 && *start != half) || std::min(*end, size) - *start != half)
+    return std::nullopt;
+  return std::make_pair(HalfSplit{rank - 1 - d, half}, static_cast<int>(*start / half));
+}
+
+/// The split a concatenation of two halves (`cat([a, b], d)`, a and b of
+/// one shape, h >= 2 long in d) makes; nullopt for any other call.
+std::optional<HalfSplit> halfConcatenationOf(AtenOp op) {
+  if (op.getCallee() != "aten::cat" || op.getInputs().size() != 2 || op->getNumResults() != 1 ||
+      op.getInputs()[0].getType() != op.getInputs()[1].getType())
+    return std::nullopt;
+  ArrayRef<int64_t> shape = cast<RankedTensorType>(op.getInputs()[0].getType()).getShape();
+  std::optional<int64_t> dim = integerArg(op, 1);
+  auto rank = static_cast<int64_t>(shape.size());
+  if (!dim || *dim < -rank || *dim >= rank)
+    return std::nullopt;
+  int64_t d = *dim < 0 ? *dim + rank : *dim;
+  if (shape[d] < 2)
+    return std::nullopt;
+  return HalfSplit{rank - 1 - d, shape[d]};
+}
+
+std::optional<HalfSplit> halfSplitOf(AtenOp op) {
+  if (auto slice = halfSliceOf(op))
+    return slice->first;
+  return halfConcatenationOf(op);
+}
+
+/// How long a value is in the split dimension.
+enum class Extent { Whole, Half, One, Outside, Other };
+
+Extent extentOf(Value value, HalfSplit split) {
+  ArrayRef<int64_t> shape = cast<RankedTensorType>(value.getType()).getShape();
+  if (static_cast<int64_t>(shape.size()) <= split.fromEnd)
+    return Extent::Outside; // broadcast across it
+  int64_t size = shape[shape.size() - 1 - split.fromEnd];
+  return size == 2 * split.half ? Extent::Whole : size == split.half ? Extent::Half : size == 1 ? Extent::One : Extent::Other;
+}
+
+/// `shape` with the split dimension as two: [2, h] for the whole, [1, h]
+/// for one half (`oneHalf`, or a value a half long), [1, 1] for a broadcast.
+SmallVector<int64_t> splitShape(ArrayRef<int64_t> shape, HalfSplit split, bool oneHalf) {
+  if (static_cast<int64_t>(shape.size()) <= split.fromEnd)
+    return SmallVector<int64_t>(shape);
+  size_t d = shape.size() - 1 - split.fromEnd;
+  SmallVector<int64_t> out(shape.begin(), shape.begin() + d);
+  if (shape[d] == 1)
+    out.append({1, 1});
+  else
+    out.append({shape[d] == 2 * split.half && !oneHalf ? 2 : 1, split.half});
+  out.append(shape.begin() + d + 1, shape.end());
+  return out;
+}
+
+/// The bool [2, 1, ...] tensor that is true at the second half: which
+/// half an element is in, for a kernel's concatenations.
+SmallVector<int64_t> halfIndexShape(HalfSplit split) {
+  SmallVector<int64_t> shape{2, 1};
+  shape.append(split.fromEnd, 1);
+  return shape;
+}
 
 /// A chain of calls to become one kernel: its calls in program order, and
 /// the call before which the kernel will run.
@@ -80,7 +186,7 @@ public:
   void run() {
     for (Operation &op : body) {
       auto aten = dyn_cast<AtenOp>(op);
-      if (!aten || !pointwiseRefusal(aten).empty())
+      if (!aten || (!pointwiseRefusal(aten).empty() && !halfSplitOf(aten)))
         continue;
       if (!joinProducerGroups(aten) && fits({aten})) {
         groups.push_back(std::make_unique<Group>());
@@ -88,9 +194,16 @@ public:
         groups.back()->anchor = aten;
       }
     }
-    for (auto &group : groups)
-      if (group->members.size() > 1 && !handsOutAView(*group))
+    for (auto &group : groups) {
+      if (group->members.size() < 2 || handsOutAView(*group))
+        continue;
+      if (std::optional<HalfSplit> split = splitOf(group->members)) {
+        if (fits(group->members, /*complete=*/true))
+          rewriteSplit(*group, *split);
+      } else {
         rewrite(*group);
+      }
+    }
   }
 
 private:
@@ -221,21 +334,48 @@ private:
     return {inputs, outputs};
   }
 
+  /// The split a group's half slices and concatenations address (nullopt
+  /// if it has none, or if they disagree).
+  static std::optional<HalfSplit> splitOf(ArrayRef<AtenOp> members) {
+    std::optional<HalfSplit> split;
+    for (AtenOp member : members)
+      if (std::optional<HalfSplit> own = halfSplitOf(member))
+        split = own;
+    return split;
+  }
+
   /// Whether `members` make one kernel: at most 8 inputs and 8 outputs,
   /// one element type, every output of the shape all values broadcast to
   /// and laid out as eager would lay it out (the kernel's TensorIterator
-  /// orders the dimensions by its inputs, eager's calls by theirs).
-  bool fits(ArrayRef<AtenOp> members) {
+  /// orders the dimensions by its inputs, eager's calls by theirs). A group
+  /// with half slices and concatenations may grow through states it could
+  /// not be rewritten in (a half handed out, a layout eager's next call
+  /// changes); `complete` asks whether it can be rewritten now.
+  bool fits(ArrayRef<AtenOp> members, bool complete = false) {
     auto [inputs, outputs] = boundary(members);
-    if (inputs.empty() || inputs.size() > fsdp_rt::kMostKernelTensors || outputs.empty() ||
-        outputs.size() > fsdp_rt::kMostKernelTensors)
+    if (inputs.empty() || outputs.empty() || outputs.size() > fsdp_rt::kMostKernelTensors)
       return false;
     Type element = cast<RankedTensorType>(members.front()->getResult(0).getType()).getElementType();
+    if (llvm::any_of(members, [&](AtenOp member) {
+          return cast<RankedTensorType>(member->getResult(0).getType()).getElementType() != element;
+        }))
+      return false;
+    std::optional<HalfSplit> split;
+    for (AtenOp member : members)
+      if (std::optional<HalfSplit> own = halfSplitOf(member)) {
+        if (split && !(*split == *own))
+          return false;
+        split = own;
+      }
+    if (split)
+      return splitFits(members, outputs, *split, complete);
+    if (inputs.size() > fsdp_rt::kMostKernelTensors)
+      return false;
     SmallVector<int64_t> shape;
     for (AtenOp member : members) {
       auto result = cast<RankedTensorType>(member->getResult(0).getType());
       std::optional<SmallVector<int64_t>> joined = broadcastShape(shape, result.getShape());
-      if (result.getElementType() != element || !joined)
+      if (!joined)
         return false;
       shape = *joined;
     }
@@ -261,6 +401,274 @@ private:
       std::optional<Strides> eager = strides.of(output);
       return eager && sameLayout(shape, fused, *eager);
     });
+  }
+
+  /// What a kernel over split halves reads: group inputs whole (-1) or one
+  /// half (0, 1), in the order the outputs' computations first read them,
+  /// and whether a concatenation needs the half index.
+  struct SplitReads {
+    SmallVector<std::pair<Value, int>> reads;
+    bool halfIndex = false;
+  };
+
+  static SplitReads splitReads(ArrayRef<AtenOp> members, ArrayRef<Value> outputs, HalfSplit split) {
+    llvm::SmallPtrSet<Operation *, 16> inside;
+    for (AtenOp member : members)
+      inside.insert(member);
+    SplitReads plan;
+    DenseSet<std::pair<Value, int>> seen;
+    std::function<void(Value, int)> visit = [&](Value value, int half) {
+      if (extentOf(value, split) != Extent::Whole)
+        half = -1; // only a whole value has halves to read
+      if (!seen.insert({value, half}).second)
+        return;
+      Operation *def = value.getDefiningOp();
+      if (!def || !inside.contains(def)) {
+        plan.reads.push_back({value, half});
+        return;
+      }
+      auto op = cast<AtenOp>(def);
+      if (auto slice = halfSliceOf(op)) {
+        visit(op.getInputs()[0], slice->second);
+      } else if (halfConcatenationOf(op)) {
+        if (half < 0) {
+          visit(op.getInputs()[0], -1);
+          visit(op.getInputs()[1], -1);
+          plan.halfIndex = true;
+        } else {
+          visit(op.getInputs()[half], -1);
+        }
+      } else {
+        for (Value operand : op.getInputs())
+          visit(operand, half);
+      }
+    };
+    for (Value output : outputs)
+      visit(output, -1);
+    return plan;
+  }
+
+  /// `fits` for a group with half slices and concatenations: the kernel
+  /// runs over the split dimension as [2, h] (which half, where in it),
+  /// reads whole inputs as views split so and halves as slices of those
+  /// views, makes a concatenation of two halves a choice by the half
+  /// index, and views its results back; eager's layout is checked on that.
+  bool splitFits(ArrayRef<AtenOp> members, ArrayRef<Value> outputs, HalfSplit split, bool complete) {
+    for (AtenOp member : members) {
+      if (halfSliceOf(member)) {
+        if (extentOf(member.getInputs()[0], split) != Extent::Whole)
+          return false;
+        continue;
+      }
+      if (halfConcatenationOf(member)) {
+        if (extentOf(member.getInputs()[0], split) != Extent::Half)
+          return false;
+        continue;
+      }
+      Extent result = extentOf(member->getResult(0), split);
+      if (result == Extent::Other)
+        return false;
+      for (Value operand : member.getInputs()) {
+        Extent extent = extentOf(operand, split);
+        if (extent != result && extent != Extent::One && extent != Extent::Outside)
+          return false; // a whole value with a half one
+      }
+    }
+    SplitReads plan = splitReads(members, outputs, split);
+    if (plan.reads.size() + plan.halfIndex > fsdp_rt::kMostKernelTensors)
+      return false;
+    SmallVector<Value> whole;
+    for (Value output : outputs) {
+      if (isViewOf(output.getDefiningOp()) || extentOf(output, split) != Extent::Whole) {
+        if (complete)
+          return false; // handed out as it stands: a view, or a half
+        continue;
+      }
+      whole.push_back(output);
+    }
+    if (whole.empty())
+      return !complete;
+    ArrayRef<int64_t> shape = shapeOf(whole.front());
+    if (llvm::any_of(whole, [&](Value output) { return shapeOf(output) != shape; }))
+      return false;
+    SmallVector<int64_t> kernelShape = splitShape(shape, split, /*oneHalf=*/false);
+    std::vector<std::pair<SmallVector<int64_t>, Strides>> read;
+    for (auto [value, half] : plan.reads) {
+      std::optional<Strides> eager = strides.of(value);
+      if (!eager)
+        return false;
+      SmallVector<int64_t> split2 = splitShape(shapeOf(value), split, /*oneHalf=*/false);
+      std::optional<Strides> viewed = viewStrides(shapeOf(value), *eager, split2);
+      if (!viewed)
+        return false;
+      read.push_back({splitShape(shapeOf(value), split, /*oneHalf=*/half >= 0), *viewed});
+    }
+    if (plan.halfIndex) {
+      SmallVector<int64_t> index = halfIndexShape(split);
+      read.push_back({index, contiguousStrides(index)});
+    }
+    SmallVector<StridedOperand> operands;
+    for (auto &[readShape, readStrides] : read)
+      operands.push_back({readShape, readStrides});
+    std::optional<Strides> merged =
+        viewStrides(kernelShape, elementwiseResultStrides(kernelShape, operands), shape);
+    for (Value output : whole) {
+      std::optional<Strides> eager = strides.of(output);
+      if (complete && !(merged && eager && sameLayout(shape, *merged, *eager)))
+        return false; // until a later call makes eager's layout the kernel's
+    }
+    return true;
+  }
+
+  /// The half index for `split`'s rank of trailing dimensions: made once
+  /// per function, at its start (an identity matrix's second column).
+  Value halfIndexFor(HalfSplit split) {
+    if (auto it = halfIndexes.find(split.fromEnd); it != halfIndexes.end())
+      return it->second;
+    OpBuilder builder(&body, body.begin());
+    Location loc = body.getParentOp()->getLoc();
+    Type flag = builder.getI1Type();
+    auto identity = AtenOp::create(
+        builder, loc, TypeRange{RankedTensorType::get({2, 2}, flag)}, builder.getStringAttr("aten::eye"), ValueRange{},
+        builder.getArrayAttr({builder.getI64IntegerAttr(2), TypeAttr::get(flag), builder.getStringAttr("strided"),
+                              builder.getStringAttr("<device>"), builder.getBoolAttr(false)}),
+        UnitAttr(), StringAttr());
+    Value index = sliceOf(builder, loc, identity->getResult(0), 1, 1, StringAttr());
+    SmallVector<int64_t> shape = halfIndexShape(split);
+    if (shapeOf(index) != ArrayRef<int64_t>(shape))
+      index = viewOf(builder, loc, index, shape, StringAttr());
+    return halfIndexes[split.fromEnd] = index;
+  }
+
+  static Value viewOf(OpBuilder &builder, Location loc, Value value, ArrayRef<int64_t> shape, StringAttr module) {
+    auto type = RankedTensorType::get(shape, cast<RankedTensorType>(value.getType()).getElementType());
+    SmallVector<Attribute> sizes;
+    for (int64_t size : shape)
+      sizes.push_back(builder.getI64IntegerAttr(size));
+    return AtenOp::create(builder, loc, TypeRange{type}, builder.getStringAttr("aten::view"), ValueRange{value},
+                          builder.getArrayAttr({builder.getIndexAttr(0), builder.getArrayAttr(sizes)}), UnitAttr(),
+                          module)
+        ->getResult(0);
+  }
+
+  /// `value[..., start:start + 1, ...]` in dimension `dim`.
+  static Value sliceOf(OpBuilder &builder, Location loc, Value value, int64_t dim, int64_t start, StringAttr module) {
+    auto type = cast<RankedTensorType>(value.getType());
+    SmallVector<int64_t> shape(type.getShape());
+    shape[dim] = 1;
+    return AtenOp::create(builder, loc, TypeRange{RankedTensorType::get(shape, type.getElementType())},
+                          builder.getStringAttr("aten::slice.Tensor"), ValueRange{value},
+                          builder.getArrayAttr({builder.getIndexAttr(0), builder.getI64IntegerAttr(dim),
+                                                builder.getI64IntegerAttr(start), builder.getI64IntegerAttr(start + 1),
+                                                builder.getI64IntegerAttr(1)}),
+                          UnitAttr(), module)
+        ->getResult(0);
+  }
+
+  /// `value` viewed with the split dimension as [2, h] (half -1), or one
+  /// half of that view: made once per function, where `value` is made, so
+  /// that the kernels of every layer share the rotary tables' views.
+  Value splitRead(Value value, HalfSplit split, int half) {
+    Value &read = splitReads_[{value, split.fromEnd, half}];
+    if (read)
+      return read;
+    OpBuilder builder(value.getContext());
+    if (Operation *def = value.getDefiningOp())
+      builder.setInsertionPointAfter(def);
+    else
+      builder.setInsertionPointToStart(&body);
+    StringAttr module;
+    if (auto aten = value.getDefiningOp<AtenOp>())
+      module = aten.getModuleAttr();
+    SmallVector<int64_t> shape = splitShape(shapeOf(value), split, /*oneHalf=*/false);
+    if (half < 0)
+      read = shape == shapeOf(value) ? value : viewOf(builder, value.getLoc(), value, shape, module);
+    else {
+      Value whole = splitRead(value, split, -1);
+      builder.setInsertionPointAfterValue(whole);
+      read = sliceOf(builder, value.getLoc(), whole, static_cast<int64_t>(shape.size()) - 2 - split.fromEnd, half,
+                     module);
+    }
+    return read;
+  }
+
+  /// Rewrites a group with half slices and concatenations (see splitFits).
+  void rewriteSplit(Group &group, HalfSplit split) {
+    auto [inputs, outputs] = boundary(group.members);
+    SplitReads plan = splitReads(group.members, outputs, split);
+    Value halfIndex = plan.halfIndex ? halfIndexFor(split) : Value();
+    OpBuilder builder(group.anchor);
+    SmallVector<Location> locations;
+    for (AtenOp member : group.members)
+      locations.push_back(member.getLoc());
+    Location loc = FusedLoc::get(builder.getContext(), locations);
+    StringAttr module = group.members.front().getModuleAttr();
+    SmallVector<Value> kernelInputs;
+    for (auto [value, half] : plan.reads)
+      kernelInputs.push_back(splitRead(value, split, half));
+    if (halfIndex)
+      kernelInputs.push_back(halfIndex);
+    auto splitType = [&](Value value, bool oneHalf) {
+      auto type = cast<RankedTensorType>(value.getType());
+      return RankedTensorType::get(splitShape(type.getShape(), split, oneHalf), type.getElementType());
+    };
+    SmallVector<Type> resultTypes;
+    for (Value output : outputs)
+      resultTypes.push_back(splitType(output, false));
+    auto fused = PointwiseOp::create(builder, loc, resultTypes, kernelInputs, module);
+    Block *kernel = builder.createBlock(&fused.getBody());
+    DenseMap<std::pair<Value, int>, Value> built;
+    for (auto [read, input] : llvm::zip(plan.reads, kernelInputs))
+      built[read] = kernel->addArgument(input.getType(), read.first.getLoc());
+    Value halfIndexArg = halfIndex ? kernel->addArgument(halfIndex.getType(), loc) : Value();
+    std::function<Value(Value, int)> build = [&](Value value, int half) -> Value {
+      if (extentOf(value, split) != Extent::Whole)
+        half = -1;
+      if (auto it = built.find({value, half}); it != built.end())
+        return it->second;
+      auto op = cast<AtenOp>(value.getDefiningOp());
+      Value result;
+      if (auto slice = halfSliceOf(op)) {
+        result = build(op.getInputs()[0], slice->second);
+      } else if (halfConcatenationOf(op) && half >= 0) {
+        result = build(op.getInputs()[half], -1);
+      } else if (halfConcatenationOf(op)) {
+        Value first = build(op.getInputs()[0], -1), second = build(op.getInputs()[1], -1);
+        result = AtenOp::create(builder, op.getLoc(), TypeRange{splitType(value, false)},
+                                builder.getStringAttr("aten::where.self"), ValueRange{halfIndexArg, second, first},
+                                ArrayAttr(), UnitAttr(), op.getModuleAttr())
+                     ->getResult(0);
+      } else {
+        SmallVector<Value> operands;
+        for (Value operand : op.getInputs())
+          operands.push_back(build(operand, half));
+        auto copy = cast<AtenOp>(builder.clone(*op));
+        copy->setOperands(operands);
+        auto type = splitType(value, half >= 0);
+        copy->getResult(0).setType(type);
+        if (copy.getCallee() == "aten::expand") {
+          SmallVector<Attribute> args(copy.getArgsAttr().getValue());
+          SmallVector<Attribute> sizes;
+          for (int64_t size : type.getShape())
+            sizes.push_back(builder.getI64IntegerAttr(size));
+          args[1] = builder.getArrayAttr(sizes);
+          copy.setArgsAttr(builder.getArrayAttr(args));
+        }
+        result = copy->getResult(0);
+      }
+      return built[{value, half}] = result;
+    };
+    SmallVector<Value> yielded;
+    for (Value output : outputs)
+      yielded.push_back(build(output, -1));
+    YieldOp::create(builder, fused.getLoc(), yielded);
+    builder.setInsertionPointAfter(fused);
+    for (auto [output, result] : llvm::zip(outputs, fused.getResults())) {
+      Value back = viewOf(builder, loc, result, shapeOf(output), module);
+      output.replaceUsesWithIf(back, [&](OpOperand &use) { return !group.memberSet.contains(use.getOwner()); });
+    }
+    for (AtenOp member : llvm::reverse(group.members))
+      member->erase();
   }
 
   void rewrite(Group &group) {
@@ -293,6 +701,8 @@ private:
   Block &body;
   DenseMap<Operation *, int64_t> index;
   EagerStrides strides;
+  DenseMap<int64_t, Value> halfIndexes; // per trailing rank of a split, made at the function's start
+  DenseMap<std::tuple<Value, int64_t, int>, Value> splitReads_; // (value, split's rank from the end, half)
   std::vector<std::unique_ptr<Group>> groups;
   DenseMap<Operation *, Group *> groupOf;
 };

@@ -5,8 +5,8 @@
 // or unit-bucket-mib is given), shard-parameters, fuse-casts,
 // activation-checkpoint (if units are named), selective-recompute,
 // reshard-after-forward, bucket-collectives, prefetch, overlap-reductions,
-// verify-schedule, fuse-pointwise (CUDA steps, unless fuse-pointwise=false),
-// plan-lifetimes, offload-units (if units are named), and the reports that
+// verify-schedule, fuse-pointwise and fold-views again (CUDA steps, unless
+// fuse-pointwise=false), plan-lifetimes, offload-units (if units are named), and the reports that
 // were asked for.
 //
 //   fsdp-opt gpt.mlir --fsdp-sharding-pipeline="ranks=8 strategy=full-shard
@@ -160,8 +160,10 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
   overlap.depth = options.overlapReductions;
   pm.addPass(createOverlapReductionsPass(overlap));
   pm.addPass(createVerifySchedulePass());
-  if (options.fusePointwise)
+  if (options.fusePointwise) {
     pm.addPass(createFusePointwisePass());
+    pm.addPass(createFoldViewsPass()); // the kernels' split views against the views around them
+  }
   pm.addPass(createPlanLifetimesPass());
   if (!options.offload.empty() || options.offloadToFit > 0) {
     OffloadUnitsPassOptions offload;

@@ -232,6 +232,36 @@ RMSNORM_TAIL = """func.func @rmsnorm_tail(%x: tensor<4x8xf32>, %ms: tensor<4x1xf
 }
 """
 
+# The rotary embeddings as a kernel over split halves (fsdp-fuse-pointwise's
+# rewrite of `q * cos + cat(-q[..., 4:], q[..., :4]) * sin`): the query split
+# [..., 2, 4], its halves, the tables split alike, and which half an element
+# is in (bool, read by aten::where.self).
+ROTARY_HALVES = """func.func @rotary_halves(%q: tensor<2x2x4x2x4xf32>, %c: tensor<4x2x4xf32>, %hi: tensor<2x2x4x1x4xf32>, %lo: tensor<2x2x4x1x4xf32>, %s: tensor<4x2x4xf32>, %h: tensor<2x1xi1>) -> tensor<2x2x4x2x4xf32> {
+  %y = fsdp.pointwise (%q, %c, %hi, %lo, %s, %h) : (tensor<2x2x4x2x4xf32>, tensor<4x2x4xf32>, tensor<2x2x4x1x4xf32>, tensor<2x2x4x1x4xf32>, tensor<4x2x4xf32>, tensor<2x1xi1>) -> tensor<2x2x4x2x4xf32> {
+  ^bb0(%a: tensor<2x2x4x2x4xf32>, %b: tensor<4x2x4xf32>, %d: tensor<2x2x4x1x4xf32>, %e: tensor<2x2x4x1x4xf32>, %f: tensor<4x2x4xf32>, %g: tensor<2x1xi1>):
+    %qc = fsdp.aten "aten::mul.Tensor"(%a, %b) : (tensor<2x2x4x2x4xf32>, tensor<4x2x4xf32>) -> tensor<2x2x4x2x4xf32>
+    %n = fsdp.aten "aten::neg"(%d) : (tensor<2x2x4x1x4xf32>) -> tensor<2x2x4x1x4xf32>
+    %r = fsdp.aten "aten::where.self"(%g, %e, %n) : (tensor<2x1xi1>, tensor<2x2x4x1x4xf32>, tensor<2x2x4x1x4xf32>) -> tensor<2x2x4x2x4xf32>
+    %rs = fsdp.aten "aten::mul.Tensor"(%r, %f) : (tensor<2x2x4x2x4xf32>, tensor<4x2x4xf32>) -> tensor<2x2x4x2x4xf32>
+    %o = fsdp.aten "aten::add.Tensor"(%qc, %rs) args [0 : index, 1 : index, 1] : (tensor<2x2x4x2x4xf32>, tensor<2x2x4x2x4xf32>) -> tensor<2x2x4x2x4xf32>
+    fsdp.yield %o : tensor<2x2x4x2x4xf32>
+  }
+  return %y : tensor<2x2x4x2x4xf32>
+}
+"""
+
+
+def rotary_halves_inputs(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """The kernel's inputs for query `q` [2, 2, 4, 8] (any strides) and
+    tables [4, 8], and what the calls it replaces compute, split alike."""
+    q2 = q.view(2, 2, 4, 2, 4)
+    half = torch.tensor([[False], [True]], device=q.device)
+    inputs = [q2, cos.view(4, 2, 4), q2[..., 1:2, :], q2[..., 0:1, :], sin.view(4, 2, 4), half]
+    qf, cf, sf = q.float(), cos.float(), sin.float()
+    rotated = torch.cat([-qf[..., 4:], qf[..., :4]], dim=-1)
+    return inputs, (qf * cf + rotated * sf).view(2, 2, 4, 2, 4)
+
+
 # CUDA's device math that the host's libm lacks under that name.
 HOST_PRELUDE = """#include <math.h>
 #include <cstdio>
@@ -264,7 +294,7 @@ def host_program(kernels: list[dict], used: dict[str, int]) -> str:
 def table_module(dtype: str = "f32") -> str:
     """A CUDA module of one function per table operator, plus RMSNorm's tail."""
     functions = "".join(single_call(name, callee, shapes, args) for name, callee, shapes, args, _, _ in CASES)
-    return (f'module attributes {{fsdp.device = "cuda"}} {{\n{functions}{RMSNORM_TAIL}}}\n'
+    return (f'module attributes {{fsdp.device = "cuda"}} {{\n{functions}{RMSNORM_TAIL}{ROTARY_HALVES}}}\n'
             .replace("f32>", f"{dtype}>"))
 
 
@@ -320,6 +350,17 @@ def test_a_broadcasting_chain_computes_what_aten_computes(host_kernels):
     torch.testing.assert_close(got, (x * torch.rsqrt(ms + 1e-5) * w).reshape(-1), rtol=2e-6, atol=2e-6)
 
 
+def test_a_kernel_over_halves_computes_what_aten_computes(host_kernels):
+    binary, used = host_kernels
+    generator = torch.Generator().manual_seed(0)
+    q, cos, sin = (torch.randn(shape, generator=generator) for shape in ([2, 4, 2, 8], [4, 8], [4, 8]))
+    inputs, expected = rotary_halves_inputs(q.transpose(1, 2), cos, sin)
+    # As the jiterator reads them at an output element: broadcast, the bool as 0 or 1.
+    inputs = [tensor.float().expand(2, 2, 4, 2, 4) for tensor in inputs]
+    (got,) = run_on_host(binary, used["rotary_halves"], inputs, 1)
+    torch.testing.assert_close(got, expected.reshape(-1), rtol=2e-6, atol=2e-6)
+
+
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)], ids=["f32", "bf16"])
 def test_the_runtime_launches_each_kernel_on_the_gpu(dtype, tolerance):
     if not torch.cuda.is_available():
@@ -343,3 +384,10 @@ def test_the_runtime_launches_each_kernel_on_the_gpu(dtype, tolerance):
     (got,) = runtime.run("rmsnorm_tail", {}, {}, {}, [x, ms, w], {}, 60.0)["returned"]
     expected = (x.float() * torch.rsqrt(ms.float() + 1e-5) * w.float()).to(dtype)
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
+    # Strided halves of a permuted query, and a bool the kernel reads as 0 or 1.
+    q = torch.randn(2, 4, 2, 8, device="cuda", dtype=dtype).transpose(1, 2)
+    cos, sin = torch.randn(4, 8, device="cuda", dtype=dtype), torch.randn(4, 8, device="cuda", dtype=dtype)
+    inputs, expected = rotary_halves_inputs(q, cos, sin)
+    (got,) = runtime.run("rotary_halves", {}, {}, {}, inputs, {}, 60.0)["returned"]
+    torch.testing.assert_close(got, expected.to(dtype), rtol=tolerance, atol=tolerance)
+    assert got.stride() == q.view(2, 2, 4, 2, 4).stride()  # laid out by its first input, the query

@@ -62,3 +62,25 @@ func.func @train_step(%x: tensor<8x8xf32>, %y: tensor<2x3x4xf32>) -> tensor<f32>
 // PIPELINE:     %[[G:.*]] = fsdp.wait
 // PIPELINE-NOT: aten::permute"(%[[G]])
 // PIPELINE:     fsdp.aten "aten::mm"(%[[G]],
+
+// Size-1 dimensions added or dropped next to a reshape are part of it: a
+// reshape of a squeeze reads the squeeze's input, and an unsqueeze of a
+// reshape becomes one reshape of the reshape's input. A squeeze of an
+// unsqueeze (no reshape) is left alone.
+// CHECK-LABEL: func.func @unit_dimensions
+// CHECK-SAME:    (%[[A:.*]]: tensor<4x1x8xf32>, %[[B:.*]]: tensor<32xf32>)
+func.func @unit_dimensions(%a: tensor<4x1x8xf32>, %b: tensor<32xf32>) -> (tensor<4x2x4xf32>, tensor<4x1x8xf32>, tensor<4x8xf32>) {
+  %s = fsdp.aten "aten::squeeze.dims"(%a) args [0 : index, [1]] : (tensor<4x1x8xf32>) -> tensor<4x8xf32>
+  %r = fsdp.aten "aten::view"(%s) args [0 : index, [4, 2, 4]] : (tensor<4x8xf32>) -> tensor<4x2x4xf32>
+  %v = fsdp.aten "aten::view"(%b) args [0 : index, [4, 8]] : (tensor<32xf32>) -> tensor<4x8xf32>
+  %u = fsdp.aten "aten::unsqueeze"(%v) args [0 : index, 1] : (tensor<4x8xf32>) -> tensor<4x1x8xf32>
+  %w = fsdp.aten "aten::unsqueeze"(%s) args [0 : index, 1] : (tensor<4x8xf32>) -> tensor<4x1x8xf32>
+  %z = fsdp.aten "aten::squeeze.dims"(%w) args [0 : index, [1]] : (tensor<4x1x8xf32>) -> tensor<4x8xf32>
+  return %r, %u, %z : tensor<4x2x4xf32>, tensor<4x1x8xf32>, tensor<4x8xf32>
+}
+// CHECK:      %[[S:.*]] = fsdp.aten "aten::squeeze.dims"(%[[A]])
+// CHECK-NEXT: %[[R:.*]] = fsdp.aten "aten::view"(%[[A]]) args [0 : index, [4, 2, 4]] : (tensor<4x1x8xf32>) -> tensor<4x2x4xf32>
+// CHECK-NEXT: %[[U:.*]] = fsdp.aten "aten::view"(%[[B]]) args [0 : index, [4, 1, 8]] : (tensor<32xf32>) -> tensor<4x1x8xf32>
+// CHECK-NEXT: %[[W:.*]] = fsdp.aten "aten::unsqueeze"(%[[S]])
+// CHECK-NEXT: %[[Z:.*]] = fsdp.aten "aten::squeeze.dims"(%[[W]])
+// CHECK-NEXT: return %[[R]], %[[U]], %[[Z]]

@@ -172,11 +172,15 @@ func.func @broadcast_read_outside(%r: tensor<4x1xf32>) -> (tensor<4x8xf32>, tens
 
 // -----
 
-// Rotary positions on a query viewed as heads: the inputs are strided (a
-// permuted query, a row-major concatenation, tables broadcast over batch
-// and heads), and the kernel's result is ordered by its first input, the
-// query, as eager's add is ordered by its first operand, the query's
-// product.
+// Rotary positions on a query viewed as heads: `q * cos + cat(-q[..., 4:],
+// q[..., :4]) * sin`. The slices and the concatenation address halves of
+// the last dimension, so the kernel runs over it as [2, 4]: it reads the
+// query split so (a view), each half of it (slices of that view, read
+// across both halves), the tables split alike, and which half an element is
+// in (one [2, 1] bool tensor per function: an identity matrix's second
+// column); the concatenation is a choice by the half. Its result, viewed
+// back, is laid out by its first input, the query, as eager's add is by
+// its first operand, the query's product.
 module attributes {fsdp.device = "cuda"} {
 // CHECK-LABEL: func.func @rotary
 func.func @rotary(%x: tensor<16x8xf32>, %cos: tensor<4x8xf32>, %sin: tensor<4x8xf32>) -> tensor<2x2x4x8xf32> {
@@ -186,7 +190,7 @@ func.func @rotary(%x: tensor<16x8xf32>, %cos: tensor<4x8xf32>, %sin: tensor<4x8x
   %v = fsdp.aten "aten::view"(%xd) args [0 : index, [2, 4, 2, 8]] : (tensor<16x8xf32>) -> tensor<2x4x2x8xf32>
   %q = fsdp.aten "aten::permute"(%v) args [0 : index, [0, 2, 1, 3]] : (tensor<2x4x2x8xf32>) -> tensor<2x2x4x8xf32>
   %lo = fsdp.aten "aten::slice.Tensor"(%q) args [0 : index, 3, 0, 4, 1] : (tensor<2x2x4x8xf32>) -> tensor<2x2x4x4xf32>
-  %hi = fsdp.aten "aten::slice.Tensor"(%q) args [0 : index, 3, 4, 8, 1] : (tensor<2x2x4x8xf32>) -> tensor<2x2x4x4xf32>
+  %hi = fsdp.aten "aten::slice.Tensor"(%q) args [0 : index, 3, 4, 9223372036854775807, 1] : (tensor<2x2x4x8xf32>) -> tensor<2x2x4x4xf32>
   %qc = fsdp.aten "aten::mul.Tensor"(%q, %cd) : (tensor<2x2x4x8xf32>, tensor<4x8xf32>) -> tensor<2x2x4x8xf32>
   %n = fsdp.aten "aten::neg"(%hi) : (tensor<2x2x4x4xf32>) -> tensor<2x2x4x4xf32>
   %r = fsdp.aten "aten::cat"(%n, %lo) args [[0 : index, 1 : index], -1] : (tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>) -> tensor<2x2x4x8xf32>
@@ -195,11 +199,57 @@ func.func @rotary(%x: tensor<16x8xf32>, %cos: tensor<4x8xf32>, %sin: tensor<4x8x
   return %out : tensor<2x2x4x8xf32>
 }
 }
+// CHECK:      %[[EYE:.*]] = fsdp.aten "aten::eye"() args [2, i1, "strided", "<device>", false] : () -> tensor<2x2xi1>
+// CHECK-NEXT: %[[HALF:.*]] = fsdp.aten "aten::slice.Tensor"(%[[EYE]]) args [0 : index, 1, 1, 2, 1] : (tensor<2x2xi1>) -> tensor<2x1xi1>
+// CHECK:      %[[COS:.*]] = fsdp.aten "aten::view"(%{{.*}}) args [0 : index, [4, 2, 4]]
+// CHECK:      %[[SIN:.*]] = fsdp.aten "aten::view"(%{{.*}}) args [0 : index, [4, 2, 4]]
 // CHECK:      %[[Q:.*]] = fsdp.aten "aten::permute"
-// CHECK:      fsdp.aten "aten::neg"
-// CHECK:      %[[R:.*]] = fsdp.aten "aten::cat"
-// CHECK:      %[[OUT:.*]] = fsdp.pointwise(%[[Q]], %{{.*}}, %[[R]], %{{.*}}) : (tensor<2x2x4x8xf32>, tensor<4x8xf32>, tensor<2x2x4x8xf32>, tensor<4x8xf32>) -> tensor<2x2x4x8xf32>
-// CHECK:        fsdp.aten "aten::mul.Tensor"
-// CHECK:        fsdp.aten "aten::mul.Tensor"
-// CHECK:        fsdp.aten "aten::add.Tensor"
-// CHECK:      return %[[OUT]]
+// CHECK-NEXT: %[[Q2:.*]] = fsdp.aten "aten::view"(%[[Q]]) args [0 : index, [2, 2, 4, 2, 4]]
+// CHECK-NEXT: %[[Q2LO:.*]] = fsdp.aten "aten::slice.Tensor"(%[[Q2]]) args [0 : index, 3, 0, 1, 1] : (tensor<2x2x4x2x4xf32>) -> tensor<2x2x4x1x4xf32>
+// CHECK-NEXT: %[[Q2HI:.*]] = fsdp.aten "aten::slice.Tensor"(%[[Q2]]) args [0 : index, 3, 1, 2, 1] : (tensor<2x2x4x2x4xf32>) -> tensor<2x2x4x1x4xf32>
+// CHECK-NEXT: %[[K:.*]] = fsdp.pointwise(%[[Q2]], %[[COS]], %[[Q2HI]], %[[Q2LO]], %[[SIN]], %[[HALF]]) : (tensor<2x2x4x2x4xf32>, tensor<4x2x4xf32>, tensor<2x2x4x1x4xf32>, tensor<2x2x4x1x4xf32>, tensor<4x2x4xf32>, tensor<2x1xi1>) -> tensor<2x2x4x2x4xf32> {
+// CHECK-NEXT: ^bb0(%[[A:.*]]: tensor<2x2x4x2x4xf32>, %[[B:.*]]: tensor<4x2x4xf32>, %[[C:.*]]: tensor<2x2x4x1x4xf32>, %[[D:.*]]: tensor<2x2x4x1x4xf32>, %[[E:.*]]: tensor<4x2x4xf32>, %[[F:.*]]: tensor<2x1xi1>):
+// CHECK-NEXT:   %[[QC:.*]] = fsdp.aten "aten::mul.Tensor"(%[[A]], %[[B]])
+// CHECK-NEXT:   %[[N:.*]] = fsdp.aten "aten::neg"(%[[C]]) : (tensor<2x2x4x1x4xf32>) -> tensor<2x2x4x1x4xf32>
+// CHECK-NEXT:   %[[R:.*]] = fsdp.aten "aten::where.self"(%[[F]], %[[D]], %[[N]]) : (tensor<2x1xi1>, tensor<2x2x4x1x4xf32>, tensor<2x2x4x1x4xf32>) -> tensor<2x2x4x2x4xf32>
+// CHECK-NEXT:   %[[RS:.*]] = fsdp.aten "aten::mul.Tensor"(%[[R]], %[[E]])
+// CHECK-NEXT:   %[[O:.*]] = fsdp.aten "aten::add.Tensor"(%[[QC]], %[[RS]])
+// CHECK-NEXT:   fsdp.yield %[[O]] : tensor<2x2x4x2x4xf32>
+// CHECK:      %[[OUT:.*]] = fsdp.aten "aten::view"(%[[K]]) args [0 : index, [2, 2, 4, 8]] : (tensor<2x2x4x2x4xf32>) -> tensor<2x2x4x8xf32>
+// CHECK-NEXT: return %[[OUT]]
+
+// -----
+
+// Its backward: `g * cos + cat(y[..., 4:], -y[..., :4])` with y = g * sin.
+// The slices read a product inside the kernel, so the kernel computes each
+// half of it from halves of its operands. A concatenation handed out on
+// its own would be laid out unlike eager (row-major, where the kernel
+// follows the query), so only the add makes the group a kernel.
+module attributes {fsdp.device = "cuda"} {
+// CHECK-LABEL: func.func @rotary_backward
+func.func @rotary_backward(%x: tensor<16x8xf32>, %cos: tensor<4x8xf32>, %sin: tensor<4x8xf32>) -> tensor<2x2x4x8xf32> {
+  %xd = fsdp.aten "aten::clone"(%x) args [0 : index, "contiguous_format"] : (tensor<16x8xf32>) -> tensor<16x8xf32>
+  %cd = fsdp.aten "aten::clone"(%cos) args [0 : index, "contiguous_format"] : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %sd = fsdp.aten "aten::clone"(%sin) args [0 : index, "contiguous_format"] : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %v = fsdp.aten "aten::view"(%xd) args [0 : index, [2, 4, 2, 8]] : (tensor<16x8xf32>) -> tensor<2x4x2x8xf32>
+  %g = fsdp.aten "aten::permute"(%v) args [0 : index, [0, 2, 1, 3]] : (tensor<2x4x2x8xf32>) -> tensor<2x2x4x8xf32>
+  %y = fsdp.aten "aten::mul.Tensor"(%g, %sd) : (tensor<2x2x4x8xf32>, tensor<4x8xf32>) -> tensor<2x2x4x8xf32>
+  %lo = fsdp.aten "aten::slice.Tensor"(%y) args [0 : index, 3, 0, 4, 1] : (tensor<2x2x4x8xf32>) -> tensor<2x2x4x4xf32>
+  %hi = fsdp.aten "aten::slice.Tensor"(%y) args [0 : index, 3, 4, 8, 1] : (tensor<2x2x4x8xf32>) -> tensor<2x2x4x4xf32>
+  %n = fsdp.aten "aten::neg"(%lo) : (tensor<2x2x4x4xf32>) -> tensor<2x2x4x4xf32>
+  %gc = fsdp.aten "aten::mul.Tensor"(%g, %cd) : (tensor<2x2x4x8xf32>, tensor<4x8xf32>) -> tensor<2x2x4x8xf32>
+  %r = fsdp.aten "aten::cat"(%hi, %n) args [[0 : index, 1 : index], 3] : (tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>) -> tensor<2x2x4x8xf32>
+  %out = fsdp.aten "aten::add.Tensor"(%gc, %r) args [0 : index, 1 : index, 1] : (tensor<2x2x4x8xf32>, tensor<2x2x4x8xf32>) -> tensor<2x2x4x8xf32>
+  return %out : tensor<2x2x4x8xf32>
+}
+}
+// CHECK:      %[[K:.*]] = fsdp.pointwise(%[[G2:.*]], %[[COS:.*]], %[[G2HI:.*]], %[[SINHI:.*]], %[[G2LO:.*]], %[[SINLO:.*]], %[[HALF:.*]]) : (tensor<2x2x4x2x4xf32>, tensor<4x2x4xf32>, tensor<2x2x4x1x4xf32>, tensor<4x1x4xf32>, tensor<2x2x4x1x4xf32>, tensor<4x1x4xf32>, tensor<2x1xi1>) -> tensor<2x2x4x2x4xf32> {
+// CHECK-NEXT: ^bb0(%[[A:.*]]: {{.*}}, %[[B:.*]]: {{.*}}, %[[C:.*]]: {{.*}}, %[[D:.*]]: {{.*}}, %[[E:.*]]: {{.*}}, %[[F:.*]]: {{.*}}, %[[H:.*]]: tensor<2x1xi1>):
+// CHECK-NEXT:   %[[GC:.*]] = fsdp.aten "aten::mul.Tensor"(%[[A]], %[[B]])
+// CHECK-NEXT:   %[[YHI:.*]] = fsdp.aten "aten::mul.Tensor"(%[[C]], %[[D]]) : (tensor<2x2x4x1x4xf32>, tensor<4x1x4xf32>) -> tensor<2x2x4x1x4xf32>
+// CHECK-NEXT:   %[[YLO:.*]] = fsdp.aten "aten::mul.Tensor"(%[[E]], %[[F]]) : (tensor<2x2x4x1x4xf32>, tensor<4x1x4xf32>) -> tensor<2x2x4x1x4xf32>
+// CHECK-NEXT:   %[[N:.*]] = fsdp.aten "aten::neg"(%[[YLO]])
+// CHECK-NEXT:   %[[R:.*]] = fsdp.aten "aten::where.self"(%[[H]], %[[N]], %[[YHI]])
+// CHECK-NEXT:   %[[O:.*]] = fsdp.aten "aten::add.Tensor"(%[[GC]], %[[R]])
+// CHECK:      fsdp.aten "aten::view"(%[[K]]) args [0 : index, [2, 2, 4, 8]]
+// CHECK-NOT:  fsdp.aten "aten::cat"
