@@ -5,7 +5,7 @@ parameters per block) at d_model 16, vocab 64 and one 8-token sequence per
 rank, so every kernel is a few microseconds and the step time is the host's
 work: dispatching ATen calls, packing and unpacking buckets, Python.
 
-    PYTHONPATH=python torchrun --nproc-per-node 2 benchmarks/host_overhead.py
+    PYTHONPATH=python torchrun --nproc-per-node 2 benchmarks/host_overhead.py [--also OPTIONS]
 
 Prints, on rank 0, the median over alternated rounds of, for fsdpc, FSDP2
 (fully_shard per block and the root, eager, as benchmarks/compare.py builds
@@ -54,6 +54,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--also", default=None, metavar="OPTIONS",
+                        help="also fsdpc compiled with these fsdp-sharding-pipeline options (fuse-pointwise=false), "
+                             "alternated with the others")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -62,6 +65,8 @@ def main() -> None:
     tokens = torch.randint(0, TINY_GPT_23M.vocab_size, (1, 9))
     batch = (tokens[:, :-1], tokens[:, 1:])
     built = {name: build(name, copy.deepcopy(eager), batch, dist.get_world_size()) for name in ("fsdpc", "fsdp2")}
+    if args.also:
+        built[f"fsdpc {args.also}"] = build("fsdpc", copy.deepcopy(eager), batch, dist.get_world_size(), args.also)
     systems = {}
     for name, (forward_backward, params, _) in built.items():
         systems.update(iterations(name, forward_backward, torch.optim.AdamW(params, lr=1e-3, fused=True), batch))
@@ -79,14 +84,17 @@ def main() -> None:
         for name, fn in systems.items():
             dist.barrier()
             times[name].append(per_call_ms(fn, args.calls))
-    sharded = built["fsdpc"][2]["step"]
-    sharded(*batch, trace=True)
-    instructions = len(sharded.last_trace)
-    collectives = len(sharded.last_collectives)
+    traced = {}
+    for name in built:
+        if name.startswith("fsdpc"):
+            sharded = built[name][2]["step"]
+            sharded(*batch, trace=True)
+            traced[name] = (len(sharded.last_trace), len(sharded.last_collectives))
     if dist.get_rank() == 0:
         print(f"tiny GPT 23M graph ({TINY_GPT_23M}), 1 x 8 tokens per rank, {dist.get_world_size()} ranks, "
               f"median of {args.rounds} rounds x {args.calls} calls")
-        print(f"runtime per call: {instructions} instructions traced, {collectives} collectives")
+        for name, (instructions, collectives) in traced.items():
+            print(f"{name} runtime per call: {instructions} instructions traced, {collectives} collectives")
         for name, values in times.items():
             print(f"  {name:30s} {statistics.median(values):7.3f} ms")
     dist.destroy_process_group()

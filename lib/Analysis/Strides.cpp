@@ -134,29 +134,6 @@ bool stridesLikeChannelsLast(ArrayRef<int64_t> shape, ArrayRef<int64_t> strides)
   return true;
 }
 
-std::optional<int64_t> intAt(AtenOp op, unsigned position) {
-  ArrayAttr args = op.getArgsAttr();
-  auto value = args && position < args.size() ? dyn_cast<IntegerAttr>(args[position]) : IntegerAttr();
-  if (!value || value.getType().isIndex())
-    return std::nullopt;
-  return value.getInt();
-}
-
-std::optional<SmallVector<int64_t>> intsAt(AtenOp op, unsigned position) {
-  ArrayAttr args = op.getArgsAttr();
-  auto list = args && position < args.size() ? dyn_cast<ArrayAttr>(args[position]) : ArrayAttr();
-  if (!list)
-    return std::nullopt;
-  SmallVector<int64_t> values;
-  for (Attribute item : list) {
-    auto value = dyn_cast<IntegerAttr>(item);
-    if (!value)
-      return std::nullopt;
-    values.push_back(value.getInt());
-  }
-  return values;
-}
-
 StringRef stringAt(AtenOp op, unsigned position) {
   ArrayAttr args = op.getArgsAttr();
   auto text = args && position < args.size() ? dyn_cast<StringAttr>(args[position]) : StringAttr();
@@ -300,7 +277,7 @@ std::optional<Strides> EagerStrides::compute(Value value) {
     return input();
   if (callee == "aten::permute") {
     std::optional<Strides> from = input();
-    std::optional<SmallVector<int64_t>> dims = intsAt(aten, 1);
+    std::optional<SmallVector<int64_t>> dims = integerListLiteral(aten, 1);
     if (!from || !dims || dims->size() != shape.size())
       return std::nullopt;
     Strides result;
@@ -312,22 +289,22 @@ std::optional<Strides> EagerStrides::compute(Value value) {
     std::optional<Strides> from = input();
     if (!from || from->size() < 2)
       return from;
-    int64_t a = callee == "aten::t" ? 0 : normalized(intAt(aten, 1).value_or(0), inRank);
-    int64_t b = callee == "aten::t" ? 1 : normalized(intAt(aten, 2).value_or(1), inRank);
+    int64_t a = callee == "aten::t" ? 0 : normalized(integerLiteral(aten, 1).value_or(0), inRank);
+    int64_t b = callee == "aten::t" ? 1 : normalized(integerLiteral(aten, 2).value_or(1), inRank);
     std::swap((*from)[a], (*from)[b]);
     return from;
   }
   if (callee == "aten::slice.Tensor") {
     std::optional<Strides> from = input();
-    int64_t dim = normalized(intAt(aten, 1).value_or(0), inRank);
+    int64_t dim = normalized(integerLiteral(aten, 1).value_or(0), inRank);
     if (!from || dim < 0 || dim >= inRank)
       return std::nullopt;
-    (*from)[dim] *= intAt(aten, 4).value_or(1);
+    (*from)[dim] *= integerLiteral(aten, 4).value_or(1);
     return from;
   }
   if (callee == "aten::select.int") {
     std::optional<Strides> from = input();
-    std::optional<int64_t> dim = intAt(aten, 1);
+    std::optional<int64_t> dim = integerLiteral(aten, 1);
     if (!from || !dim)
       return std::nullopt;
     from->erase(from->begin() + normalized(*dim, inRank));
@@ -335,7 +312,7 @@ std::optional<Strides> EagerStrides::compute(Value value) {
   }
   if (callee == "aten::unsqueeze") {
     std::optional<Strides> from = input();
-    std::optional<int64_t> dim = intAt(aten, 1);
+    std::optional<int64_t> dim = integerLiteral(aten, 1);
     if (!from || !dim)
       return std::nullopt;
     int64_t at = normalized(*dim, inRank + 1);
@@ -351,9 +328,9 @@ std::optional<Strides> EagerStrides::compute(Value value) {
     ArrayRef<int64_t> inShape = shapeOf(inputs.front());
     SmallVector<int64_t> dims;
     if (callee == "aten::squeeze.dims")
-      dims = intsAt(aten, 1).value_or(SmallVector<int64_t>{});
+      dims = integerListLiteral(aten, 1).value_or(SmallVector<int64_t>{});
     else if (callee == "aten::squeeze.dim")
-      dims = {intAt(aten, 1).value_or(0)};
+      dims = {integerLiteral(aten, 1).value_or(0)};
     else
       for (int64_t d = 0; d < inRank; ++d)
         dims.push_back(d);

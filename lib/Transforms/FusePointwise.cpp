@@ -78,22 +78,14 @@ struct HalfSplit {
   bool operator==(const HalfSplit &other) const { return fromEnd == other.fromEnd && half == other.half; }
 };
 
-std::optional<int64_t> integerArg(AtenOp op, unsigned position) {
-  ArrayAttr args = op.getArgsAttr();
-  auto value = args && position < args.size() ? dyn_cast<IntegerAttr>(args[position]) : IntegerAttr();
-  if (!value || value.getType().isIndex())
-    return std::nullopt;
-  return value.getInt();
-}
-
 /// Which half a half slice (`x[..., :h]` or `x[..., h:]` of a dimension of
 /// 2h, h >= 2) reads, with the split; nullopt for any other call.
 std::optional<std::pair<HalfSplit, int>> halfSliceOf(AtenOp op) {
   if (op.getCallee() != "aten::slice.Tensor" || op.getInputs().size() != 1 || op->getNumResults() != 1)
     return std::nullopt;
   ArrayRef<int64_t> shape = cast<RankedTensorType>(op.getInputs()[0].getType()).getShape();
-  std::optional<int64_t> dim = integerArg(op, 1), start = integerArg(op, 2), end = integerArg(op, 3),
-                         step = integerArg(op, 4);
+  std::optional<int64_t> dim = integerLiteral(op, 1), start = integerLiteral(op, 2), end = integerLiteral(op, 3),
+                         step = integerLiteral(op, 4);
   auto rank = static_cast<int64_t>(shape.size());
   if (!dim || !start || !end || !step || *step != 1 || *dim < -rank || *dim >= rank)
     return std::nullopt;
@@ -111,7 +103,7 @@ std::optional<HalfSplit> halfConcatenationOf(AtenOp op) {
       op.getInputs()[0].getType() != op.getInputs()[1].getType())
     return std::nullopt;
   ArrayRef<int64_t> shape = cast<RankedTensorType>(op.getInputs()[0].getType()).getShape();
-  std::optional<int64_t> dim = integerArg(op, 1);
+  std::optional<int64_t> dim = integerLiteral(op, 1);
   auto rank = static_cast<int64_t>(shape.size());
   if (!dim || *dim < -rank || *dim >= rank)
     return std::nullopt;
