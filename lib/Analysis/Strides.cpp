@@ -405,7 +405,15 @@ std::optional<Strides> EagerStrides::compute(Value value) {
       return contiguousStrides(shape);
     return std::nullopt;
   }
-  if (callee == "aten::where.self" || (pointwiseRefusal(aten).empty() && !isViewOf(aten)))
+  if (callee == "aten::scalar_tensor")
+    return Strides{}; // 0-d
+  bool iterated = llvm::StringSwitch<bool>(callee)
+                      .Cases({"aten::where.self", "aten::bitwise_not", "aten::logical_not", "aten::eq.Scalar",
+                              "aten::ne.Scalar", "aten::lt.Scalar", "aten::le.Scalar", "aten::gt.Scalar",
+                              "aten::ge.Scalar"},
+                             true)
+                      .Default(pointwiseRefusal(aten).empty() && !isViewOf(aten));
+  if (iterated)
     return elementwise(inputs, shape);
   return std::nullopt;
 }

@@ -5,7 +5,7 @@ kernel's inputs; a later `view` of it is valid only if those are the
 strides eager's calls would have given it. `fsdp-test-eager-strides` writes
 what the compiler believes eager gives every value. Random chains of views
 (permute, slice, transpose, unsqueeze, squeeze, expand, view) and calls
-(elementwise with broadcasting, concatenation, clones) run in torch and go
+(elementwise with broadcasting, comparisons, concatenation, clones) run in torch and go
 through that pass, and every stride the pass states must be torch's. Where
 the pass states none it must be a case it does not model: a view torch
 refuses (it would need a copy) or a `preserve_format` clone of a tensor
@@ -24,8 +24,8 @@ CASES = 400
 STRIDES = re.compile(r"test\.eager_strides = \[(.*?)\]\}")
 
 
-def mlir_type(shape) -> str:
-    return "tensor<" + "".join(f"{size}x" for size in shape) + "f32>"
+def mlir_type(shape, dtype: str = "f32") -> str:
+    return "tensor<" + "".join(f"{size}x" for size in shape) + dtype + ">"
 
 
 def ints(values) -> str:
@@ -57,13 +57,16 @@ class Chain:
         # Per IR op in order: (result, whether a missing stride is allowed).
         self.expected: list[tuple[torch.Tensor, bool]] = []
 
-    def op(self, text: str, inputs: list[int], result: torch.Tensor, unknown_allowed: bool = False) -> int:
+    def op(self, text: str, inputs: list[int], result: torch.Tensor, unknown_allowed: bool = False,
+           dtype: str = "f32") -> int:
         index = len(self.values)
         operands = ", ".join(f"%v{i}" for i in inputs)
-        types = ", ".join(mlir_type(self.values[i].shape) for i in inputs)
+        types = ", ".join(mlir_type(self.values[i].shape, "i1" if self.values[i].dtype == torch.bool else "f32")
+                          for i in inputs)
         callee, _, args = text.partition(" args ")
         args = f" args {args}" if args else ""
-        self.lines.append(f'  %v{index} = fsdp.aten "{callee}"({operands}){args} : ({types}) -> {mlir_type(result.shape)}')
+        self.lines.append(f'  %v{index} = fsdp.aten "{callee}"({operands}){args} : ({types}) -> '
+                          f"{mlir_type(result.shape, dtype)}")
         self.values.append(result)
         self.expected.append((result, unknown_allowed))
         return index
@@ -87,7 +90,7 @@ class Chain:
         i = rng.choice(pool)
         x = self.values[i]
         kind = rng.choice(["permute", "slice", "transpose", "unsqueeze", "squeeze", "expand", "view",
-                           "unary", "binary", "binary", "cat", "clone"])
+                           "unary", "compare", "binary", "binary", "cat", "clone"])
         rank = x.dim()
         if kind == "permute" and rank >= 2:
             perm = list(range(rank))
@@ -137,6 +140,9 @@ class Chain:
             pool.append(self.op(f"aten::view args [0 : index, {ints(new)}]", [i], result))
         elif kind == "unary":
             pool.append(self.op("aten::neg", [i], torch.neg(x)))
+        elif kind == "compare":  # bool results: read by nothing here, their strides still stated
+            flags = self.op("aten::gt.Scalar args [0 : index, 0]", [i], torch.gt(x, 0), dtype="i1")
+            self.op("aten::bitwise_not", [flags], torch.bitwise_not(self.values[flags]), dtype="i1")
         elif kind == "binary":
             j = rng.choice(pool)
             y = self.values[j]

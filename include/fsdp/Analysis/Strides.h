@@ -46,7 +46,7 @@ bool sameLayout(ArrayRef<int64_t> shape, ArrayRef<int64_t> a, ArrayRef<int64_t> 
 /// The strides each tensor value of a step has when eager PyTorch runs it,
 /// from the ops that make it: tensors the runtime allocates are row-major;
 /// views follow their input; elementwise calls and `preserve_format` copies
-/// follow TensorIterator; matrix products, concatenations and contiguous
+/// (and comparisons) follow TensorIterator; matrix products, concatenations and contiguous
 /// copies are row-major; cuDNN attention lays its output out in the query's
 /// order of strides and its gradients like their inputs. nullopt where no
 /// rule says (the batch, other attention kernels, operators not listed).
