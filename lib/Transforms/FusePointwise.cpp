@@ -39,10 +39,13 @@
 //   %k = fsdp.pointwise(%q2, %cos2, %q2hi, %q2lo, %sin2, %half) {
 //     %qc = mul(%q2, %cos2)  %n = neg(%q2hi)  %r = where(%half, %q2lo, %n)
 //     ... add(%qc, mul(%r, %sin2)) }
-//   %out = fsdp.aten "aten::view"(%k) args [0 : index, [2, 2, 4, 8]] Only CUDA steps (`fsdp.device` = "cuda") fuse: the kernels are CUDA
+//   %out = fsdp.aten "aten::view"(%k) args [0 : index, [2, 2, 4, 8]]
+//
+// Only CUDA steps (`fsdp.device` = "cuda") fuse: the kernels are CUDA
 // source; a CPU step keeps ATen's.
 //
-// Test: test/Transforms/fuse-pointwise.mlir.
+// Test: test/Transforms/fuse-pointwise.mlir; python/tests/test_pointwise_halves.py
+// evaluates kernels over halves against the calls they replace.
 //
 //===----------------------------------------------------------------------===//
 
@@ -145,8 +148,9 @@ SmallVector<int64_t> splitShape(ArrayRef<int64_t> shape, HalfSplit split, bool o
   return out;
 }
 
-/// The bool [2, 1, ...] tensor that is true at the second half: which
-/// half an element is in, for a kernel's concatenations.
+/// The shape of the half index, the bool tensor that is true at the second
+/// half (which half an element is in, for a kernel's concatenations):
+/// [2, 1] and a 1 for each dimension after the split one.
 SmallVector<int64_t> halfIndexShape(HalfSplit split) {
   SmallVector<int64_t> shape{2, 1};
   shape.append(split.fromEnd, 1);
@@ -189,10 +193,11 @@ public:
     for (auto &group : groups) {
       if (group->members.size() < 2 || handsOutAView(*group))
         continue;
-      if (std::optional<HalfSplit> split = splitOf(group->members)) {
+      FailureOr<std::optional<HalfSplit>> split = splitOf(group->members);
+      if (succeeded(split) && *split) {
         if (fits(group->members, /*complete=*/true))
-          rewriteSplit(*group, *split);
-      } else {
+          rewriteSplit(*group, **split);
+      } else if (succeeded(split)) {
         rewrite(*group);
       }
     }
@@ -326,13 +331,16 @@ private:
     return {inputs, outputs};
   }
 
-  /// The split a group's half slices and concatenations address (nullopt
-  /// if it has none, or if they disagree).
-  static std::optional<HalfSplit> splitOf(ArrayRef<AtenOp> members) {
+  /// The split a group's half slices and concatenations address: nullopt
+  /// if it has none, failure if they disagree.
+  static FailureOr<std::optional<HalfSplit>> splitOf(ArrayRef<AtenOp> members) {
     std::optional<HalfSplit> split;
     for (AtenOp member : members)
-      if (std::optional<HalfSplit> own = halfSplitOf(member))
+      if (std::optional<HalfSplit> own = halfSplitOf(member)) {
+        if (split && !(*split == *own))
+          return failure();
         split = own;
+      }
     return split;
   }
 
@@ -352,15 +360,11 @@ private:
           return cast<RankedTensorType>(member->getResult(0).getType()).getElementType() != element;
         }))
       return false;
-    std::optional<HalfSplit> split;
-    for (AtenOp member : members)
-      if (std::optional<HalfSplit> own = halfSplitOf(member)) {
-        if (split && !(*split == *own))
-          return false;
-        split = own;
-      }
-    if (split)
-      return splitFits(members, outputs, *split, complete);
+    FailureOr<std::optional<HalfSplit>> split = splitOf(members);
+    if (failed(split))
+      return false;
+    if (*split)
+      return splitFits(members, outputs, **split, complete);
     if (inputs.size() > fsdp_rt::kMostKernelTensors)
       return false;
     SmallVector<int64_t> shape;
