@@ -4,12 +4,13 @@ A fused kernel's result gets the strides TensorIterator gives it from the
 kernel's inputs; a later `view` of it is valid only if those are the
 strides eager's calls would have given it. `fsdp-test-eager-strides` writes
 what the compiler believes eager gives every value. Random chains of views
-(permute, slice, transpose, unsqueeze, squeeze, expand, view) and calls
-(elementwise with broadcasting, comparisons, concatenation, clones) run in torch and go
+(permute, slice, select, transpose, unsqueeze, squeeze, expand, view,
+reshape, alias) and calls (elementwise with broadcasting, comparisons,
+concatenation, clones, dtype casts, sums) run in torch and go
 through that pass, and every stride the pass states must be torch's. Where
 the pass states none it must be a case it does not model: a view torch
-refuses (it would need a copy) or a `preserve_format` clone of a tensor
-that is not dense.
+refuses (it would need a copy), a `preserve_format` copy of a tensor that
+is not dense, or a sum over a tensor that is not row-major.
 """
 
 import random
@@ -60,9 +61,11 @@ class Chain:
     def op(self, text: str, inputs: list[int], result: torch.Tensor, unknown_allowed: bool = False,
            dtype: str = "f32") -> int:
         index = len(self.values)
+        # What is made from a value with no stated strides may have none either.
+        unknown_allowed = unknown_allowed or any(self.expected[i][1] for i in inputs)
         operands = ", ".join(f"%v{i}" for i in inputs)
-        types = ", ".join(mlir_type(self.values[i].shape, "i1" if self.values[i].dtype == torch.bool else "f32")
-                          for i in inputs)
+        names = {torch.bool: "i1", torch.float16: "f16", torch.float32: "f32"}
+        types = ", ".join(mlir_type(self.values[i].shape, names[self.values[i].dtype]) for i in inputs)
         callee, _, args = text.partition(" args ")
         args = f" args {args}" if args else ""
         self.lines.append(f'  %v{index} = fsdp.aten "{callee}"({operands}){args} : ({types}) -> '
@@ -90,7 +93,8 @@ class Chain:
         i = rng.choice(pool)
         x = self.values[i]
         kind = rng.choice(["permute", "slice", "transpose", "unsqueeze", "squeeze", "expand", "view",
-                           "unary", "compare", "binary", "binary", "cat", "clone"])
+                           "reshape", "select", "alias", "unary", "compare", "binary", "binary", "cat", "clone",
+                           "cast", "sum"])
         rank = x.dim()
         if kind == "permute" and rank >= 2:
             perm = list(range(rank))
@@ -138,6 +142,25 @@ class Chain:
                 self.expected[-1] = (None, True)
                 return
             pool.append(self.op(f"aten::view args [0 : index, {ints(new)}]", [i], result))
+        elif kind == "reshape" and rank >= 2:
+            new = [x.numel()] if rng.random() < 0.5 else [x.size(0), -1]
+            result = x.reshape(new)
+            shape = list(result.shape)
+            pool.append(self.op(f"aten::reshape args [0 : index, {ints(shape)}]", [i], result))
+        elif kind == "select" and rank >= 2:
+            dim = rng.randrange(rank)
+            at = rng.randrange(x.size(dim))
+            pool.append(self.op(f"aten::select.int args [0 : index, {dim}, {at}]", [i], x.select(dim, at)))
+        elif kind == "alias":
+            pool.append(self.op("aten::alias", [i], torch.ops.aten.alias(x)))
+        elif kind == "cast":  # a dtype copy that keeps the layout where the tensor is dense
+            self.op("aten::_to_copy args [0 : index, f16]", [i], x.to(torch.float16), dtype="f16",
+                    unknown_allowed=not is_dense(x))
+        elif kind == "sum" and rank >= 2:  # row-major from row-major input only: other layouts not stated
+            dim = rng.randrange(rank)
+            result = x.sum(dim, keepdim=True)
+            pool.append(self.op(f"aten::sum.dim_IntList args [0 : index, [{dim}], true, unit]", [i], result,
+                                unknown_allowed=not x.is_contiguous()))
         elif kind == "unary":
             pool.append(self.op("aten::neg", [i], torch.neg(x)))
         elif kind == "compare":  # bool results: read by nothing here, their strides still stated
