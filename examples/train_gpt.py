@@ -96,6 +96,7 @@ def main() -> None:
         print(f"memory report: {out}/memory.json (peak above the step's start: {predicted:.1f} MiB); "
               f"measured trace of the last step: {out}/trace.json "
               f"({summary['exposed_comm_share'] * 100:.0f}% of it waiting on communication)")
+    dist.barrier()  # every rank tears down together: see "Interpreter shutdown" in docs/design.md
     dist.destroy_process_group()
 
 

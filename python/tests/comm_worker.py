@@ -45,6 +45,7 @@ def main():
                      f"({sharded.last_collectives})")
         if dist.get_rank() == 0:
             print(f"{strategy}: {counted} B per rank in {len(sharded.last_collectives)} collectives", flush=True)
+    dist.barrier()  # every rank tears down together: see "Interpreter shutdown" in docs/design.md
     dist.destroy_process_group()
 
 

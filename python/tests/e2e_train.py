@@ -119,6 +119,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     for args in runs:
         train(args)
+    dist.barrier()  # every rank tears down together: see "Interpreter shutdown" in docs/design.md
     dist.destroy_process_group()
 
 

@@ -81,6 +81,7 @@ def main():
             seconds = sharded.compile_seconds
             phases = "cache hit" if "cache hit" in seconds and "joint trace" not in seconds else "compiled"
             print(f"{name} {phases} {got:.6f}", flush=True)
+    dist.barrier()  # every rank tears down together: see "Interpreter shutdown" in docs/design.md
     dist.destroy_process_group()
 
 
