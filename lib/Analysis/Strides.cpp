@@ -220,6 +220,8 @@ std::optional<Strides> EagerStrides::of(Value value) {
 
 std::optional<Strides> EagerStrides::elementwise(ValueRange inputs, ArrayRef<int64_t> shape) {
   SmallVector<Strides> strides;
+  strides.reserve(inputs.size()); // the operands below point into it
+  SmallVector<StridedOperand> operands;
   for (Value input : inputs) {
     if (!isa<RankedTensorType>(input.getType()))
       continue;
@@ -227,12 +229,8 @@ std::optional<Strides> EagerStrides::elementwise(ValueRange inputs, ArrayRef<int
     if (!known)
       return std::nullopt;
     strides.push_back(*known);
+    operands.push_back({shapeOf(input), strides.back()});
   }
-  SmallVector<StridedOperand> operands;
-  size_t next = 0;
-  for (Value input : inputs)
-    if (isa<RankedTensorType>(input.getType()))
-      operands.push_back({shapeOf(input), strides[next++]});
   return elementwiseResultStrides(shape, operands);
 }
 

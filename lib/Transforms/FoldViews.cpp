@@ -100,12 +100,8 @@ void composeWithInner(AtenOp op) {
     return;
   if (isShapeOnly(op) && isShapeOnly(inner) && (isReshape(op) || isReshape(inner))) {
     if (!isReshape(op)) {
-      OpBuilder builder(op);
-      SmallVector<Attribute> sizes;
-      for (int64_t size : cast<RankedTensorType>(op->getResult(0).getType()).getShape())
-        sizes.push_back(builder.getI64IntegerAttr(size));
-      op.setCalleeAttr(builder.getStringAttr("aten::view"));
-      op.setArgsAttr(builder.getArrayAttr({builder.getIndexAttr(0), builder.getArrayAttr(sizes)}));
+      op.setCalleeAttr(StringAttr::get(op.getContext(), "aten::view"));
+      setListArgument(op, cast<RankedTensorType>(op->getResult(0).getType()).getShape());
     }
     op->setOperand(0, inner.getInputs()[0]);
     if (inner->use_empty())

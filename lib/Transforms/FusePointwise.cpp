@@ -378,24 +378,16 @@ private:
     for (Value output : outputs)
       if (shapeOf(output) != ArrayRef<int64_t>(shape))
         return false;
-    SmallVector<Strides> inputStrides;
-    for (Value input : inputs) {
-      std::optional<Strides> known = strides.of(input);
-      if (!known)
-        return false;
-      inputStrides.push_back(*known);
-    }
-    SmallVector<StridedOperand> operands;
-    for (auto [input, known] : llvm::zip(inputs, inputStrides))
-      operands.push_back({shapeOf(input), known});
-    Strides fused = elementwiseResultStrides(shape, operands);
+    std::optional<Strides> fused = strides.elementwise(inputs.getArrayRef(), shape);
+    if (!fused)
+      return false;
     // A broadcast handed out is a view, never a kernel's output: the group
     // is not rewritten unless a later call reads it inside (handsOutAView).
     return llvm::all_of(outputs, [&](Value output) {
       if (isViewOf(output.getDefiningOp()))
         return true;
       std::optional<Strides> eager = strides.of(output);
-      return eager && sameLayout(shape, fused, *eager);
+      return eager && sameLayout(shape, *fused, *eager);
     });
   }
 
@@ -490,11 +482,11 @@ private:
     SmallVector<int64_t> kernelShape = splitShape(shape, split, /*oneHalf=*/false);
     std::vector<std::pair<SmallVector<int64_t>, Strides>> read;
     for (auto [value, half] : plan.reads) {
+      // A half is a slice of the split view: its strides, one step long there.
       std::optional<Strides> eager = strides.of(value);
-      if (!eager)
-        return false;
-      SmallVector<int64_t> split2 = splitShape(shapeOf(value), split, /*oneHalf=*/false);
-      std::optional<Strides> viewed = viewStrides(shapeOf(value), *eager, split2);
+      std::optional<Strides> viewed =
+          eager ? viewStrides(shapeOf(value), *eager, splitShape(shapeOf(value), split, /*oneHalf=*/false))
+                : std::nullopt;
       if (!viewed)
         return false;
       read.push_back({splitShape(shapeOf(value), split, /*oneHalf=*/half >= 0), *viewed});
@@ -536,13 +528,16 @@ private:
     return halfIndexes[split.fromEnd] = index;
   }
 
+  /// A list of sizes as an fsdp.aten literal.
+  static ArrayAttr sizesAttr(Builder &builder, ArrayRef<int64_t> shape) {
+    return builder.getArrayAttr(llvm::map_to_vector(
+        shape, [&](int64_t size) -> Attribute { return builder.getI64IntegerAttr(size); }));
+  }
+
   static Value viewOf(OpBuilder &builder, Location loc, Value value, ArrayRef<int64_t> shape, StringAttr module) {
     auto type = RankedTensorType::get(shape, cast<RankedTensorType>(value.getType()).getElementType());
-    SmallVector<Attribute> sizes;
-    for (int64_t size : shape)
-      sizes.push_back(builder.getI64IntegerAttr(size));
     return AtenOp::create(builder, loc, TypeRange{type}, builder.getStringAttr("aten::view"), ValueRange{value},
-                          builder.getArrayAttr({builder.getIndexAttr(0), builder.getArrayAttr(sizes)}), UnitAttr(),
+                          builder.getArrayAttr({builder.getIndexAttr(0), sizesAttr(builder, shape)}), UnitAttr(),
                           module)
         ->getResult(0);
   }
@@ -590,14 +585,11 @@ private:
 
   /// Rewrites a group with half slices and concatenations (see splitFits).
   void rewriteSplit(Group &group, HalfSplit split) {
-    auto [inputs, outputs] = boundary(group.members);
+    SmallVector<Value> outputs = boundary(group.members).second;
     SplitReads plan = splitReads(group.members, outputs, split);
     Value halfIndex = plan.halfIndex ? halfIndexFor(split) : Value();
     OpBuilder builder(group.anchor);
-    SmallVector<Location> locations;
-    for (AtenOp member : group.members)
-      locations.push_back(member.getLoc());
-    Location loc = FusedLoc::get(builder.getContext(), locations);
+    Location loc = locationOf(group);
     StringAttr module = group.members.front().getModuleAttr();
     SmallVector<Value> kernelInputs;
     for (auto [value, half] : plan.reads)
@@ -644,10 +636,7 @@ private:
         copy->getResult(0).setType(type);
         if (copy.getCallee() == "aten::expand") {
           SmallVector<Attribute> args(copy.getArgsAttr().getValue());
-          SmallVector<Attribute> sizes;
-          for (int64_t size : type.getShape())
-            sizes.push_back(builder.getI64IntegerAttr(size));
-          args[1] = builder.getArrayAttr(sizes);
+          args[1] = sizesAttr(builder, type.getShape());
           copy.setArgsAttr(builder.getArrayAttr(args));
         }
         result = copy->getResult(0);
@@ -659,10 +648,24 @@ private:
       yielded.push_back(build(output, -1));
     YieldOp::create(builder, fused.getLoc(), yielded);
     builder.setInsertionPointAfter(fused);
-    for (auto [output, result] : llvm::zip(outputs, fused.getResults())) {
-      Value back = viewOf(builder, loc, result, shapeOf(output), module);
-      output.replaceUsesWithIf(back, [&](OpOperand &use) { return !group.memberSet.contains(use.getOwner()); });
-    }
+    SmallVector<Value> viewedBack;
+    for (auto [output, result] : llvm::zip(outputs, fused.getResults()))
+      viewedBack.push_back(viewOf(builder, loc, result, shapeOf(output), module));
+    replaceGroup(group, outputs, viewedBack);
+  }
+
+  /// Where a kernel comes from: all its calls' locations.
+  static Location locationOf(Group &group) {
+    return FusedLoc::get(group.anchor->getContext(),
+                         llvm::map_to_vector(group.members, [](AtenOp member) { return member.getLoc(); }));
+  }
+
+  /// Reads `replacements` (one per output) wherever the group's outputs
+  /// were read outside it, and erases its calls.
+  static void replaceGroup(Group &group, ArrayRef<Value> outputs, ArrayRef<Value> replacements) {
+    for (auto [output, replacement] : llvm::zip(outputs, replacements))
+      Value(output).replaceUsesWithIf(replacement,
+                               [&](OpOperand &use) { return !group.memberSet.contains(use.getOwner()); });
     for (AtenOp member : llvm::reverse(group.members))
       member->erase();
   }
@@ -670,14 +673,11 @@ private:
   void rewrite(Group &group) {
     auto [inputs, outputs] = boundary(group.members);
     OpBuilder builder(group.anchor);
-    SmallVector<Location> locations;
-    for (AtenOp member : group.members)
-      locations.push_back(member.getLoc());
     SmallVector<Type> resultTypes;
     for (Value output : outputs)
       resultTypes.push_back(output.getType());
-    auto fused = PointwiseOp::create(builder, FusedLoc::get(builder.getContext(), locations), resultTypes,
-                                     inputs.getArrayRef(), group.members.front().getModuleAttr());
+    auto fused = PointwiseOp::create(builder, locationOf(group), resultTypes, inputs.getArrayRef(),
+                                     group.members.front().getModuleAttr());
     Block *kernel = builder.createBlock(&fused.getBody());
     IRMapping map;
     for (Value input : inputs)
@@ -688,10 +688,7 @@ private:
     for (Value output : outputs)
       yielded.push_back(map.lookup(output));
     YieldOp::create(builder, fused.getLoc(), yielded);
-    for (auto [output, result] : llvm::zip(outputs, fused.getResults()))
-      output.replaceUsesWithIf(result, [&](OpOperand &use) { return !group.memberSet.contains(use.getOwner()); });
-    for (AtenOp member : llvm::reverse(group.members))
-      member->erase();
+    replaceGroup(group, outputs, SmallVector<Value>(fused.getResults()));
   }
 
   Block &body;

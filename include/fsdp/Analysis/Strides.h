@@ -53,11 +53,12 @@ bool sameLayout(ArrayRef<int64_t> shape, ArrayRef<int64_t> a, ArrayRef<int64_t> 
 class EagerStrides {
 public:
   std::optional<Strides> of(Value value);
+  /// What TensorIterator gives an elementwise call's (or kernel's) result of
+  /// `shape` over `inputs`, in their order; nullopt if an input's are unknown.
+  std::optional<Strides> elementwise(ValueRange inputs, ArrayRef<int64_t> shape);
 
 private:
   std::optional<Strides> compute(Value value);
-  /// What TensorIterator gives an elementwise call's result over `inputs`.
-  std::optional<Strides> elementwise(ValueRange inputs, ArrayRef<int64_t> shape);
   /// What a `preserve_format` copy of `input` (clone, a dtype cast) gets.
   std::optional<Strides> preserved(Value input);
 
