@@ -332,7 +332,16 @@ def FusePointwisePass : Pass<"fsdp-fuse-pointwise", "::mlir::ModuleOp"> {
     inputs' strides, eager's last call by its own; a later `view` relies on
     the result's strides), which `fsdp/Analysis/Strides.h` computes from
     ATen's rules; inputs may be strided views (a permuted or sliced query,
-    a broadcast table).
+    a broadcast table). A call whose other operands exist at the group's
+    place may move up to it instead (at most 8 calls).
+
+    No move may raise the step's peak. A kernel holds the operands of all
+    its calls until it runs and its results from where it runs, so a call
+    moved down keeps its operands alive longer, and one moved up its
+    result. The pass follows the bytes live after each call (the memory
+    model's walk, with values freed where `fsdp-plan-lifetimes` will free
+    them, NCCL's staging) as groups form and refuses a move that would take
+    them above the most they were before fusion anywhere in the step.
 
     Half slices and concatenations of halves join too (`x[..., :h]`,
     `x[..., h:]`, `cat([a, b], -1)`: the rotary embeddings' `rotate_half`

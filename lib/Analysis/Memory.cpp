@@ -101,7 +101,7 @@ Persistent mlir::fsdp::persistentState(ModuleOp module, Step &step, int64_t stat
 /// Walks the schedule in program order, tracking the storage the step
 /// allocates: the same lifetimes the runtime follows (fsdp.release and
 /// fsdp.reshard free; a value nothing releases lives to the end of the step).
-Walk mlir::fsdp::walkSchedule(Step &step, bool gloo, bool hostIsDevice) {
+Walk mlir::fsdp::walkSchedule(Step &step, bool gloo, bool hostIsDevice, Frees frees) {
   Block &body = step.body();
   DenseMap<Operation *, int64_t> index;
   for (auto [i, op] : llvm::enumerate(body))
@@ -158,16 +158,21 @@ Walk mlir::fsdp::walkSchedule(Step &step, bool gloo, bool hostIsDevice) {
           allocate(result, here, Activation);
   }
   // A storage is freed when its last alias is: at the alias's release or
-  // reshard; never when the step hands it over (loss, gradients) or nothing
-  // releases it.
+  // reshard (or its last use, or its definition when nothing reads it, as
+  // plan-lifetimes will release it); never when the step hands it over
+  // (loss, gradients) or nothing releases it.
+  bool byLastUse = frees == Frees::AfterLastUse;
   auto freedAt = [&](Value alias) -> int64_t {
     int64_t at = -1;
     for (Operation *user : alias.getUsers()) {
       if (isa<LossOp, GradientsOp>(user) || user->hasTrait<OpTrait::IsTerminator>())
         return end;
-      if (isa<ReleaseOp, ReshardOp>(user))
-        at = index[body.findAncestorOpInBlock(*user)];
+      Operation *top = body.findAncestorOpInBlock(*user);
+      if (byLastUse || isa<ReleaseOp, ReshardOp>(top))
+        at = std::max(at, index[top]);
     }
+    if (at < 0 && byLastUse)
+      return index[alias.getDefiningOp()];
     return at < 0 ? end : at;
   };
   for (Storage &storage : storages)
@@ -201,7 +206,7 @@ Walk mlir::fsdp::walkSchedule(Step &step, bool gloo, bool hostIsDevice) {
     }
   }
   walk.peakOp = &*std::next(body.begin(), peakIndex);
-  int64_t lossIndex = index[step.loss];
+  int64_t lossIndex = step.loss ? index[step.loss] : end;
   for (Storage &storage : storages) {
     if (storage.kind == Activation && storage.allocated < lossIndex && storage.freed > lossIndex)
       walk.savedActivations += storage.bytes;

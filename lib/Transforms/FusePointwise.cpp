@@ -28,6 +28,9 @@
 // have given them (fsdp/Analysis/Strides.h; a later view relies on it):
 // inputs may be strided (a permuted or sliced view), as long as the
 // kernel's TensorIterator orders the dimensions as eager's last call did.
+// No move may raise the step's peak (keepsPeak): a kernel holds its calls'
+// operands until it runs, so a product sunk to its consumer across a weight
+// gradient keeps both its operands alive there.
 // A group of one call stays a call.
 //
 // Half slices and concatenations of halves (rotary embeddings'
@@ -49,6 +52,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "fsdp/Analysis/Memory.h"
 #include "fsdp/Analysis/Step.h"
 #include "fsdp/Analysis/Strides.h"
 #include "fsdp/Dialect/Pointwise.h"
@@ -61,6 +65,7 @@
 #include "llvm/ADT/SetVector.h"
 
 #include <functional>
+#include <map>
 
 namespace mlir::fsdp {
 #define GEN_PASS_DEF_FUSEPOINTWISEPASS
@@ -171,12 +176,16 @@ ArrayRef<int64_t> shapeOf(Value value) { return cast<RankedTensorType>(value.get
 /// two or more into an fsdp.pointwise.
 class PointwiseFuser {
 public:
-  explicit PointwiseFuser(Block &body) : body(body) {
+  explicit PointwiseFuser(func::FuncOp func) : body(func.getBody().front()) {
     for (auto [i, op] : llvm::enumerate(body)) {
       index[&op] = i;
       for (Value result : op.getResults())
         (void)strides.of(result); // in program order: no deep recursion later
     }
+    // NCCL's staging: only CUDA steps fuse.
+    Step step{func, nullptr, nullptr};
+    live = walkSchedule(step, /*gloo=*/false, /*hostIsDevice=*/false, Frees::AfterLastUse).timeline;
+    peak = live.empty() ? 0 : *llvm::max_element(live);
   }
 
   void run() {
@@ -223,9 +232,127 @@ private:
     groupOf[op] = &group;
   }
 
+  /// Calls moving to one place, `to` (an index), and the group they make
+  /// there.
+  struct Move {
+    SmallVector<Operation *> moved;
+    int64_t to;
+    llvm::SmallPtrSet<Operation *, 16> group;
+  };
+
+  /// `calls` (in program order) moving down to the last, one group there.
+  Move sinking(ArrayRef<AtenOp> calls) {
+    Move move{{}, index[calls.back()], {}};
+    for (AtenOp call : calls) {
+      move.group.insert(call);
+      if (call != calls.back())
+        move.moved.push_back(call);
+    }
+    return move;
+  }
+
+  /// `op` moving up to `group`'s place, joining it.
+  Move hoisting(AtenOp op, Group &group) {
+    Move move{{op}, index[group.anchor], {}};
+    move.group.insert(group.memberSet.begin(), group.memberSet.end());
+    move.group.insert(op);
+    return move;
+  }
+
+  /// The value whose storage `value` reads: itself, or what it views.
+  static Value storageOf(Value value) {
+    while (isViewOf(value.getDefiningOp()))
+      value = value.getDefiningOp()->getOperand(0);
+    return value;
+  }
+
+  /// Where a storage is live (indices, inclusive) and its bytes there.
+  struct Lifetime {
+    int64_t from, last, bytes;
+  };
+
+  /// Where `storage` is live and its bytes, now or
+  /// after `move` (null: now), under the memory model's rules as
+  /// plan-lifetimes will release it (walkSchedule with Frees::AfterLastUse):
+  /// from its definition to its last reader, never allocated when only its
+  /// own group reads it (inside a kernel). Null for state that outlives
+  /// the step (arguments, shards).
+  std::optional<Lifetime> lifetime(Value storage, const Move *move) {
+    Operation *def = storage.getDefiningOp();
+    if (!isa_and_nonnull<AtenOp, PointwiseOp, CastOp, AllSliceOp, WaitOp>(def))
+      return std::nullopt;
+    auto at = [&](Operation *op) {
+      return move && llvm::is_contained(move->moved, op) ? move->to : position(op);
+    };
+    const llvm::SmallPtrSetImpl<Operation *> *group = nullptr;
+    if (move && move->group.contains(def))
+      group = &move->group;
+    else if (auto it = groupOf.find(def); it != groupOf.end())
+      group = &it->second->memberSet;
+    int64_t from = at(def), last = from, end = int64_t(live.size()) - 1;
+    bool allocated = !group;
+    for (Value alias : viewClosure(storage))
+      for (Operation *user : alias.getUsers()) {
+        if (isa<LossOp, GradientsOp>(user) || user->hasTrait<OpTrait::IsTerminator>())
+          last = end;
+        Operation *top = body.findAncestorOpInBlock(*user);
+        last = std::max(last, at(top));
+        allocated |= group && !group->contains(top);
+      }
+    return Lifetime{from, last, allocated ? tensorBytes(storage.getType()) : 0};
+  }
+
+  /// How `move` changes the bytes live after each call: (first, last,
+  /// bytes added) ranges of indices.
+  SmallVector<std::tuple<int64_t, int64_t, int64_t>> liveChange(const Move &move) {
+    SetVector<Value> storages;
+    for (Operation *op : move.group) {
+      for (Value input : cast<AtenOp>(op).getInputs())
+        storages.insert(storageOf(input));
+      storages.insert(storageOf(op->getResult(0)));
+    }
+    std::map<int64_t, int64_t> change; // index -> bytes added from there on
+    for (Value storage : storages) {
+      auto before = lifetime(storage, nullptr), after = lifetime(storage, &move);
+      if (!before)
+        continue;
+      change[before->from] -= before->bytes;
+      change[before->last + 1] += before->bytes;
+      change[after->from] += after->bytes;
+      change[after->last + 1] -= after->bytes;
+    }
+    SmallVector<std::tuple<int64_t, int64_t, int64_t>> ranges;
+    int64_t added = 0;
+    for (auto it = change.begin(); it != change.end(); ++it) {
+      added += it->second;
+      auto next = std::next(it);
+      if (added != 0 && next != change.end())
+        ranges.push_back({it->first, next->first - 1, added});
+    }
+    return ranges;
+  }
+
+  /// Makes `move` unless it would take the bytes live anywhere above the
+  /// step's peak before fusion: a kernel holds the operands of all its calls
+  /// until it runs, and its results from where it runs, so moving calls can
+  /// raise the peak (a product sunk to its consumer across a weight
+  /// gradient keeps both its operands alive there).
+  bool keepsPeak(const Move &move) {
+    SmallVector<std::tuple<int64_t, int64_t, int64_t>> ranges = liveChange(move);
+    for (auto [first, last, added] : ranges)
+      if (added > 0)
+        for (int64_t i = first; i <= last; ++i)
+          if (live[i] + added > peak)
+            return false;
+    for (auto [first, last, added] : ranges)
+      for (int64_t i = first; i <= last; ++i)
+        live[i] += added;
+    return true;
+  }
+
   /// Joins `op` to the groups that produce its operands: all of them merged
   /// and moved down to `op`; else the latest one that `op` fits, moved down
-  /// to `op` or with `op` moved up to it.
+  /// to `op` or with `op` moved up to it; never where that raises the peak.
   bool joinProducerGroups(AtenOp op) {
     SmallVector<Group *> candidates;
     for (Value input : op.getInputs())
@@ -238,7 +365,7 @@ private:
         llvm::append_range(merged, group->members);
       llvm::sort(merged, [&](AtenOp a, AtenOp b) { return index[a] < index[b]; });
       merged.push_back(op);
-      if (canSinkTo(merged, op) && fits(merged)) {
+      if (canSinkTo(merged, op) && fits(merged) && keepsPeak(sinking(merged))) {
         Group &into = *candidates.front();
         for (Group *other : ArrayRef(candidates).drop_front())
           for (AtenOp member : other->members) {
@@ -259,12 +386,12 @@ private:
       members.push_back(op);
       if (!fits(members))
         continue;
-      if (canSinkTo(members, op)) {
+      if (canSinkTo(members, op) && keepsPeak(sinking(members))) {
         add(*group, op);
         group->anchor = op;
         return true;
       }
-      if (canHoistTo(op, *group)) {
+      if (canHoistTo(op, *group) && keepsPeak(hoisting(op, *group))) {
         add(*group, op);
         return true;
       }
@@ -297,8 +424,8 @@ private:
   }
 
   /// Whether `op` may move up to `group`'s place: its other operands are
-  /// made before it (where their own groups run), and it is close enough
-  /// that computing it early holds its result only a few calls longer.
+  /// made before it (where their own groups run), and it is at most 8
+  /// calls later (moving further up fused nothing more on the Llamas).
   /// Later moves see `op` at the group's anchor (`position`), so no group
   /// it reads moves below it.
   bool canHoistTo(AtenOp op, Group &group) {
@@ -693,6 +820,8 @@ private:
 
   Block &body;
   DenseMap<Operation *, int64_t> index;
+  SmallVector<int64_t> live; // bytes the step allocated, live after each call, with the groups' moves
+  int64_t peak = 0;          // the most before fusion
   EagerStrides strides;
   DenseMap<int64_t, Value> halfIndexes; // per trailing rank of a split, made at the function's start
   DenseMap<std::tuple<Value, int64_t, int>, Value> splitReads_; // (value, split's rank from the end, half)
@@ -709,7 +838,7 @@ struct FusePointwisePass : public fsdp::impl::FusePointwisePassBase<FusePointwis
       return;
     for (auto func : getOperation().getOps<func::FuncOp>())
       if (!func.isExternal())
-        PointwiseFuser(func.getBody().front()).run();
+        PointwiseFuser(func).run();
   }
 };
 

@@ -1,8 +1,9 @@
 """Generated elementwise kernels (fsdp.pointwise) without a GPU.
 
 - The Llama step captured for CUDA fuses its elementwise chains: fewer
-  instructions, a peak no higher, kernels deduplicated across layers; a CPU
-  step keeps ATen's calls.
+  instructions, kernels deduplicated across layers; a CPU step keeps ATen's
+  calls. Fusion never raises the step's peak (the default Llama and one of
+  the 70B's proportions, at 1 to 8 ranks, with recomputation or without).
 - Every kernel of that program compiles with NVRTC (the torch wheel's) the
   way PyTorch's jiterator compiles it: `-default-device`, C++17, called with
   float, its compute type for f32, bf16 and f16.
@@ -45,8 +46,8 @@ def sharded(ir: str, options: str) -> str:
     return run_fsdp_opt(ir, [f"--fsdp-sharding-pipeline=ranks=2 backend=nccl {options}"])
 
 
-def peak(ir: str, options: str) -> int:
-    report = run_fsdp_opt(ir, [f"--fsdp-sharding-pipeline=ranks=2 backend=nccl report-format=json "
+def peak(ir: str, options: str, ranks: int = 2) -> int:
+    report = run_fsdp_opt(ir, [f"--fsdp-sharding-pipeline=ranks={ranks} backend=nccl report-format=json "
                                f"memory-report=- {options}", "-o", "/dev/null"])
     return json.loads(report)[0]["peak"]["above_step_start"]
 
@@ -61,9 +62,40 @@ def test_the_llama_step_fuses_its_chains(llama_bf16):
     # Two identical layers share their kernels: fewer kernels than fused ops.
     assert 0 < len(kernels) < fused.count("= fsdp.pointwise")
     assert json.loads(plain.text)["kernels"] == []
-    # Moving calls to their kernel's place shifts a few lifetimes by a few
-    # calls (on the 0.9B Llama the peak is the same to the byte).
-    assert peak(llama_bf16, "") <= 1.01 * peak(llama_bf16, "fuse-pointwise=false")
+
+
+@pytest.fixture(scope="module")
+def wide_ffn_llama() -> str:
+    """The 70B Llama's proportions at toy size (a feed-forward 3.5x wide, few
+    KV heads, a small vocabulary): the step's peak falls in the last layer's
+    backward, among SwiGLU's gradients, where kernels that hold their calls'
+    operands until they run could raise it (by 2% here before fusion was
+    held to the peak)."""
+    from fsdpc.export import export_training_step
+    from fsdpc.capture import MixedPrecision
+    from fsdpc.models.llama import LlamaConfig, _make
+
+    with torch.device("meta"):
+        model, batch, loss_fn = _make(LlamaConfig(vocab_size=1024, dim=512, n_layers=4, n_heads=8, n_kv_heads=2,
+                                                  ffn_dim=1792, max_seq=512), 1, 512)
+    precision = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return export_training_step(model, batch, loss_fn, mixed_precision=precision, device="cuda").mlir
+
+
+def half_index_bytes(ir: str) -> int:
+    """The [2, 2] bool identity kernels over halves read (rotary embeddings),
+    made once at the step's start: the one allocation fusion adds."""
+    return 4 * len(re.findall(r'"aten::eye"', ir))
+
+
+@pytest.mark.parametrize("ranks, options", [(2, ""), (1, ""), (8, ""), (8, "checkpoint=*"),
+                                            (8, "selective-recompute=false")])
+@pytest.mark.parametrize("model", ["llama_bf16", "wide_ffn_llama"])
+def test_fusion_never_raises_the_peak(request, model, ranks, options):
+    ir = request.getfixturevalue(model)
+    fused = run_fsdp_opt(ir, [f"--fsdp-sharding-pipeline=ranks={ranks} backend=nccl {options}"])
+    assert "fsdp.pointwise" in fused
+    assert peak(ir, options, ranks) <= peak(ir, f"fuse-pointwise=false {options}", ranks) + half_index_bytes(fused)
 
 
 def test_a_cpu_step_keeps_aten_calls(tmp_path):

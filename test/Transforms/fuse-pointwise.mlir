@@ -89,6 +89,49 @@ func.func @refused(%x: tensor<8x8xf32>) -> (tensor<8x8xf32>, tensor<8x8xf32>, te
 
 // -----
 
+// No move may raise the step's peak: a kernel holds the operands of all its
+// calls until it runs. In SwiGLU's backward, the product of the gradient
+// and the up projection sunk to its silu_backward would keep both operands
+// (8 KiB each) alive across the weight gradient's mm, the peak, where the
+// product alone (8 KiB) was: it stays a call. Where silu_backward's other
+// operand exists at the product, silu_backward moves up to it instead,
+// which lowers the peak (its result replaces the product and that operand).
+module attributes {fsdp.device = "cuda"} {
+// CHECK-LABEL: func.func @peak_between
+func.func @peak_between(%x: tensor<64x64xbf16>, %w: tensor<64x64xbf16>, %y: tensor<256x64xbf16>) -> (tensor<64x64xbf16>, tensor<256x1xbf16>) {
+  %g = fsdp.aten "aten::mm"(%x, %w) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %u = fsdp.aten "aten::mm"(%w, %x) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %p = fsdp.aten "aten::mul.Tensor"(%g, %u) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %dw = fsdp.aten "aten::mm"(%y, %x) : (tensor<256x64xbf16>, tensor<64x64xbf16>) -> tensor<256x64xbf16>
+  %s = fsdp.aten "aten::sum.dim_IntList"(%dw) args [0 : index, [1], true, unit] : (tensor<256x64xbf16>) -> tensor<256x1xbf16>
+  %h = fsdp.aten "aten::mm"(%x, %x) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %r = fsdp.aten "aten::silu_backward"(%p, %h) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  return %r, %s : tensor<64x64xbf16>, tensor<256x1xbf16>
+}
+// CHECK-NOT: fsdp.pointwise
+// CHECK:     fsdp.aten "aten::mul.Tensor"
+// CHECK:     fsdp.aten "aten::silu_backward"
+
+// CHECK-LABEL: func.func @moved_up
+func.func @moved_up(%x: tensor<64x64xbf16>, %w: tensor<64x64xbf16>, %y: tensor<256x64xbf16>) -> (tensor<64x64xbf16>, tensor<256x1xbf16>) {
+  %g = fsdp.aten "aten::mm"(%x, %w) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %u = fsdp.aten "aten::mm"(%w, %x) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %h = fsdp.aten "aten::mm"(%x, %x) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %p = fsdp.aten "aten::mul.Tensor"(%g, %u) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %dw = fsdp.aten "aten::mm"(%y, %x) : (tensor<256x64xbf16>, tensor<64x64xbf16>) -> tensor<256x64xbf16>
+  %s = fsdp.aten "aten::sum.dim_IntList"(%dw) args [0 : index, [1], true, unit] : (tensor<256x64xbf16>) -> tensor<256x1xbf16>
+  %r = fsdp.aten "aten::silu_backward"(%p, %h) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  return %r, %s : tensor<64x64xbf16>, tensor<256x1xbf16>
+}
+// CHECK:      fsdp.pointwise
+// CHECK-NEXT: ^bb0
+// CHECK-NEXT:   fsdp.aten "aten::mul.Tensor"
+// CHECK-NEXT:   fsdp.aten "aten::silu_backward"
+// CHECK:      fsdp.aten "aten::mm"(%arg2, %arg0)
+}
+
+// -----
+
 // A value read before the chain ends keeps its producer out of the chain's
 // kernel; a CPU step is left alone.
 module attributes {fsdp.device = "cuda"} {

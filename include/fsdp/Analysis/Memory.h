@@ -58,8 +58,13 @@ ParamState paramState(ParamOp param, SymbolTableCollection &tables, int64_t stat
 
 Persistent persistentState(ModuleOp module, Step &step, int64_t statesPerElement);
 
+/// Where the walk frees a storage: at the fsdp.release and fsdp.reshard of
+/// its last alias (the runtime's rule), or, for passes that run before
+/// fsdp-plan-lifetimes, where that pass will release it: after its last use.
+enum class Frees { AtReleases, AfterLastUse };
+
 /// Walks `step`'s schedule; `gloo`: the runtime's Gloo staging rules.
-Walk walkSchedule(Step &step, bool gloo, bool hostIsDevice);
+Walk walkSchedule(Step &step, bool gloo, bool hostIsDevice, Frees frees = Frees::AtReleases);
 
 /// The device peak of `step`: its state at the start plus the walk's peak.
 int64_t devicePeak(ModuleOp module, Step &step, int64_t statesPerElement, bool gloo);
