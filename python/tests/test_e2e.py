@@ -84,7 +84,6 @@ def two_rank_runs(tmp_path_factory):
     """The 2-rank runs of this file share one job: {run: result}, and the folder."""
     folder = tmp_path_factory.mktemp("two-ranks")
     return folder, launch_together(folder, 2, {
-        "memory": (MEMORY_GPT, "--measure-memory"),
         "hostile": (HOSTILE,),
         "trace": ("gpt", "--trace", folder / "trace.json"),
         "accumulate": ("mlp", "--accumulate", "2"),
@@ -143,13 +142,37 @@ def test_hostile_parameter_names_train_and_come_back_unchanged(two_rank_runs):
     check(result, eager(HOSTILE))
 
 
-def test_the_memory_report_predicts_the_measured_peak(two_rank_runs):
-    """The report's peak above the step's start against the allocator's
-    (profiler memory events), on every rank of a 1.6M-parameter GPT."""
-    result = two_rank_runs[1]["memory"]
-    predicted = result["predicted_peak"]
-    for rank, measured in enumerate(result["measured_peaks"]):
-        assert abs(measured - predicted) <= 0.10 * predicted, (rank, measured, predicted)
+# Strategies whose memory differs: what is resharded, recomputed, grouped,
+# prefetched, and (on 4 ranks) a hybrid mesh.
+MEMORY_PIPELINES = ["", "strategy=shard-grad-op", "checkpoint=*", "selective-recompute=false",
+                    "units-per-group=2 forward-prefetch=2 backward-prefetch=2"]
+# Another thread of the process (not the step's) allocates and frees 64
+# bytes now and then; the profiler's running sum sees it when it falls at
+# the step's peak (seen: 64 and 80 bytes on one rank in one run of five).
+OTHER_THREADS_BYTES = 128
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda ranks: f"{ranks} ranks")
+def memory_runs(request, tmp_path_factory):
+    """The 1.6M-parameter GPT trained under each pipeline, one job per rank
+    count (3 ranks shard its 2039-row embedding unevenly)."""
+    ranks = request.param
+    pipelines = MEMORY_PIPELINES + (["strategy=hybrid-shard replicas=2"] if ranks == 4 else [])
+    runs = {f"memory{i}": (MEMORY_GPT, "--measure-memory", *(["--pipeline", p] if p else []))
+            for i, p in enumerate(pipelines)}
+    results = launch_together(tmp_path_factory.mktemp(f"memory-{ranks}"), ranks, runs)
+    return ranks, dict(zip(pipelines, results.values()))
+
+
+def test_the_memory_report_is_the_measured_peak(memory_runs):
+    """The report's peak above the step's start (what `fsdpc plan` adds to
+    the persistent state) against the allocator's (profiler memory events),
+    on every rank: equal to the byte."""
+    ranks, results = memory_runs
+    for pipeline, result in results.items():
+        predicted = result["predicted_peak"]
+        for rank, measured in enumerate(result["measured_peaks"]):
+            assert abs(measured - predicted) <= OTHER_THREADS_BYTES, (ranks, pipeline, rank, measured, predicted)
 
 
 def test_a_second_run_loads_the_cached_program(tmp_path, monkeypatch):
