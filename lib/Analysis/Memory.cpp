@@ -43,6 +43,14 @@ int64_t stagingBytes(Operation *start, bool gloo, bool hostIsDevice) {
 
 } // namespace
 
+bool mlir::fsdp::computesStorage(Operation *op) {
+  return isa<AtenOp, PointwiseOp, CastOp, AllSliceOp>(op) && !isViewOf(op);
+}
+
+bool mlir::fsdp::handsOverPastStep(Operation *user) {
+  return isa<LossOp, GradientsOp>(user) || user->hasTrait<OpTrait::IsTerminator>();
+}
+
 bool mlir::fsdp::hostIsDevice(ModuleOp module) {
   auto device = module->getAttrOfType<StringAttr>("fsdp.device");
   return !device || device.getValue() == "cpu";
@@ -152,7 +160,7 @@ Walk mlir::fsdp::walkSchedule(Step &step, bool gloo, bool hostIsDevice, Frees fr
         allocate(result, index[wait], isa<AllGatherStartOp>(op) ? Gathered : Gradient);
       continue;
     }
-    if (isa<AtenOp, PointwiseOp, CastOp, AllSliceOp>(op))
+    if (computesStorage(&op))
       for (Value result : op.getResults())
         if (isa<RankedTensorType>(result.getType()))
           allocate(result, here, Activation);
@@ -165,7 +173,7 @@ Walk mlir::fsdp::walkSchedule(Step &step, bool gloo, bool hostIsDevice, Frees fr
   auto freedAt = [&](Value alias) -> int64_t {
     int64_t at = -1;
     for (Operation *user : alias.getUsers()) {
-      if (isa<LossOp, GradientsOp>(user) || user->hasTrait<OpTrait::IsTerminator>())
+      if (handsOverPastStep(user))
         return end;
       Operation *top = body.findAncestorOpInBlock(*user);
       if (byLastUse || isa<ReleaseOp, ReshardOp>(top))

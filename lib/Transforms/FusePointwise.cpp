@@ -279,7 +279,7 @@ private:
   /// the step (arguments, shards).
   std::optional<Lifetime> lifetime(Value storage, const Move *move) {
     Operation *def = storage.getDefiningOp();
-    if (!isa_and_nonnull<AtenOp, PointwiseOp, CastOp, AllSliceOp, WaitOp>(def))
+    if (!def || !(computesStorage(def) || isa<WaitOp>(def)))
       return std::nullopt;
     auto at = [&](Operation *op) {
       return move && llvm::is_contained(move->moved, op) ? move->to : position(op);
@@ -293,7 +293,7 @@ private:
     bool allocated = !group;
     for (Value alias : viewClosure(storage))
       for (Operation *user : alias.getUsers()) {
-        if (isa<LossOp, GradientsOp>(user) || user->hasTrait<OpTrait::IsTerminator>())
+        if (handsOverPastStep(user))
           last = end;
         Operation *top = body.findAncestorOpInBlock(*user);
         last = std::max(last, at(top));

@@ -37,6 +37,14 @@ struct Walk {
   SmallVector<std::pair<int64_t, Value>> largestAtPeak;
 };
 
+/// Whether `op`'s tensor results are storage the step allocates as it runs
+/// (what it computes; a collective's results are its wait's, views share
+/// their source's).
+bool computesStorage(Operation *op);
+/// Whether `user` hands its operand over beyond the step (the loss, the
+/// gradients, a returned value): that storage lives to the step's end.
+bool handsOverPastStep(Operation *user);
+
 /// Whether the module runs where host memory is the device's (a CPU target).
 bool hostIsDevice(ModuleOp module);
 
