@@ -22,6 +22,7 @@ cold and warm compile.
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -32,17 +33,27 @@ ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ["fsdpc", "fsdp2", "fsdp2-compile", "compile"]  # and the offload systems of gpu_one.py
 
 
-def run(model: str, system: str, caches: Path, out: Path, steps: int) -> dict | None:
+def run(model: str, system: str, caches: Path, out: Path, steps: int, timeout: float) -> dict | None:
+    """One system's run in its own process group; a run that fails or
+    outlives `timeout` is reported, its processes are killed, and the
+    benchmark goes on with the next (a GPU session is too short to lose)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1",
            "FSDPC_CACHE": str(caches / "fsdpc"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor")}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
                "--master-port", str(29800 + os.getpid() % 150), str(ROOT / "benchmarks" / "gpu_one.py"),
                "--model", model, "--system", system, "--steps", str(steps), "--out", str(out)]
     out.unlink(missing_ok=True)
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+        why = f"exit {process.returncode}"
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        why = f"still running after {timeout:.0f} s, killed"
     if not out.exists():
-        print(f"{model} {system} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}",
-              file=sys.stderr)
+        print(f"{model} {system} failed ({why}):\n{stdout[-2000:]}\n{stderr[-4000:]}", file=sys.stderr, flush=True)
         return None
     return json.loads(out.read_text())
 
@@ -83,26 +94,28 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", default=SYSTEMS)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--json", default=None, help="results so far, rewritten after every run")
+    parser.add_argument("--run-timeout", type=float, default=240, help="seconds one system's run may take")
     args = parser.parse_args()
     everything = {}
     with tempfile.TemporaryDirectory() as scratch:
         caches = Path(scratch)
         for model in args.models:
             runs: dict[str, list[dict]] = {system: [] for system in args.systems}
+            everything[model] = runs
             for repeat in range(args.repeats):
                 order = args.systems[repeat % len(args.systems):] + args.systems[:repeat % len(args.systems)]
                 for system in order:
-                    result = run(model, system, caches, caches / f"{model}-{system}-{repeat}.json", args.steps)
+                    result = run(model, system, caches, caches / f"{model}-{system}-{repeat}.json", args.steps,
+                                 args.run_timeout)
                     if result is not None:
                         runs[system].append(result)
                         print(f"{model} {system} repeat {repeat}: {result['step_s'] * 1e3:.1f} ms, "
                               f"{result['peak_allocated_gib']:.2f} GiB, compile {result['compile_s']:.1f} s",
                               flush=True)
-            everything[model] = runs
+                    if args.json:
+                        Path(args.json).write_text(json.dumps(everything, indent=1))
             print(markdown(model, runs), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(everything, indent=1))
 
 
 if __name__ == "__main__":
