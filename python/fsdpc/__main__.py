@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from fsdpc.attention import TARGET_DEVICES
+from fsdpc.cache import CacheError
 from fsdpc.capture import CaptureError, MixedPrecision
 from fsdpc.compiler import FsdpOptError, run_fsdp_opt
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     run = _export if args.command == "export" else _plan
     try:
         return run(args)
-    except (CaptureError, ValueError, FsdpOptError, FileNotFoundError) as error:
+    except (CaptureError, CacheError, ValueError, FsdpOptError, FileNotFoundError) as error:
         print(f"fsdpc {args.command}: error: {error}", file=sys.stderr)
         return 1
 

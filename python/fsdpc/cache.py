@@ -13,7 +13,8 @@ wrong loss without a word. Capture's first trace (export, about a third of
 its time) also keys an entry: `forward_key` digests that trace whole (every
 op, literal, shape and source line) with fsdpc's own code, and the joint
 trace and the IR are functions of both, so a start whose export is
-unchanged skips the rest. `FSDPC_CACHE` moves the cache (default
+unchanged skips the rest; `capture_key` keys the captured IR alone the same
+way, for `fsdpc plan --model`. `FSDPC_CACHE` moves the cache (default
 ~/.cache/fsdpc); `FSDPC_CACHE=off` turns it off.
 
 `setup_key` is a different fingerprint, computed without capturing: the
@@ -162,18 +163,27 @@ def program_key(captured_ir: str, *, pipeline: str) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
+def _fsdpc_sources() -> list:
+    digests: dict = {}
+    package = Path(__file__).parent
+    return [[str(path.relative_to(package)), _file_digest(path, digests)] for path in sorted(package.rglob("*.py"))]
+
+
+def capture_key(fingerprint: str) -> str:
+    """The cache key of a captured step (its IR, before sharding) whose
+    forward has `fingerprint`: the joint trace is a function of that trace,
+    of torch and of fsdpc's own code (what `fsdpc plan --model` reuses)."""
+    key = {"entry": ENTRY_VERSION, "python": sys.version, "torch": torch.__version__,
+           "captured from": fingerprint, "fsdpc": _fsdpc_sources()}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
 def forward_key(fingerprint: str, *, pipeline: str) -> str:
     """The cache key of the program compiled from a capture whose forward
     has `fingerprint` (export's trace, see `ExportStage.fingerprint`): the
     rest of capture is a function of it and of fsdpc's own code, so a warm
     start that exports the same forward skips the joint trace too."""
-    digests: dict = {}
-    package = Path(__file__).parent
-    key = {
-        "program": program_key(fingerprint, pipeline=pipeline),
-        "fsdpc": [[str(path.relative_to(package)), _file_digest(path, digests)]
-                  for path in sorted(package.rglob("*.py"))],
-    }
+    key = {"program": program_key(fingerprint, pipeline=pipeline), "fsdpc": _fsdpc_sources()}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 

@@ -197,6 +197,26 @@ def test_a_measured_profile_calibrates_the_time_model(gpt_ir, tmp_path, capsys):
     assert out.startswith(f"calibrated from {tmp_path / 'step.json'} (4 calls): matmul-efficiency ")
 
 
+def test_planning_a_step_again_reuses_its_capture(tmp_path, monkeypatch):
+    """A second plan of the same step exports its forward and takes the
+    rest of capture from the program cache; another sequence length is
+    another step."""
+    from fsdpc.export import ExportStage
+
+    monkeypatch.setenv("FSDPC_CACHE", str(tmp_path / "cache"))
+    first = capture_for_plan("llama", batch=2, seq=16, mixed_precision=None)
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 1
+
+    def no_joint_trace(stage):
+        raise AssertionError("the joint trace ran again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(ExportStage, "export", no_joint_trace)
+        assert capture_for_plan("llama", batch=2, seq=16, mixed_precision=None) == first
+        with pytest.raises(AssertionError, match="joint trace ran again"):
+            capture_for_plan("llama", batch=2, seq=8, mixed_precision=None)
+
+
 def test_the_command_prints_the_table_and_the_verdict(capsys):
     out = plan_command(capsys, "--model", "mlp", "--nodes", "2", "--gpus-per-node", "1", "--memory-gib", "1",
                        "--batch", "4")
@@ -233,6 +253,16 @@ def test_bad_input_is_one_clear_line(args, message, capsys):
     assert main(["plan", *args]) == 1
     stderr = capsys.readouterr().err
     assert message in stderr and len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_a_shared_cache_directory_is_one_clear_line(tmp_path, monkeypatch, capsys):
+    shared = tmp_path / "cache"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    monkeypatch.setenv("FSDPC_CACHE", str(shared))
+    assert main(["plan", "--model", "mlp", "--gpus", "2"]) == 1
+    stderr = capsys.readouterr().err
+    assert "must be owned by you and private (chmod 700)" in stderr and len(stderr.strip().splitlines()) == 1
 
 
 def test_a_step_captured_for_the_cpu_is_refused(tmp_path):
