@@ -19,17 +19,22 @@ from fsdpc.models.gpt import GPT, GPTConfig
 from fsdpc.models.language import next_token_loss
 
 CONFIG = GPTConfig(vocab_size=1021, max_seq=64, d_model=192, n_heads=4, n_layers=4)
+# Where the step runs: "cuda" puts every rank on the one GPU, Gloo moving
+# its CUDA tensors (test_gpu.py).
+DEVICE = os.environ.get("DEVICE", "cpu")
 
 
 def batch(rows: int = 4, seq: int = 64):
     generator = torch.Generator().manual_seed(dist.get_rank())
-    return (torch.randint(0, CONFIG.vocab_size, (rows, seq), generator=generator),
-            torch.randint(0, CONFIG.vocab_size, (rows, seq), generator=generator))
+    return (torch.randint(0, CONFIG.vocab_size, (rows, seq), generator=generator).to(DEVICE),
+            torch.randint(0, CONFIG.vocab_size, (rows, seq), generator=generator).to(DEVICE))
 
 
 def main() -> None:
     scenario, victim = sys.argv[1], int(sys.argv[2])
     faulthandler.register(signal.SIGUSR1)  # a test that finds a rank hanging asks for its stack
+    if DEVICE == "cuda":
+        torch.cuda.set_device(0)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)

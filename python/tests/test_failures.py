@@ -20,10 +20,11 @@ STEP_TIMEOUT = 5
 LONG_STEP_TIMEOUT = 12
 
 
-def start(scenario: str, world: int, victim: int, port: int, timeout: float = STEP_TIMEOUT) -> list[subprocess.Popen]:
+def start(scenario: str, world: int, victim: int, port: int, timeout: float = STEP_TIMEOUT,
+          device: str = "cpu") -> list[subprocess.Popen]:
     ranks = []
     for rank in range(world):
-        env = rank_environment(environment(STEP_TIMEOUT=str(timeout)), rank, world, port)
+        env = rank_environment(environment(STEP_TIMEOUT=str(timeout), DEVICE=device), rank, world, port)
         ranks.append(subprocess.Popen([sys.executable, str(WORKER), scenario, str(victim)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return ranks
@@ -95,7 +96,14 @@ def check_survivor(rank: int, code: int, output: str, timeout: float, absent: st
 
 @pytest.mark.parametrize("scenario", ["die", "stall"])
 def test_a_dead_or_stalled_rank_makes_the_others_raise_in_time_naming_it(scenario):
-    ranks = start(scenario, 3, victim=1, port=port() + 2, timeout=LONG_STEP_TIMEOUT)
+    dead_or_stalled(scenario, "cpu", port() + 2)
+
+
+def dead_or_stalled(scenario: str, device: str, port: int) -> None:
+    """3 ranks; rank 1 is killed mid-step or stops calling the step; the
+    others raise within the timeout, naming it and why (also on the GPU,
+    test_gpu.py)."""
+    ranks = start(scenario, 3, victim=1, port=port, timeout=LONG_STEP_TIMEOUT, device=device)
     results = finish(ranks, within=120, spare={1})
     if scenario == "die":
         assert ranks[1].wait(timeout=10) == -9

@@ -3,8 +3,9 @@ the sharded side on CUDA, each checked against eager PyTorch on CPU. One
 process on NCCL (NCCL refuses two ranks on one GPU), and 2 and 4 ranks that
 share the GPU over Gloo (which moves CUDA tensors between them): every
 strategy, accumulation, hybrid meshes, meta initialization, CPU offload,
-the Llama with its generated kernels, checkpoints GPU <-> CPU and fsdpc <-> FSDP2. Where there is no GPU every test is skipped
-with that reason (make test-gpu prints it)."""
+the Llama with its generated kernels, checkpoints GPU <-> CPU and fsdpc <-> FSDP2,
+a dead or stalled rank. Where there is no GPU every test is skipped with
+that reason (make test-gpu prints it)."""
 
 import subprocess
 
@@ -59,3 +60,12 @@ def test_mixed_precision_equals_fsdp2(scenario, tmp_path):
 
 def test_collectives_overlap_kernels(tmp_path):
     run(1, "overlap", "--save", tmp_path)
+
+
+@pytest.mark.parametrize("scenario", ["die", "stall"])
+def test_a_dead_or_stalled_rank_sharing_the_gpu_is_named_in_time(scenario):
+    """test_failures.py's dead and stalled ranks with the step on the GPU
+    (3 ranks sharing it over Gloo). NCCL's own case needs two GPUs."""
+    from test_failures import dead_or_stalled, port
+
+    dead_or_stalled(scenario, "cuda", port() + 40)
