@@ -392,7 +392,8 @@ std::optional<Strides> EagerStrides::compute(Value value) {
   }
   bool rowMajor = llvm::StringSwitch<bool>(callee)
                       .Cases({"aten::mm", "aten::bmm", "aten::addmm", "aten::embedding", "aten::full",
-                              "aten::native_layer_norm", "aten::_softmax", "aten::_log_softmax"},
+                              "aten::native_layer_norm", "aten::_softmax", "aten::_log_softmax",
+                              "aten::_fused_rms_norm", "aten::_fused_rms_norm_backward"},
                              true)
                       .Default(false);
   if (rowMajor)

@@ -45,6 +45,7 @@ from torch.fx.traceback import preserve_node_meta
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
 from fsdpc.attention import FusedAttentionFor
+from fsdpc.rms_norm import FusedRmsNormFor
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FSDPC_DIR = os.path.dirname(__file__)
@@ -454,7 +455,7 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
     units = [model.get_submodule(name) for name in unit_modules]
     with _tracing_safe_names(model) as real_fqn:
         with (_mixed_precision_casts(model, units, mixed_precision), FusedAttentionFor(device),
-              _ScalarTensorsAsOps()):
+              FusedRmsNormFor(device), _ScalarTensorsAsOps()):
             program = _export(step, batch)
             aliases = {identity: [real_fqn.get(n, n) for n in names]
                        for identity, names in _alias_groups(model).items()}

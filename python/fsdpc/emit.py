@@ -15,6 +15,7 @@ import torch
 from torch import fx
 
 from fsdpc.capture import CaptureError, CapturedStep, SourceLocation
+from fsdpc.rms_norm import STANDS_FOR
 from fsdpc.units import UnitPlan
 
 _ELEMENT_TYPES = {
@@ -108,7 +109,8 @@ class _StepPrinter:
     def where(self, node: fx.Node) -> str:
         """`file:line (op)` for error messages."""
         loc = self.step.locations.get(node)
-        op = node.target._schema.name if isinstance(node.target, torch._ops.OpOverload) else str(node.target)
+        op = (STANDS_FOR.get(node.target, node.target)._schema.name if isinstance(node.target, torch._ops.OpOverload)
+              else str(node.target))
         return f"{loc} ({op})" if loc else f"{op} (graph node '{node.name}')"
 
     def value(self, node: fx.Node, user: fx.Node) -> str:
@@ -192,7 +194,7 @@ class _StepPrinter:
         if not isinstance(target, torch._ops.OpOverload):
             raise CaptureError(f"{self.where(node)}: cannot capture call to {target}; "
                                "fsdpc compiles ATen operators only")
-        schema = target._schema
+        schema = STANDS_FOR.get(target, target)._schema
         callee = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
         operands: list[str] = []
         operand_types: list[str] = []

@@ -132,3 +132,100 @@ def test_the_kernel_eager_pytorch_would_pick(case, gpu, expected):
         k = v = meta(2, 2, 64, 64)
         grouped = True
     assert cuda_attention_kernel(q, k, v, mask, causal, grouped, gpu) is expected
+
+
+class NormedMLP(torch.nn.Module):
+    """A linear layer into nn.RMSNorm (torchtitan's norm), as a block has it."""
+
+    def __init__(self, affine: bool = True, weight_dtype: torch.dtype | None = None):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64)
+        self.norm = torch.nn.RMSNorm(64, eps=1e-5, elementwise_affine=affine)
+        if weight_dtype is not None:
+            self.norm.to(weight_dtype)
+
+    def forward(self, x):
+        return self.norm(self.lin(x)).float().square().mean()
+
+
+def capture_normed(device: str, *, precision: bool = True, **model_options) -> str:
+    from fsdpc.capture import MixedPrecision
+    from fsdpc.export import export_training_step
+
+    policy = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision else None
+    return export_training_step(NormedMLP(**model_options), (torch.randn(4, 16, 64),), lambda m, x: m(x),
+                                mixed_precision=policy, device=device).mlir
+
+
+@pytest.mark.parametrize("precision", [True, False], ids=["bf16", "f32"])
+def test_rms_norm_for_cuda_is_one_fused_call_each_way(precision):
+    """As eager PyTorch on a GPU: `_fused_rms_norm` forward and
+    `_fused_rms_norm_backward`, with the fp32 rstd between them; a CPU target
+    keeps the composite; the CUDA program shards, reports and lowers."""
+    cuda, cpu = (capture_normed(device, precision=precision) for device in ("cuda", "cpu"))
+    calls = aten_calls(cuda)
+    assert calls.count("_fused_rms_norm") == 1 and calls.count("_fused_rms_norm_backward") == 1
+    assert "rsqrt" not in calls and len(calls) < len(aten_calls(cpu))
+    assert "rsqrt" in aten_calls(cpu) and "_fused_rms_norm" not in aten_calls(cpu)
+    assert re.search(r'"aten::_fused_rms_norm" .* -> \(tensor<4x16x64x(bf16|f32)>, tensor<4x16x1xf32>\)', cuda)
+    sharded = run_fsdp_opt(cuda, ["--fsdp-sharding-pipeline=ranks=2 backend=nccl"])
+    assert translate(sharded).device_kind == "cuda"
+
+
+@pytest.mark.parametrize("options", [{"affine": False}, {"weight_dtype": torch.float64}],
+                         ids=["no weight", "weight dtype differs"])
+def test_rms_norm_eager_would_not_fuse_stays_composite(options):
+    """Without a weight (the fused backward's weight gradient would be
+    undefined) or with a weight of another dtype (ATen's rms_norm falls
+    back), capture keeps the composite."""
+    calls = aten_calls(capture_normed("cuda", precision=False, **options))
+    assert "_fused_rms_norm" not in calls and "rsqrt" in calls
+
+
+def rms_norm_grads(x, w, fused: bool):
+    from fsdpc.rms_norm import FusedRmsNormFor
+
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    if fused:
+        with FusedRmsNormFor("cuda"):
+            y = torch.nn.functional.rms_norm(x, [x.shape[-1]], w, 1e-5)
+    else:
+        y = torch.nn.functional.rms_norm(x, [x.shape[-1]], w, 1e-5)
+    (y.float() * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+    return y.detach(), x.grad, w.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_the_stand_ins_compute_what_eager_computes(dtype, monkeypatch):
+    """The custom operators capture records, run for real on the CPU: the
+    forward is ATen's own `_fused_rms_norm`; the fused backward has no CPU
+    kernel, so PyTorch's decomposition of it stands in here (on a GPU the
+    next test runs the real one). Output and both gradients equal eager's
+    composite, bf16 to the bit (the wiring: saved tensors, argument order,
+    output mask)."""
+    from torch._decomp import decomposition_table
+
+    library = torch.library.Library("fsdpc", "IMPL")
+    library.impl("fused_rms_norm_backward", decomposition_table[torch.ops.aten._fused_rms_norm_backward.default],
+                 "CPU")
+    try:
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(3, 5, 64, generator=generator).to(dtype)
+        w = (1 + 0.1 * torch.randn(64, generator=generator)).to(dtype)
+        fused, eager = rms_norm_grads(x, w, fused=True), rms_norm_grads(x, w, fused=False)
+    finally:
+        library._destroy()
+    for mine, theirs in zip(fused, eager):
+        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_the_stand_ins_are_eagers_kernels_on_the_gpu(dtype):
+    """On a GPU the stand-ins call the fused kernels eager PyTorch calls:
+    the same output and gradients, to the bit."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 64, generator=generator).to("cuda", dtype)
+    w = (1 + 0.1 * torch.randn(64, generator=generator)).to("cuda", dtype)
+    for mine, theirs in zip(rms_norm_grads(x, w, fused=True), rms_norm_grads(x, w, fused=False)):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0)

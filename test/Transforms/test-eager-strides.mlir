@@ -31,3 +31,18 @@ func.func @rotary_layouts(%x: tensor<16x8xf32>, %cos: tensor<4x8xf32>) -> (tenso
   %bad = fsdp.aten "aten::view"(%x) args [0 : index, [128]] : (tensor<16x8xf32>) -> tensor<128xf32>
   return %qc, %cq, %s : tensor<2x2x4x8xf32>, tensor<2x2x4x8xf32>, tensor<2x2x4x8xf32>
 }
+
+// The fused RMSNorm (a CUDA step's nn.RMSNorm) allocates its output, its
+// statistics and its gradients row-major, whatever the input's layout.
+// CHECK-LABEL: func.func @fused_rms_norm_layouts
+func.func @fused_rms_norm_layouts(%x: tensor<8x4x16xbf16>, %w: tensor<16xbf16>) -> (tensor<4x8x16xbf16>, tensor<16xbf16>) {
+  // CHECK: fsdp.aten "aten::clone"{{.*}}test.eager_strides = [array<i64: 64, 16, 1>]
+  %xd = fsdp.aten "aten::clone"(%x) args [0 : index, "contiguous_format"] : (tensor<8x4x16xbf16>) -> tensor<8x4x16xbf16>
+  // CHECK: fsdp.aten "aten::permute"{{.*}}test.eager_strides = [array<i64: 16, 64, 1>]
+  %t = fsdp.aten "aten::permute"(%xd) args [0 : index, [1, 0, 2]] : (tensor<8x4x16xbf16>) -> tensor<4x8x16xbf16>
+  // CHECK: fsdp.aten "aten::_fused_rms_norm"{{.*}}test.eager_strides = [array<i64: 128, 16, 1>, array<i64: 8, 1, 1>]
+  %y:2 = fsdp.aten "aten::_fused_rms_norm"(%t, %w) args [0 : index, [16], 1 : index, 1.0e-05] : (tensor<4x8x16xbf16>, tensor<16xbf16>) -> (tensor<4x8x16xbf16>, tensor<4x8x1xf32>)
+  // CHECK: fsdp.aten "aten::_fused_rms_norm_backward"{{.*}}test.eager_strides = [array<i64: 128, 16, 1>, array<i64: 1>]
+  %g:2 = fsdp.aten "aten::_fused_rms_norm_backward"(%y#0, %t, %y#1, %w) args [0 : index, 1 : index, [16], 2 : index, 3 : index, [true, true]] : (tensor<4x8x16xbf16>, tensor<4x8x16xbf16>, tensor<4x8x1xf32>, tensor<16xbf16>) -> (tensor<4x8x16xbf16>, tensor<16xbf16>)
+  return %g#0, %g#1 : tensor<4x8x16xbf16>, tensor<16xbf16>
+}

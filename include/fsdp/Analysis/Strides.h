@@ -46,10 +46,11 @@ bool sameLayout(ArrayRef<int64_t> shape, ArrayRef<int64_t> a, ArrayRef<int64_t> 
 /// The strides each tensor value of a step has when eager PyTorch runs it,
 /// from the ops that make it: tensors the runtime allocates are row-major;
 /// views follow their input; elementwise calls and `preserve_format` copies
-/// (and comparisons) follow TensorIterator; matrix products, concatenations and contiguous
-/// copies are row-major; cuDNN attention lays its output out in the query's
-/// order of strides and its gradients like their inputs. nullopt where no
-/// rule says (the batch, other attention kernels, operators not listed).
+/// (and comparisons) follow TensorIterator; matrix products,
+/// concatenations, contiguous copies, layer norms and the fused RMSNorm are
+/// row-major; cuDNN attention lays its output out in the query's order of
+/// strides and its gradients like their inputs. nullopt where no rule says
+/// (the batch, other attention kernels, operators not listed).
 class EagerStrides {
 public:
   std::optional<Strides> of(Value value);
