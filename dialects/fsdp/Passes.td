@@ -171,12 +171,14 @@ def SelectiveRecomputePass : Pass<"fsdp-selective-recompute", "::mlir::ModuleOp"
     in forward, so the activations saved for backward shrink. The default
     `ops` are cheap next to the matmuls around them: pointwise activations
     (`aten::gelu`, `aten::relu`, `aten::silu`, `aten::sigmoid`,
-    `aten::tanh`), `aten::mul.Tensor` and `aten::native_layer_norm`.
-    Random operators are never recomputed.
+    `aten::tanh`), `aten::mul.Tensor`, `aten::native_layer_norm` and the
+    fused RMSNorm of CUDA steps (`aten::_fused_rms_norm`: one kernel that
+    reads its input, which its backward keeps anyway). Random operators are
+    never recomputed.
   }];
   let options = [
     ListOption<"ops", "ops", "std::string",
-               "ATen operators to recompute (default: cheap pointwise ops and layer norm)">,
+               "ATen operators to recompute (default: cheap pointwise ops and layer and RMS norms)">,
   ];
 }
 

@@ -60,7 +60,7 @@ public:
       else
         builder.setInsertionPointToStart(&body);
       Location loc = after ? after->getLoc() : body.getParentOp()->getLoc();
-      builder.create<ReleaseOp>(loc, values);
+      ReleaseOp::create(builder, loc, values);
     }
   }
 

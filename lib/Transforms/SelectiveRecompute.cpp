@@ -19,7 +19,7 @@
 //   %gw = fsdp.aten "aten::mm" (%gt, %y2) ...
 //   %gh = fsdp.aten "aten::gelu_backward" (%gy, %h) ...
 //
-// Only operators in `ops` (cheap: pointwise activations, mul, layer norm) and
+// Only operators in `ops` (cheap: pointwise activations, mul, layer and RMS norms) and
 // only when every tensor they read is read by backward anyway or recomputed
 // itself (a chain, such as silu then mul, recomputes together): what is saved
 // shrinks.
@@ -148,7 +148,7 @@ struct SelectiveRecomputePass
     SmallVector<std::string> chosen(ops.begin(), ops.end());
     if (chosen.empty())
       chosen = {"aten::gelu", "aten::relu", "aten::silu", "aten::sigmoid", "aten::tanh",
-                "aten::native_layer_norm", "aten::mul.Tensor"};
+                "aten::native_layer_norm", "aten::_fused_rms_norm", "aten::mul.Tensor"};
     for (Step &step : collectSteps(getOperation()))
       SelectiveRecomputer(step, chosen).run();
   }

@@ -104,3 +104,31 @@ func.func @swiglu_chain(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>, %w2: tensor<8x
   %ga = fsdp.aten "aten::silu_backward" (%gs, %a) : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
   return
 }
+
+// -----
+
+// A CUDA step's fused RMSNorm: its input and weight are read by its
+// backward anyway, so backward recomputes output and rstd (one kernel)
+// instead of keeping the output for the next layer's weight gradient.
+// CHECK-LABEL: func.func @fused_rms_norm
+// CHECK:       fsdp.loss
+// CHECK-NEXT:  %[[N:.*]]:2 = fsdp.aten "aten::_fused_rms_norm"(%arg0, %arg1) {{.*}} {fsdp.recomputed}
+// CHECK-NEXT:  %[[T:.*]] = fsdp.aten "aten::t"(%[[N]]#0)
+// CHECK:       fsdp.aten "aten::_fused_rms_norm_backward"(%{{.*}}, %arg0, %[[N]]#1, %arg1)
+// ONLY-RELU-LABEL: func.func @fused_rms_norm
+// ONLY-RELU:       fsdp.loss
+// ONLY-RELU-NOT:   "aten::_fused_rms_norm"(
+func.func @fused_rms_norm(%x: tensor<4x8xbf16>, %w: tensor<8xbf16>, %m: tensor<8x2xbf16>, %g: tensor<4x2xbf16>) {
+  %n:2 = fsdp.aten "aten::_fused_rms_norm" (%x, %w) args [0 : index, [8], 1 : index, 1.0e-05]
+      : (tensor<4x8xbf16>, tensor<8xbf16>) -> (tensor<4x8xbf16>, tensor<4x1xf32>)
+  %o = fsdp.aten "aten::mm" (%n#0, %m) : (tensor<4x8xbf16>, tensor<8x2xbf16>) -> tensor<4x2xbf16>
+  %l = fsdp.aten "aten::sum" (%o) : (tensor<4x2xbf16>) -> tensor<bf16>
+  fsdp.loss %l : tensor<bf16>
+  %t = fsdp.aten "aten::t" (%n#0) : (tensor<4x8xbf16>) -> tensor<8x4xbf16>
+  %gm = fsdp.aten "aten::mm" (%t, %g) : (tensor<8x4xbf16>, tensor<4x2xbf16>) -> tensor<8x2xbf16>
+  %mt = fsdp.aten "aten::t" (%m) : (tensor<8x2xbf16>) -> tensor<2x8xbf16>
+  %gn = fsdp.aten "aten::mm" (%g, %mt) : (tensor<4x2xbf16>, tensor<2x8xbf16>) -> tensor<4x8xbf16>
+  %gx:2 = fsdp.aten "aten::_fused_rms_norm_backward" (%gn, %x, %n#1, %w) args [0 : index, 1 : index, [8], 2 : index, 3 : index, [true, true]]
+      : (tensor<4x8xbf16>, tensor<4x8xbf16>, tensor<4x1xf32>, tensor<8xbf16>) -> (tensor<4x8xbf16>, tensor<8xbf16>)
+  return
+}
