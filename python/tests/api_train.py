@@ -608,6 +608,36 @@ def scenario_llama(args):
         close(full[name], value, name, atol=5e-6)
 
 
+def torch_norm_llama():
+    """The small Llama with torch's `nn.RMSNorm` (torchtitan's norm) in place
+    of its written-out RMSNorm: on a GPU, capture keeps the fused kernels."""
+    model = small_llama()
+    dim, eps = model.norm.weight.shape[0], model.norm.eps
+    for owner in [*model.layers, model]:
+        for name in ("attention_norm", "ffn_norm", "norm"):
+            if hasattr(owner, name):
+                setattr(owner, name, torch.nn.RMSNorm(dim, eps=eps))
+    return model
+
+
+def scenario_llama_torch_norms(args):
+    """The Llama with `nn.RMSNorm`: on a GPU one `_fused_rms_norm` call per
+    norm and one backward (recomputed in backward, `selective-recompute`);
+    losses, clipped norms and parameters equal fp32 eager's."""
+    data = batches(3)
+    sharded = fsdpc.shard(torch_norm_llama(), mine(data[0]), next_token_loss)
+    fused = sharded.sharded_ir.count('"aten::_fused_rms_norm_backward"')
+    assert fused == (5 if DEVICE.type == "cuda" else 0), f"{fused} fused RMSNorm backwards in a {DEVICE.type} step"
+    losses, norms = train(sharded, optimizer_for(sharded), data, clip=0.5)
+    reference = torch_norm_llama()
+    expected, expected_norms = eager_losses(reference, data, clip=0.5, schedule=False)
+    close(torch.tensor(losses), torch.tensor(expected), "losses")
+    close(torch.tensor(norms), torch.tensor(expected_norms), "clipped norms")
+    full = sharded.full_state_dict()
+    for name, value in reference.state_dict().items():
+        close(full[name], value, name, atol=5e-6)
+
+
 def scenario_offload(args):
     """CPUOffloadPolicy: shards, gradients and optimizer state in host memory
     (pinned on a GPU), the optimizer steps there; clipping, eval and full

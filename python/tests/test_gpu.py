@@ -3,7 +3,8 @@ the sharded side on CUDA, each checked against eager PyTorch on CPU. One
 process on NCCL (NCCL refuses two ranks on one GPU), and 2 and 4 ranks that
 share the GPU over Gloo (which moves CUDA tensors between them): every
 strategy, accumulation, hybrid meshes, meta initialization, CPU offload,
-the Llama with its generated kernels, checkpoints GPU <-> CPU and fsdpc <-> FSDP2,
+the Llama with its generated kernels and with nn.RMSNorm's fused kernels,
+checkpoints GPU <-> CPU and fsdpc <-> FSDP2,
 a dead or stalled rank. Where there is no GPU every test is skipped with
 that reason (make test-gpu prints it)."""
 
@@ -29,14 +30,14 @@ def run(ranks: int, scenario: str, *extra, device: str = "cuda", backend: str | 
 
 
 @pytest.mark.parametrize("scenario", ["train", "accumulate", "shapes", "misuse", "scalar", "fsdp2", "meta",
-                                      "offload", "llama"])
+                                      "offload", "llama", "llama_torch_norms"])
 def test_one_rank_on_nccl(scenario, tmp_path):
     run(1, scenario, "--save", tmp_path)
 
 
 @pytest.mark.parametrize("scenario, ranks", [
     ("train", 2), ("hybrid", 4), ("replicated", 2), ("meta", 2), ("accumulate", 2), ("scalar", 4),
-    ("offload", 2), ("llama", 2),
+    ("offload", 2), ("llama", 2), ("llama_torch_norms", 2),
 ])
 def test_ranks_sharing_the_gpu_over_gloo(scenario, ranks, tmp_path):
     run(ranks, scenario, "--save", tmp_path)
