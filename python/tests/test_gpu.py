@@ -4,9 +4,9 @@ process on NCCL (NCCL refuses two ranks on one GPU), and 2 and 4 ranks that
 share the GPU over Gloo (which moves CUDA tensors between them): every
 strategy, accumulation, hybrid meshes, meta initialization, CPU offload,
 the Llama with its generated kernels and with nn.RMSNorm's fused kernels,
-checkpoints GPU <-> CPU and fsdpc <-> FSDP2,
-a dead or stalled rank. Where there is no GPU every test is skipped with
-that reason (make test-gpu prints it)."""
+checkpoints GPU <-> CPU and fsdpc <-> FSDP2, a dead or stalled rank. Where
+there is no GPU every test is skipped with that reason (make test-gpu
+prints it)."""
 
 import subprocess
 
