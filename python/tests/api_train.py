@@ -577,11 +577,11 @@ def scenario_mixed_fsdp2(args):
     mixed_against_fsdp2(reference_model, lambda model: model.blocks, "GPT")
 
 
-def small_llama():
+def small_llama(torch_norm: bool = False):
     from fsdpc.models.llama import Llama, LlamaConfig
 
     torch.manual_seed(0)
-    return Llama(LlamaConfig(vocab_size=CONFIG.vocab_size, max_seq=32), rope_len=SEQ)
+    return Llama(LlamaConfig(vocab_size=CONFIG.vocab_size, max_seq=32, torch_norm=torch_norm), rope_len=SEQ)
 
 
 def scenario_llama_mixed_fsdp2(args):
@@ -608,28 +608,16 @@ def scenario_llama(args):
         close(full[name], value, name, atol=5e-6)
 
 
-def torch_norm_llama():
-    """The small Llama with torch's `nn.RMSNorm` (torchtitan's norm) in place
-    of its written-out RMSNorm: on a GPU, capture keeps the fused kernels."""
-    model = small_llama()
-    dim, eps = model.norm.weight.shape[0], model.norm.eps
-    for owner in [*model.layers, model]:
-        for name in ("attention_norm", "ffn_norm", "norm"):
-            if hasattr(owner, name):
-                setattr(owner, name, torch.nn.RMSNorm(dim, eps=eps))
-    return model
-
-
 def scenario_llama_torch_norms(args):
     """The Llama with `nn.RMSNorm`: on a GPU one `_fused_rms_norm` call per
     norm and one backward (recomputed in backward, `selective-recompute`);
     losses, clipped norms and parameters equal fp32 eager's."""
     data = batches(3)
-    sharded = fsdpc.shard(torch_norm_llama(), mine(data[0]), next_token_loss)
+    sharded = fsdpc.shard(small_llama(torch_norm=True), mine(data[0]), next_token_loss)
     fused = sharded.sharded_ir.count('"aten::_fused_rms_norm_backward"')
     assert fused == (5 if DEVICE.type == "cuda" else 0), f"{fused} fused RMSNorm backwards in a {DEVICE.type} step"
     losses, norms = train(sharded, optimizer_for(sharded), data, clip=0.5)
-    reference = torch_norm_llama()
+    reference = small_llama(torch_norm=True)
     expected, expected_norms = eager_losses(reference, data, clip=0.5, schedule=False)
     close(torch.tensor(losses), torch.tensor(expected), "losses")
     close(torch.tensor(norms), torch.tensor(expected_norms), "clipped norms")
