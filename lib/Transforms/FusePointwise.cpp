@@ -290,7 +290,7 @@ private:
     else if (auto it = groupOf.find(def); it != groupOf.end())
       group = &it->second->memberSet;
     int64_t from = at(def), last = from, end = int64_t(live.size()) - 1;
-    bool allocated = !group;
+    bool allocated = !group || group->size() < 2; // a group of one call stays a call
     for (Value alias : viewClosure(storage))
       for (Operation *user : alias.getUsers()) {
         if (handsOverPastStep(user))
