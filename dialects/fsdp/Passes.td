@@ -378,6 +378,26 @@ def TestEagerStridesPass : Pass<"fsdp-test-eager-strides", "::mlir::ModuleOp"> {
   }];
 }
 
+def TestLiveBytesPass : Pass<"fsdp-test-live-bytes", "::mlir::ModuleOp"> {
+  let summary = "Annotate each step with the bytes the memory model has live after each op (for tests).";
+  let description = [{
+    Writes the memory model's walk where a test can compare its two rules:
+    each step function gets `test.live_after`, the bytes the step has
+    allocated and not freed after each op that is not an `fsdp.release`
+    (`array<i64: ...>`, in program order), and `test.live_peak`. With
+    `frees=releases` storage is freed at the releases and reshards the step
+    holds (the runtime's rule); with `frees=last-use` where
+    `fsdp-plan-lifetimes` would release it (what `fsdp-fuse-pointwise`
+    plans by, before lifetimes exist). On a step with its releases stripped
+    the second must equal the first on the step as planned. Changes
+    nothing else.
+  }];
+  let options = [
+    Option<"frees", "frees", "std::string", "\"releases\"", "releases | last-use">,
+    Option<"backend", "backend", "std::string", "\"nccl\"", "gloo | nccl (the staging rules)">,
+  ];
+}
+
 def PlanLifetimesPass : Pass<"fsdp-plan-lifetimes", "::mlir::ModuleOp"> {
   let summary = "Release every value right after its last use.";
   let description = [{

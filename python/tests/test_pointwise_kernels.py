@@ -88,6 +88,26 @@ def half_index_bytes(ir: str) -> int:
     return 4 * len(re.findall(r'"aten::eye"', ir))
 
 
+def live_bytes(ir: str, frees: str) -> tuple[list[int], int]:
+    """`fsdp-test-live-bytes`: the bytes live after each op, and the peak."""
+    out = run_fsdp_opt(ir, [f"--fsdp-test-live-bytes=frees={frees}"])
+    after = re.search(r"test\.live_after = array<i64: ([0-9, ]*)>", out).group(1)
+    return [int(n) for n in after.split(", ")], int(re.search(r"test\.live_peak = (\d+)", out).group(1))
+
+
+@pytest.mark.parametrize("ranks, options", [(1, ""), (8, "checkpoint=*")])
+@pytest.mark.parametrize("model", ["llama_bf16", "wide_ffn_llama"])
+def test_the_guard_frees_where_plan_lifetimes_releases(request, model, ranks, options):
+    """The rule fusion's peak guard plans by, before any release exists
+    (storage freed after its last use), gives the bytes the memory model
+    gives after each op of the step as plan-lifetimes releases it."""
+    planned = run_fsdp_opt(request.getfixturevalue(model),
+                           [f"--fsdp-sharding-pipeline=ranks={ranks} backend=nccl {options}"])
+    stripped = re.sub(r"^\s*fsdp\.release .*\n", "", planned, flags=re.MULTILINE)
+    assert "fsdp.release" in planned and "fsdp.release" not in stripped
+    assert live_bytes(stripped, "last-use") == live_bytes(planned, "releases")
+
+
 @pytest.mark.parametrize("ranks, options", [(2, ""), (1, ""), (8, ""), (8, "checkpoint=*"),
                                             (8, "selective-recompute=false")])
 @pytest.mark.parametrize("model", ["llama_bf16", "wide_ffn_llama"])
