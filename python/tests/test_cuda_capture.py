@@ -229,3 +229,42 @@ def test_the_stand_ins_are_eagers_kernels_on_the_gpu(dtype):
     w = (1 + 0.1 * torch.randn(64, generator=generator)).to("cuda", dtype)
     for mine, theirs in zip(rms_norm_grads(x, w, fused=True), rms_norm_grads(x, w, fused=False)):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+
+
+class _FusedCalls(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the fused attention operators eager dispatches, with the heads
+    of the key they get."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        if name.startswith("aten::_scaled_dot_product_") and "backward" not in name:
+            self.calls.append((name.removeprefix("aten::_scaled_dot_product_"), args[1].shape[1]))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+@pytest.mark.parametrize("case", ["bf16 causal", "bf16 grouped heads", "fp16 head dim 256", "bf16 with a mask", "fp32"])
+def test_capture_picks_the_attention_kernel_eager_runs_on_this_gpu(case):
+    """On the GPU at hand, eager's own dispatch (the operator it calls, and
+    whether grouped keys reach it unrepeated) against what capture records
+    for the same call."""
+    from fsdpc.attention import FusedAttentionFor
+
+    major, minor = torch.cuda.get_device_capability()
+    dtype = {"fp16 head dim 256": torch.float16, "fp32": torch.float32}.get(case, torch.bfloat16)
+    dim = 256 if case == "fp16 head dim 256" else 64
+    q = torch.randn(2, 8, 128, dim, device="cuda", dtype=dtype)
+    k = v = torch.randn(2, 2 if case == "bf16 grouped heads" else 8, 128, dim, device="cuda", dtype=dtype)
+    mask = torch.randn(128, 128, device="cuda", dtype=dtype) if case == "bf16 with a mask" else None
+    call = dict(attn_mask=mask, is_causal=case == "bf16 causal", enable_gqa=case == "bf16 grouped heads")
+    with _FusedCalls() as eager:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, **call)
+    metas = [t.to("meta") for t in (q, k, v)]
+    with _FusedCalls() as captured, FusedAttentionFor("cuda", CudaTarget((major, minor))):
+        torch.nn.functional.scaled_dot_product_attention(*metas, **{**call, "attn_mask": None if mask is None
+                                                                    else mask.to("meta")})
+    assert captured.calls == eager.calls, (case, captured.calls, eager.calls)
