@@ -223,12 +223,23 @@ def test_the_stand_ins_compute_what_eager_computes(dtype, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_the_stand_ins_are_eagers_kernels_on_the_gpu(dtype):
     """On a GPU the stand-ins call the fused kernels eager PyTorch calls:
-    the same output and gradients, to the bit."""
+    the same output and gradients, to the bit; their fake kernels allocate
+    what the CUDA kernels allocate (shape, dtype, strides)."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(3, 5, 64, generator=generator).to("cuda", dtype)
     w = (1 + 0.1 * torch.randn(64, generator=generator)).to("cuda", dtype)
     for mine, theirs in zip(rms_norm_grads(x, w, fused=True), rms_norm_grads(x, w, fused=False)):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+    # The fake kernels, which give the IR its types, allocate as the CUDA kernels do.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    real = torch.ops.aten._fused_rms_norm(x, [64], w, 1e-5)
+    real_grads = torch.ops.aten._fused_rms_norm_backward(real[0], x, [64], real[1], w, [True, True])
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fake = torch.ops.fsdpc.fused_rms_norm(x, [64], w, 1e-5)
+        fake_grads = torch.ops.fsdpc.fused_rms_norm_backward(real[0], x, [64], real[1], w, [True, True])
+    for mine, theirs in zip((*fake, *fake_grads), (*real, *real_grads)):
+        assert (mine.shape, mine.dtype, mine.stride()) == (theirs.shape, theirs.dtype, theirs.stride())
 
 
 class _FusedCalls(torch.utils._python_dispatch.TorchDispatchMode):
