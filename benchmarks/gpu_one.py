@@ -33,6 +33,7 @@ step during which collective-stream work ran while no compute kernel did
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -51,6 +52,8 @@ H100_BF16_DENSE = 989e12
 MODELS = {
     # name: (factory, config, local batch, seq, block class)
     "llama-0.9b": (Llama, LLAMA_0_9B, 4, 2048, TransformerBlock),
+    # The same with nn.RMSNorm (torchtitan's norm): fused kernels in eager and in fsdpc alike.
+    "llama-0.9b-torch-norm": (Llama, dataclasses.replace(LLAMA_0_9B, torch_norm=True), 4, 2048, TransformerBlock),
     "llama-2.6b": (Llama, LLAMA_2_6B, 2, 2048, TransformerBlock),
     "gpt-23m": (GPT, GPT_23M, 32, 128, Block),
 }
