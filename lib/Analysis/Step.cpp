@@ -141,6 +141,12 @@ Type mlir::fsdp::parseFloatType(MLIRContext *context, StringRef name) {
   return nullptr;
 }
 
+LogicalResult mlir::fsdp::checkBackend(Operation *module, StringRef backend) {
+  if (backend != "gloo" && backend != "nccl")
+    return module->emitError() << "unknown collective backend '" << backend << "'; use gloo or nccl";
+  return success();
+}
+
 LogicalResult mlir::fsdp::checkReportFormat(Operation *module, StringRef format) {
   if (format != "table" && format != "json")
     return module->emitError() << "report format must be table or json, got '" << format << "'";

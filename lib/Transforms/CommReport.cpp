@@ -46,10 +46,8 @@ struct CommReportPass : public fsdp::impl::CommReportPassBase<CommReportPass> {
     ModuleOp module = getOperation();
     if (failed(checkReportFormat(module, format)))
       return signalPassFailure();
-    if (backend != "gloo" && backend != "nccl") {
-      module.emitError() << "unknown collective backend '" << backend << "'; use gloo or nccl";
+    if (failed(checkBackend(module, backend)))
       return signalPassFailure();
-    }
     // Gloo: the runtime reduces every bucket in place with an all-reduce.
     bool everyCollectiveAllReduces = backend == "gloo";
     SymbolTableCollection tables;

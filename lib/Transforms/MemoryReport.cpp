@@ -72,10 +72,8 @@ struct MemoryReportPass : public fsdp::impl::MemoryReportPassBase<MemoryReportPa
       return signalPassFailure();
     if (failed(checkReportFormat(module, format)))
       return signalPassFailure();
-    if (backend != "gloo" && backend != "nccl") {
-      module.emitError() << "unknown collective backend '" << backend << "'; use gloo or nccl";
+    if (failed(checkBackend(module, backend)))
       return signalPassFailure();
-    }
     llvm::json::Array reports;
     std::string table;
     llvm::raw_string_ostream out(table);

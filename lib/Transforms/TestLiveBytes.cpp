@@ -38,10 +38,8 @@ struct TestLiveBytesPass : public fsdp::impl::TestLiveBytesPassBase<TestLiveByte
       module.emitError() << "fsdp-test-live-bytes: frees must be releases or last-use, got '" << frees << "'";
       return signalPassFailure();
     }
-    if (backend != "gloo" && backend != "nccl") {
-      module.emitError() << "fsdp-test-live-bytes: backend must be gloo or nccl, got '" << backend << "'";
+    if (failed(checkBackend(module, backend)))
       return signalPassFailure();
-    }
     Builder builder(module.getContext());
     for (Step &step : collectSteps(module)) {
       Walk walk = walkSchedule(step, backend == "gloo", hostIsDevice(module),

@@ -589,41 +589,38 @@ def scenario_llama_mixed_fsdp2(args):
     mixed_against_fsdp2(small_llama, lambda model: model.layers, "Llama")
 
 
-def scenario_llama(args):
-    """The Llama (RMSNorm, rotary positions, grouped-query attention,
-    SwiGLU): on a GPU its elementwise chains run as generated kernels (the
-    sharded IR holds fsdp.pointwise); losses, clipped norms and parameters
-    equal fp32 eager's."""
+def llama_against_eager(torch_norm: bool, fused_on_gpu) -> None:
+    """Trains the small Llama sharded and in eager; `fused_on_gpu(ir)` is
+    True where the sharded IR holds what a GPU step should, False where it
+    holds what a CPU step should (anything else fails)."""
     data = batches(3)
-    sharded = fsdpc.shard(small_llama(), mine(data[0]), next_token_loss)
-    fused = "fsdp.pointwise" in sharded.sharded_ir
-    assert fused == (DEVICE.type == "cuda"), f"generated kernels in a {DEVICE.type} step: {fused}"
+    sharded = fsdpc.shard(small_llama(torch_norm), mine(data[0]), next_token_loss)
+    fused = fused_on_gpu(sharded.sharded_ir)
+    assert fused == (DEVICE.type == "cuda"), f"fused kernels in a {DEVICE.type} step: {fused}"
     losses, norms = train(sharded, optimizer_for(sharded), data, clip=0.5)
-    reference = small_llama()
+    reference = small_llama(torch_norm)
     expected, expected_norms = eager_losses(reference, data, clip=0.5, schedule=False)
     close(torch.tensor(losses), torch.tensor(expected), "losses")
     close(torch.tensor(norms), torch.tensor(expected_norms), "clipped norms")
     full = sharded.full_state_dict()
     for name, value in reference.state_dict().items():
         close(full[name], value, name, atol=5e-6)
+
+
+def scenario_llama(args):
+    """The Llama (RMSNorm, rotary positions, grouped-query attention,
+    SwiGLU): on a GPU its elementwise chains run as generated kernels (the
+    sharded IR holds fsdp.pointwise); losses, clipped norms and parameters
+    equal fp32 eager's."""
+    llama_against_eager(False, lambda ir: "fsdp.pointwise" in ir)
 
 
 def scenario_llama_torch_norms(args):
     """The Llama with `nn.RMSNorm`: on a GPU one `_fused_rms_norm` call per
     norm and one backward (recomputed in backward, `selective-recompute`);
     losses, clipped norms and parameters equal fp32 eager's."""
-    data = batches(3)
-    sharded = fsdpc.shard(small_llama(torch_norm=True), mine(data[0]), next_token_loss)
-    fused = sharded.sharded_ir.count('"aten::_fused_rms_norm_backward"')
-    assert fused == (5 if DEVICE.type == "cuda" else 0), f"{fused} fused RMSNorm backwards in a {DEVICE.type} step"
-    losses, norms = train(sharded, optimizer_for(sharded), data, clip=0.5)
-    reference = small_llama(torch_norm=True)
-    expected, expected_norms = eager_losses(reference, data, clip=0.5, schedule=False)
-    close(torch.tensor(losses), torch.tensor(expected), "losses")
-    close(torch.tensor(norms), torch.tensor(expected_norms), "clipped norms")
-    full = sharded.full_state_dict()
-    for name, value in reference.state_dict().items():
-        close(full[name], value, name, atol=5e-6)
+    # 5 fused backwards on a GPU, none on a CPU; any other count fails.
+    llama_against_eager(True, lambda ir: {5: True, 0: False}.get(ir.count('"aten::_fused_rms_norm_backward"')))
 
 
 def scenario_offload(args):

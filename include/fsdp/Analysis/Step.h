@@ -64,6 +64,8 @@ int64_t fp16PreDivide(int64_t ranks);
 /// Element type `name` ("f32", "bf16", "f16"), or null.
 Type parseFloatType(MLIRContext *context, StringRef name);
 
+/// Checks a collective backend option: "gloo" or "nccl".
+LogicalResult checkBackend(Operation *module, StringRef backend);
 /// Checks a report format option: "table" or "json".
 LogicalResult checkReportFormat(Operation *module, StringRef format);
 /// Writes a report to `path` ("-" is stdout): `report` as JSON or `table`
