@@ -26,6 +26,10 @@ import contextlib
 import hashlib
 import itertools
 import math
+import os
+import sys
+import threading
+import time
 import warnings
 import weakref
 from datetime import timedelta
@@ -40,6 +44,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from fsdpc import liveness
+from fsdpc.watchdog import WATCHDOG, interrupt
 from fsdpc.capture import MixedPrecision
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.device import DeviceError, collective_backend, job_device, seed_generators
@@ -137,6 +142,23 @@ def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_af
     return pipeline_options(" ".join(f"{k}={v}" if v else k for k, v in merged.items()), world)
 
 
+@contextlib.contextmanager
+def _errors_left_to_fsdpc() -> Iterator[None]:
+    """Process groups created here leave NCCL's errors and timeouts to
+    fsdpc's watchdog (fsdpc/watchdog.py) instead of tearing the process
+    down: ProcessGroupNCCL reads this variable when it is created."""
+    variable = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+    before = os.environ.get(variable)
+    os.environ[variable] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[variable]
+        else:
+            os.environ[variable] = before
+
+
 def _owner(root: nn.Module, fqn: str) -> tuple[nn.Module, str]:
     path, _, leaf = fqn.rpartition(".")
     return (root.get_submodule(path) if path else root), leaf
@@ -194,6 +216,7 @@ class ShardedModule(nn.Module):
         self._accumulated: dict[str, torch.Tensor] = {}
         self._gradient_sync = True
         self._failed: str | None = None
+        self._failing = threading.Lock()
         self._host_optimizer: HostOptimizer | None = None
         self._warned_eval = False
         self.last_trace: list[tuple] = []
@@ -399,7 +422,8 @@ class ShardedModule(nn.Module):
             if len(spec.members) * spec.size != world:
                 raise StepError(f"group '{key}' spans {len(spec.members) * spec.size} ranks, the job has {world}")
             for members in spec.members:  # every rank creates every group, in one order
-                group = dist.new_group(list(members), timeout=self._timeout)
+                with _errors_left_to_fsdpc():
+                    group = dist.new_group(list(members), timeout=self._timeout)
                 if rank in members:
                     self._groups[key] = group
 
@@ -458,6 +482,7 @@ class ShardedModule(nn.Module):
         if self._failed:
             raise StepError(f"an earlier call failed mid-step ({self._failed}); collectives may be left "
                             "in flight: rebuild the sharded module (and load a checkpoint) to go on")
+        started, caller = time.monotonic(), threading.get_ident()
         try:
             self._check_ready()
             self._check_batch(batch)
@@ -492,17 +517,28 @@ class ShardedModule(nn.Module):
                            for fqn, spec in self.layout.items() if spec.trainable}
         buffers = {name: owner._buffers[leaf] for name, (owner, leaf) in self._buffer_slots.items()}
         updating = self._host_optimizer.pending() if self._host_optimizer else {}
+        waits = None
+        if self.device.type != "cpu":  # collectives may outlive the call (NCCL): the watchdog holds them
+            waits = runtime_extension().DeviceWaits()
+            WATCHDOG.watch(waits, started + self._timeout.total_seconds(),
+                           lambda collective, group, call=self._calls: self._collective_timed_out(
+                               name, call, caller, collective),
+                           owner=self)
         try:
             out = compiled.runtime.run(name, params, buffers, accumulated, list(batch), self._groups,
                                        self._timeout.total_seconds(), trace=trace,
-                                       check_reshard_frees=self._check_reshard_frees, host_updates=updating)
+                                       check_reshard_frees=self._check_reshard_frees, host_updates=updating,
+                                       device_waits=waits)
         except Exception as error:
             if updating:
                 self._host_optimizer.join()
             first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-            self._failed = first_line
+            self._fail(first_line)
+            self._abort_collectives()
             absent = liveness.roll_call(self._serial, self._calls)
             raise StepError(f"{first_line}{absent}; this module refuses further calls") from error
+        if waits is not None:
+            waits.seal()
         if updating:
             self._host_optimizer.wait()  # every unit's update is done: each gather waited for its own
         del params, accumulated
@@ -528,6 +564,39 @@ class ShardedModule(nn.Module):
                 param.grad._local_tensor.add_(local)
         return out["loss"]
 
+    def _fail(self, reason: str) -> bool:
+        """Marks the module failed: it refuses further calls, and the
+        watchdog forgets its steps. True for the first failure only."""
+        with self._failing:
+            if self._failed:
+                return False
+            self._failed = reason
+        WATCHDOG.cancel(self)
+        return True
+
+    def _abort_collectives(self) -> None:
+        """After a failure on a GPU, collectives may still be in flight,
+        waited for by nothing: aborting their communicators ends them, so
+        that neither the GPU nor a host thread synchronizing with it hangs."""
+        if self.device.type != "cpu":
+            for group in self._groups.values():
+                group.abort()
+
+    def _collective_timed_out(self, function: str, call: int, caller: int, collective: str) -> None:
+        """The watchdog found `collective` of call `call` unfinished at the
+        call's deadline: the same named error as a collective that timed out
+        on the host, raised in the thread that made the call."""
+        reason = (f"fsdp_rt: rank {dist.get_rank()}: @{function}: {collective} did not complete on "
+                  f"{self.device} within {self._timeout.total_seconds():g} s of call {call}'s start")
+        if not self._fail(reason):
+            return
+        message = f"{reason}{liveness.roll_call(self._serial, call)}; this module refuses further calls"
+        print(f"fsdpc: {message}", file=sys.stderr, flush=True)
+        # Raised before the abort: the caller's thread may be blocked on the
+        # GPU, and must not go on with this call's results once it is not.
+        interrupt(caller, StepError, message)
+        self._abort_collectives()
+
     def _agree_on_call(self, description: str) -> None:
         """Before any collective of a call, every rank checks that all run the
         same kind of step on the same shapes (one small all-gather)."""
@@ -540,7 +609,8 @@ class ShardedModule(nn.Module):
         try:
             dist.all_gather(everyone, mine, group=self._control)
         except Exception as error:
-            self._failed = "the per-call agreement failed"
+            self._fail("the per-call agreement failed")
+            self._abort_collectives()
             raise StepError(f"rank {dist.get_rank()}: call {self._calls} could not agree with the other ranks "
                             f"within {self._timeout.total_seconds():g} s (the per-call all-gather on group "
                             f"'fsdpc control': {str(error).splitlines()[0]})"

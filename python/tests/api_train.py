@@ -26,6 +26,7 @@ from fsdpc.models.gpt import GPT, GPTConfig
 from fsdpc.models.language import next_token_loss
 from fsdpc.profiling import device_stream_intervals, peak_allocated_above_start
 from fsdpc.sharded import new_shard
+from launch import nccl_sharing_one_gpu
 
 DEVICE = torch.device("cpu")  # where the sharded side runs (--device)
 CONFIG = GPTConfig(vocab_size=257, max_seq=32, d_model=32, n_heads=2, n_layers=2)
@@ -808,7 +809,12 @@ def main() -> None:
         torch.cuda.set_device(DEVICE)
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32: compared with CPU eager
         torch.backends.cudnn.allow_tf32 = False
-    dist.init_process_group(args.backend)
+    backend, world = args.backend, int(os.environ.get("WORLD_SIZE", 1))
+    if backend == "nccl" and world > 1:
+        backend = "cpu:gloo,cuda:nccl"  # the scenarios' own checks gather CPU tensors
+        if world > torch.cuda.device_count():
+            os.environ.update(nccl_sharing_one_gpu(int(os.environ["RANK"])))
+    dist.init_process_group(backend)
     names = args.scenarios.split(",")
     unknown = [name for name in names if name not in SCENARIOS]
     if unknown:

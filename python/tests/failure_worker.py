@@ -19,9 +19,11 @@ from fsdpc.models.gpt import GPT, GPTConfig
 from fsdpc.models.language import next_token_loss
 
 CONFIG = GPTConfig(vocab_size=1021, max_seq=64, d_model=192, n_heads=4, n_layers=4)
-# Where the step runs: "cuda" puts every rank on the one GPU, Gloo moving
-# its CUDA tensors (test_gpu.py).
+# Where the step runs: "cuda" puts every rank on the one GPU (test_gpu.py),
+# with Gloo moving its CUDA tensors or NCCL (BACKEND=nccl; the ranks then
+# claim hosts of their own, launch.nccl_sharing_one_gpu).
 DEVICE = os.environ.get("DEVICE", "cpu")
+BACKEND = os.environ.get("BACKEND", "gloo")
 
 
 def batch(rows: int = 4, seq: int = 64):
@@ -35,7 +37,7 @@ def main() -> None:
     faulthandler.register(signal.SIGUSR1)  # a test that finds a rank hanging asks for its stack
     if DEVICE == "cuda":
         torch.cuda.set_device(0)
-    dist.init_process_group("gloo")
+    dist.init_process_group("cpu:gloo,cuda:nccl" if BACKEND == "nccl" else "gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
     options = {"timeout": timedelta(seconds=float(os.environ.get("STEP_TIMEOUT", "5")))}
@@ -53,13 +55,23 @@ def main() -> None:
                 model(*batch(rows=2))
             elif scenario == "die":  # SIGKILL in the middle of the step's collectives
                 threading.Timer(0.03, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            elif scenario == "vanish":  # agrees to call 3, then dies before its first collective
+                agree = model._agree_on_call
+
+                def agree_then_die(description: str) -> None:
+                    agree(description)
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+                model._agree_on_call = agree_then_die
             elif scenario == "stall":  # stops calling the step, stays alive
                 print(f"rank {rank} stalls", flush=True)
                 time.sleep(3600)
         if call == 3:
             print(f"rank {rank} call 3 at {time.time():.3f}", flush=True)
         try:
-            model(*batch())
+            # Reading the loss waits for the step: on NCCL the call itself
+            # returns before its collectives end.
+            model(*batch()).item()
         except fsdpc.StepError as error:
             print(f"rank {rank} failed at {time.time():.3f}: {error}", flush=True)
             try:

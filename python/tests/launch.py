@@ -33,6 +33,14 @@ def rank_environment(env: dict, rank: int, world: int, port: int) -> dict:
             "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0"}
 
 
+def nccl_sharing_one_gpu(rank: int) -> dict:
+    """The environment that lets NCCL run several ranks on one GPU (it
+    refuses two ranks of one host on one device): each rank claims a host of
+    its own, and the ranks talk over sockets on the loopback, as hosts do."""
+    return {"NCCL_HOSTID": f"fsdpc-test-rank-{rank}", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1",
+            "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo"}
+
+
 def run_ranks(world: int, arguments: list, *, env: dict, port: int, timeout: float) -> subprocess.CompletedProcess:
     """Runs `python *arguments` as ranks 0..world-1 of one job on this host;
     returns the first failing rank's exit code (else 0) and every rank's

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import environment, rank_environment
+from launch import environment, nccl_sharing_one_gpu, rank_environment
 
 WORKER = Path(__file__).with_name("failure_worker.py")
 STEP_TIMEOUT = 5
@@ -21,10 +21,13 @@ LONG_STEP_TIMEOUT = 12
 
 
 def start(scenario: str, world: int, victim: int, port: int, timeout: float = STEP_TIMEOUT,
-          device: str = "cpu") -> list[subprocess.Popen]:
+          device: str = "cpu", backend: str = "gloo") -> list[subprocess.Popen]:
     ranks = []
     for rank in range(world):
-        env = rank_environment(environment(STEP_TIMEOUT=str(timeout), DEVICE=device), rank, world, port)
+        env = rank_environment(environment(STEP_TIMEOUT=str(timeout), DEVICE=device, BACKEND=backend), rank,
+                               world, port)
+        if backend == "nccl":
+            env.update(nccl_sharing_one_gpu(rank))
         ranks.append(subprocess.Popen([sys.executable, str(WORKER), scenario, str(victim)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return ranks
@@ -94,24 +97,25 @@ def check_survivor(rank: int, code: int, output: str, timeout: float, absent: st
     assert f"rank(s) {absent} did not take part ({why}" in output, output[-3000:]
 
 
-@pytest.mark.parametrize("scenario", ["die", "stall"])
+@pytest.mark.parametrize("scenario", ["die", "vanish", "stall"])
 def test_a_dead_or_stalled_rank_makes_the_others_raise_in_time_naming_it(scenario):
     dead_or_stalled(scenario, "cpu", port() + 2)
 
 
-def dead_or_stalled(scenario: str, device: str, port: int) -> None:
-    """3 ranks; rank 1 is killed mid-step or stops calling the step; the
-    others raise within the timeout, naming it and why (also on the GPU,
-    test_gpu.py)."""
-    ranks = start(scenario, 3, victim=1, port=port, timeout=LONG_STEP_TIMEOUT, device=device)
+def dead_or_stalled(scenario: str, device: str, port: int, backend: str = "gloo") -> None:
+    """3 ranks; rank 1 is killed mid-step ("die"), right after agreeing to
+    a call ("vanish"), or stops calling the step ("stall"); the others raise
+    within the timeout, naming it and why (also on the GPU, test_gpu.py)."""
+    ranks = start(scenario, 3, victim=1, port=port, timeout=LONG_STEP_TIMEOUT, device=device, backend=backend)
     results = finish(ranks, within=120, spare={1})
-    if scenario == "die":
+    killed = scenario in ("die", "vanish")
+    if killed:
         assert ranks[1].wait(timeout=10) == -9
     for rank in (0, 2):
         code, output, _ = results[rank]
-        why = "dead or hung" if scenario == "die" else "alive but stalled outside the step"
+        why = "dead or hung" if killed else "alive but stalled outside the step"
         check_survivor(rank, code, output, LONG_STEP_TIMEOUT, why=why)
-        if scenario == "die":  # the collective it was in, and its group
+        if killed:  # the collective it was in, and its group
             assert "on group '" in output, output[-3000:]
         assert f"rank {rank} second call: an earlier call failed mid-step" in output, output[-3000:]
 

@@ -1,19 +1,22 @@
 """fsdpc.shard on a GPU (`make test-gpu`): the api_train.py scenarios with
 the sharded side on CUDA, each checked against eager PyTorch on CPU. One
-process on NCCL (NCCL refuses two ranks on one GPU), and 2 and 4 ranks that
-share the GPU over Gloo (which moves CUDA tensors between them): every
-strategy, accumulation, hybrid meshes, meta initialization, CPU offload,
-the Llama with its generated kernels and with nn.RMSNorm's fused kernels,
-checkpoints GPU <-> CPU and fsdpc <-> FSDP2, a dead or stalled rank. Where
-there is no GPU every test is skipped with that reason (make test-gpu
-prints it)."""
+process on NCCL; 2 and 4 ranks that share the GPU over Gloo (which moves
+CUDA tensors between them); and 2 to 4 ranks sharing it over NCCL, each rank
+claiming a host of its own (NCCL refuses two ranks of one host on one GPU),
+talking over sockets: every strategy, accumulation, hybrid meshes, meta
+initialization, CPU offload, the Llama with its generated kernels and with
+nn.RMSNorm's fused kernels, checkpoints GPU <-> CPU and fsdpc <-> FSDP2, a
+dead or stalled rank on Gloo and on NCCL. Where there is no GPU every test
+is skipped with that reason (make test-gpu prints it)."""
 
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 
-from test_api import SCRIPT, environment, torchrun
+from launch import environment, run_ranks
+from test_api import SCRIPT, torchrun
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA GPU on this machine: make test-gpu runs these on a GPU host")
@@ -43,6 +46,38 @@ def test_ranks_sharing_the_gpu_over_gloo(scenario, ranks, tmp_path):
     run(ranks, scenario, "--save", tmp_path)
 
 
+# Two NCCL ranks on this GPU, each claiming a host of its own, all-reduce.
+PROBE = f"""
+import os, sys, torch, torch.distributed as dist
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from launch import nccl_sharing_one_gpu
+os.environ.update(nccl_sharing_one_gpu(int(os.environ["RANK"])))
+torch.cuda.set_device(0)
+dist.init_process_group("nccl")
+ones = torch.ones(4, device="cuda")
+dist.all_reduce(ones)
+assert ones.tolist() == [2.0] * 4, ones
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def nccl_shares_the_gpu():
+    """Skips the tests that need NCCL ranks sharing the GPU, with NCCL's
+    error, where this NCCL cannot run them."""
+    done = run_ranks(2, ["-c", PROBE], env=environment(), port=29290, timeout=120)
+    if done.returncode != 0:
+        pytest.skip("NCCL did not run two ranks on this one GPU, each claiming a host of its own: "
+                    + (done.stderr or done.stdout)[-1500:])
+
+
+@pytest.mark.parametrize("scenario, ranks", [
+    ("train", 2), ("hybrid", 4), ("accumulate", 2), ("offload", 2), ("llama", 2), ("scalar", 4),
+])
+def test_ranks_sharing_the_gpu_over_nccl(scenario, ranks, nccl_shares_the_gpu, tmp_path):
+    run(ranks, scenario, "--save", tmp_path, backend="nccl")
+
+
 @pytest.mark.parametrize("saved_on, loaded_on", [("cuda", "cpu"), ("cpu", "cuda")])
 def test_a_checkpoint_moves_between_gpu_and_cpu(saved_on, loaded_on, tmp_path):
     whole, resumed = tmp_path / "whole.pt", tmp_path / "resumed.pt"
@@ -63,10 +98,21 @@ def test_collectives_overlap_kernels(tmp_path):
     run(1, "overlap", "--save", tmp_path)
 
 
-@pytest.mark.parametrize("scenario", ["die", "stall"])
+@pytest.mark.parametrize("scenario", ["die", "vanish", "stall"])
 def test_a_dead_or_stalled_rank_sharing_the_gpu_is_named_in_time(scenario):
     """test_failures.py's dead and stalled ranks with the step on the GPU
-    (3 ranks sharing it over Gloo). NCCL's own case needs two GPUs."""
+    (3 ranks sharing it over Gloo)."""
     from test_failures import dead_or_stalled, port
 
     dead_or_stalled(scenario, "cuda", port() + 40)
+
+
+@pytest.mark.parametrize("scenario", ["die", "vanish", "stall"])
+def test_a_dead_or_stalled_rank_on_nccl_is_named_in_time(scenario, nccl_shares_the_gpu):
+    """The same on NCCL (3 ranks sharing the GPU): the survivors' collectives
+    hang on the GPU while their hosts wait in `loss.item()`; fsdpc's
+    watchdog names the collective and the absent rank, and aborts the
+    communicators, so every survivor ends in time."""
+    from test_failures import dead_or_stalled, port
+
+    dead_or_stalled(scenario, "cuda", port() + 60, backend="nccl")

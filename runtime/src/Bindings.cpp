@@ -26,7 +26,8 @@ using HostUpdateMap = std::map<std::string, std::shared_ptr<fsdp_rt::HostUpdate>
 
 py::dict run(const fsdp_rt::Program &program, const std::string &name, TensorMap params,
              TensorMap buffers, TensorMap accumulated, std::vector<at::Tensor> batch, GroupMap groups,
-             double timeoutSeconds, bool trace, bool checkReshardFrees, const HostUpdateMap &hostUpdates) {
+             double timeoutSeconds, bool trace, bool checkReshardFrees, const HostUpdateMap &hostUpdates,
+             std::shared_ptr<fsdp_rt::DeviceWaits> deviceWaits) {
   if (!(timeoutSeconds > 0))
     throw std::invalid_argument("timeout must be positive, got " + std::to_string(timeoutSeconds) + " s");
   fsdp_rt::StepInputs inputs;
@@ -40,6 +41,7 @@ py::dict run(const fsdp_rt::Program &program, const std::string &name, TensorMap
   inputs.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(timeoutSeconds * 1000)));
   inputs.trace = trace;
   inputs.checkReshardFrees = checkReshardFrees;
+  inputs.deviceWaits = deviceWaits;
   const fsdp_rt::Function &function = program.function(name);
   fsdp_rt::StepOutputs outputs;
   {
@@ -118,6 +120,14 @@ PYBIND11_MODULE(_fsdp_rt, m) {
       .def("finish", &fsdp_rt::HostUpdate::finish, "The shards hold their new values")
       .def("fail", &fsdp_rt::HostUpdate::fail, py::arg("why"),
            "The update failed; the step raises `why` at the unit's gather");
+  py::class_<fsdp_rt::DeviceWaits, std::shared_ptr<fsdp_rt::DeviceWaits>>(
+      m, "DeviceWaits",
+      "A step's collectives that the host did not wait for (NCCL): an event per wait on the compute stream")
+      .def(py::init<>())
+      .def("first_unfinished", &fsdp_rt::DeviceWaits::firstUnfinished,
+           "(description, group key) of the first collective noted and not yet complete, or None")
+      .def("seal", &fsdp_rt::DeviceWaits::seal, "The step returned: nothing is noted after this")
+      .def("sealed", &fsdp_rt::DeviceWaits::sealed);
   py::class_<fsdp_rt::Program, std::shared_ptr<fsdp_rt::Program>>(m, "Program")
       .def(py::init([](const std::string &text, const std::optional<std::string> &device) {
              std::optional<c10::Device> runOn;
@@ -132,6 +142,6 @@ PYBIND11_MODULE(_fsdp_rt, m) {
       .def("run", &run, py::arg("function"), py::arg("params"), py::arg("buffers"),
            py::arg("accumulated"), py::arg("batch"), py::arg("groups"), py::arg("timeout_seconds"),
            py::arg("trace") = false, py::arg("check_reshard_frees") = false,
-           py::arg("host_updates") = HostUpdateMap(),
-           "Runs one function (`host_updates`: {unit: HostUpdate} still running on offloaded shards); returns {loss, grads, returned, trace, reshard_leaks, collectives: [(c10d op, buffer bytes, group size)]}");
+           py::arg("host_updates") = HostUpdateMap(), py::arg("device_waits") = nullptr,
+           "Runs one function (`host_updates`: {unit: HostUpdate} still running on offloaded shards); returns {loss, grads, returned, trace, reshard_leaks, collectives: [(c10d op, buffer bytes, group size)]}; `device_waits` notes the collectives whose waits leave the host running");
 }

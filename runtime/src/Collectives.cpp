@@ -38,6 +38,8 @@ public:
       throw std::runtime_error("did not complete");
   }
 
+  bool waitsOnHost() const override { return true; }
+
 private:
   std::chrono::milliseconds timeout_;
 };
@@ -69,9 +71,11 @@ public:
   }
 
   // No timeout: ProcessGroupNCCL blocks the host until the collective ends
-  // when given one. Without, the compute stream waits for its end event and
-  // the group's watchdog enforces the group's timeout.
+  // when given one. Without, the compute stream waits for its end event;
+  // the step's DeviceWaits carry the deadline to fsdpc's watchdog.
   void waitForWork(c10d::Work &work) override { work.wait(); }
+
+  bool waitsOnHost() const override { return false; }
 };
 
 } // namespace
@@ -93,6 +97,30 @@ void Collectives::wait(Pending &pending) {
     pending.result = pending.result.clone();
     freeStagingNow(pending.send);
   }
+}
+
+void DeviceWaits::add(std::string collective, std::string group, c10::Event done) {
+  std::lock_guard<std::mutex> lock(polling_);
+  entries_.push_back({std::move(collective), std::move(group), std::move(done)});
+}
+
+void DeviceWaits::seal() {
+  std::lock_guard<std::mutex> lock(polling_);
+  sealed_ = true;
+}
+
+bool DeviceWaits::sealed() const {
+  std::lock_guard<std::mutex> lock(polling_);
+  return sealed_;
+}
+
+std::optional<std::pair<std::string, std::string>> DeviceWaits::firstUnfinished() {
+  std::lock_guard<std::mutex> lock(polling_);
+  while (finished_ < entries_.size() && entries_[finished_].done.query())
+    ++finished_;
+  if (finished_ == entries_.size())
+    return std::nullopt;
+  return std::make_pair(entries_[finished_].collective, entries_[finished_].group);
 }
 
 std::unique_ptr<Collectives> Collectives::forGroup(c10d::ProcessGroup &group, c10::Device device,

@@ -491,6 +491,8 @@ private:
       throw std::runtime_error(describe(start) + " failed or timed out after " +
                                std::to_string(in.timeout.count()) + " ms: " + error.what());
     }
+    if (!pending.backend->waitsOnHost() && in.deviceWaits)
+      noteDeviceWait(start);
     int64_t arrived = in.trace ? nowUs() : 0;
     if (inst.results.size() != start.shapes.size())
       throw std::runtime_error("the wait takes " + std::to_string(inst.results.size()) +
@@ -513,6 +515,14 @@ private:
   /// order: where every parameter is its ranks' shards back to back, one
   /// split copy (one kernel on a GPU); otherwise per parameter, whole shards
   /// in one strided copy, then the partial one.
+  // The host went on without the collective: an event after its wait on
+  // the compute stream tells the watchdog when it is done.
+  void noteDeviceWait(const Instruction &start) {
+    c10::Event done(device.type());
+    done.record(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
+    in.deviceWaits->add(describe(start), start.group, std::move(done));
+  }
+
   void copyOutGathered(const Instruction &start, InFlight &pending, const std::vector<int> &results) {
     at::Tensor byRank = pending.collective.result;
     int64_t ranks = pending.ranks;

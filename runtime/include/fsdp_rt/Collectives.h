@@ -13,7 +13,9 @@
 //    an event recorded on the compute stream at the start; the wait makes the
 //    compute stream wait for the collective's end event and returns at once,
 //    so the host runs ahead and collectives overlap the kernels issued
-//    between a start and its wait. Timeouts come from the group's watchdog.
+//    between a start and its wait. No host thread waits for it: the step
+//    hands back an event per wait (DeviceWaits), which fsdpc's watchdog
+//    (python/fsdpc/watchdog.py) holds against the step's deadline.
 //
 // Staging buffers are allocated on the compute stream and dropped at the
 // wait, after the compute stream waits for the collective: the caching
@@ -28,9 +30,15 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <c10/core/Event.h>
+
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace fsdp_rt {
 
@@ -77,6 +85,9 @@ public:
   IssuedCollective allReduce(Pending &pending, at::Tensor flat, c10d::ReduceOp op);
   /// Orders what follows after the collective; `pending.result` is then valid.
   void wait(Pending &pending);
+  /// Whether `wait` blocks the host until the collective ends (else it only
+  /// orders the compute stream after it).
+  virtual bool waitsOnHost() const = 0;
 
 protected:
   virtual void waitForWork(c10d::Work &work) = 0;
@@ -84,6 +95,32 @@ protected:
   explicit Collectives(c10d::ProcessGroup &group) : group_(group) {}
 
   c10d::ProcessGroup &group_;
+};
+
+/// The collectives of one step whose waits left the host running (NCCL):
+/// for each, an event recorded on the compute stream right after its wait,
+/// complete once the collective and the kernels before it are. Another
+/// thread (the watchdog) polls it while the step runs and after.
+class DeviceWaits {
+public:
+  void add(std::string collective, std::string group, c10::Event done);
+  /// The step has issued everything: no collective is added after this.
+  void seal();
+  bool sealed() const;
+  /// The first collective whose wait has not completed, as (its
+  /// description, its group's key); none once all have. A call resumes
+  /// after the events an earlier call saw complete.
+  std::optional<std::pair<std::string, std::string>> firstUnfinished();
+
+private:
+  struct Entry {
+    std::string collective, group;
+    c10::Event done;
+  };
+  std::vector<Entry> entries_;
+  size_t finished_ = 0;
+  bool sealed_ = false;
+  mutable std::mutex polling_;
 };
 
 /// Drops a finished collective's staging buffer now, also where the process

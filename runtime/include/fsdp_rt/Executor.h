@@ -56,6 +56,11 @@ struct StepInputs {
   bool trace = false;
   /// Test hook: check at every reshard that the gathered storage is gone.
   bool checkReshardFrees = false;
+  /// Where the collectives whose waits do not block the host (NCCL) are
+  /// noted as they are waited for; the caller holds them against the
+  /// step's deadline, and seals them once the step returned. Null: not
+  /// noted.
+  std::shared_ptr<DeviceWaits> deviceWaits;
 };
 
 /// One instruction as it ran: wall-clock microseconds since the epoch.

@@ -1,0 +1,114 @@
+"""fsdpc's watchdog (fsdpc/watchdog.py) on its own: which steps it lets go,
+when it calls a step's timeout, and the error it raises in a blocked thread.
+Steps with collectives in flight on NCCL need a GPU (test_gpu.py's dead
+ranks on NCCL); here the watched steps are the runtime's own DeviceWaits
+where a CPU can make them, and a stand-in with a collective that never ends
+where it cannot."""
+
+import threading
+import time
+
+import pytest
+
+from fsdpc.program import runtime_extension
+from fsdpc.runtime import StepError
+from fsdpc.watchdog import POLL_SECONDS, Watchdog, interrupt
+
+
+class NeverEnds:
+    """A step whose first collective never completes."""
+
+    def first_unfinished(self):
+        return ("fsdp.all_gather on group 'g' (unit @u)", "g")
+
+    def sealed(self):
+        return True
+
+
+class Timeouts:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, collective, group):
+        self.calls.append((time.monotonic(), collective, group))
+
+
+def settle(seconds: float = 4 * POLL_SECONDS) -> None:
+    time.sleep(seconds)
+
+
+def test_a_step_is_let_go_once_it_returned_and_its_collectives_completed():
+    watchdog, timeouts = Watchdog(), Timeouts()
+    waits = runtime_extension().DeviceWaits()
+    watchdog.watch(waits, time.monotonic(), timeouts, owner=None)
+    settle()
+    # Past its deadline but still running, with nothing noted: the host is
+    # not blocked on a collective, so there is nothing to name yet.
+    assert not timeouts.calls and len(watchdog._watches) == 1
+    waits.seal()
+    settle()
+    assert not timeouts.calls and not watchdog._watches
+
+
+def test_a_collective_unfinished_at_the_deadline_is_named_once():
+    watchdog, timeouts = Watchdog(), Timeouts()
+    deadline = time.monotonic() + 0.5
+    watchdog.watch(NeverEnds(), deadline, timeouts, owner=None)
+    settle(0.5 + 4 * POLL_SECONDS)
+    assert len(timeouts.calls) == 1
+    at, collective, group = timeouts.calls[0]
+    assert deadline <= at <= deadline + 3 * POLL_SECONDS
+    assert (collective, group) == ("fsdp.all_gather on group 'g' (unit @u)", "g")
+    assert not watchdog._watches
+
+
+def test_a_cancelled_owner_is_not_called():
+    watchdog, timeouts = Watchdog(), Timeouts()
+    owner, other = object(), object()
+    watchdog.watch(NeverEnds(), time.monotonic() + 0.3, timeouts, owner=owner)
+    watchdog.watch(NeverEnds(), time.monotonic() + 0.3, timeouts, owner=other)
+    watchdog.cancel(owner)
+    settle(0.3 + 4 * POLL_SECONDS)
+    assert len(timeouts.calls) == 1  # the other owner's step only
+
+
+def test_the_error_reaches_a_thread_blocked_outside_python_once_it_returns():
+    released, raised = threading.Event(), []
+
+    def blocked():
+        try:
+            released.wait()  # blocks in C, as a CUDA synchronization does
+            time.sleep(5)  # not reached: the error is raised first
+            raised.append(None)
+        except StepError as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=blocked)
+    thread.start()
+    settle()
+    interrupt(thread.ident, StepError, "rank 0: the all-gather did not complete")
+    settle()
+    assert thread.is_alive() and not raised  # still blocked: nothing runs until it returns
+    released.set()  # what aborting the communicators does for a CUDA synchronization
+    thread.join(timeout=2)
+    assert not thread.is_alive()
+    error = raised[0]
+    assert isinstance(error, StepError) and str(error) == "rank 0: the all-gather did not complete"
+
+
+@pytest.mark.parametrize("deadline_in, named", [(0.0, True), (0.4, False)])
+def test_a_collective_is_named_only_if_unfinished_at_the_deadline(deadline_in, named):
+    class CompletesLater:
+        def __init__(self):
+            self.done_at = time.monotonic() + 0.2
+
+        def first_unfinished(self):
+            return None if time.monotonic() >= self.done_at else ("fsdp.reduce_scatter on group 'g'", "g")
+
+        def sealed(self):
+            return True
+
+    watchdog, timeouts = Watchdog(), Timeouts()
+    watchdog.watch(CompletesLater(), time.monotonic() + deadline_in, timeouts, owner=None)
+    settle(0.6)
+    assert len(timeouts.calls) == named  # it completes 0.2 s in
