@@ -133,9 +133,8 @@ class FusedAttentionFor(TorchFunctionMode):
             return aten._scaled_dot_product_attention_math(
                 q, k, v, mask, a["dropout_p"], a["is_causal"], scale=a["scale"], enable_gqa=a["enable_gqa"])[0]
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        if kernel in (AttentionKernel.CUDNN, AttentionKernel.FLASH) and q.shape[1] != k.shape[1]:
-            repeat = q.shape[1] // k.shape[1]  # grouped heads: the kernels take equal ones here
-            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        # Grouped heads reach cuDNN's and flash's kernels unrepeated, as in
+        # eager: both take fewer key/value heads (torch >= 2.8 for cuDNN).
         if kernel is AttentionKernel.CUDNN:
             return aten._scaled_dot_product_cudnn_attention(q, k, v, mask, needs_grad, a["dropout_p"],
                                                             a["is_causal"], scale=a["scale"])[0]

@@ -86,6 +86,43 @@ def test_flash_attention_where_cudnn_is_not_preferred(tmp_path, monkeypatch):
     assert translate(sharded).functions["train_step"].instructions > 0
 
 
+class GroupedAttention(torch.nn.Module):
+    """8 query heads over 2 key/value heads, `enable_gqa=True`."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.kv = torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 32, bias=False)
+
+    def forward(self, x):
+        batch, seq, _ = x.shape
+        q = self.q(x).view(batch, seq, 8, 8).transpose(1, 2)
+        k, v = (t.view(batch, seq, 2, 8).transpose(1, 2) for t in self.kv(x).chunk(2, dim=-1))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum()
+
+
+@pytest.mark.parametrize("deprioritize_cudnn", [False, True], ids=["cudnn", "flash"])
+def test_grouped_heads_reach_the_fused_kernel_unrepeated(deprioritize_cudnn, monkeypatch):
+    """As eager (cuDNN since torch 2.8, flash since 2.5): the kernels take 2
+    key/value heads for 8 query heads, with no repeated copies of them
+    forward or summed gradients backward."""
+    from fsdpc.capture import MixedPrecision
+    from fsdpc.export import export_training_step
+
+    if deprioritize_cudnn:
+        monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")
+    kernel = "flash" if deprioritize_cudnn else "cudnn"
+    text = export_training_step(GroupedAttention(), (torch.randn(2, 16, 64),), lambda m, x: m(x),
+                                mixed_precision=MixedPrecision(param_dtype=torch.bfloat16), device="cuda").mlir
+    calls = aten_calls(text)
+    assert calls.count(f"_scaled_dot_product_{kernel}_attention") == 1
+    assert calls.count(f"_scaled_dot_product_{kernel}_attention_backward") == 1
+    assert "repeat_interleave" not in " ".join(calls) and "index_select" not in calls
+    forward = next(line for line in text.splitlines() if f'"aten::_scaled_dot_product_{kernel}_attention"' in line)
+    assert "tensor<2x8x16x8xbf16>, tensor<2x2x16x8xbf16>, tensor<2x2x16x8xbf16>" in forward, forward
+    sharded = run_fsdp_opt(text, ["--fsdp-sharding-pipeline=ranks=2 backend=nccl"])
+    assert translate(sharded).device_kind == "cuda"
+
+
 def meta(*shape, dtype=torch.bfloat16):
     return torch.empty(shape, dtype=dtype, device="meta")
 
@@ -217,6 +254,28 @@ def test_the_stand_ins_compute_what_eager_computes(dtype, monkeypatch):
         library._destroy()
     for mine, theirs in zip(fused, eager):
         torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("shape, normalized", [((3, 5, 64), [64]), ((2, 7, 4, 16), [4, 16]), ((9, 32), [32])])
+def test_the_fake_kernels_allocate_what_pytorch_defines(dtype, shape, normalized):
+    """Without a GPU: the fake kernels, which give the IR its types, against
+    PyTorch's own definition of the fused pair (its decompositions, on the
+    meta device): the same shape, dtype and strides for the output, `rstd`
+    (one fp32 value per normalized row, [..., 1]) and both gradients."""
+    from torch._decomp import decomposition_table
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    aten = torch.ops.aten
+    x, w = torch.empty(shape, dtype=dtype, device="meta"), torch.empty(normalized, dtype=dtype, device="meta")
+    defined = decomposition_table[aten._fused_rms_norm.default](x, normalized, w, 1e-5)
+    defined_grads = decomposition_table[aten._fused_rms_norm_backward.default](
+        defined[0], x, normalized, defined[1], w, [True, True])
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fake = torch.ops.fsdpc.fused_rms_norm(x, normalized, w, 1e-5)
+        fake_grads = torch.ops.fsdpc.fused_rms_norm_backward(defined[0], x, normalized, defined[1], w, [True, True])
+    for mine, theirs in zip((*fake, *fake_grads), (*defined, *defined_grads)):
+        assert (mine.shape, mine.dtype, mine.stride()) == (theirs.shape, theirs.dtype, theirs.stride())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
