@@ -521,8 +521,8 @@ class ShardedModule(nn.Module):
         if self.device.type != "cpu":  # collectives may outlive the call (NCCL): the watchdog holds them
             waits = runtime_extension().DeviceWaits()
             WATCHDOG.watch(waits, started + self._timeout.total_seconds(),
-                           lambda collective, group, call=self._calls: self._collective_timed_out(
-                               name, call, caller, collective),
+                           lambda collective, group, function=name, call=self._calls: self._collective_timed_out(
+                               function, call, caller, collective),
                            owner=self)
         try:
             out = compiled.runtime.run(name, params, buffers, accumulated, list(batch), self._groups,
