@@ -510,11 +510,6 @@ private:
     }
   }
 
-  /// Copies each parameter out of the gathered buffer (rank-major blocks of
-  /// the packed shards) into its own unpadded tensor, allocated in program
-  /// order: where every parameter is its ranks' shards back to back, one
-  /// split copy (one kernel on a GPU); otherwise per parameter, whole shards
-  /// in one strided copy, then the partial one.
   // The host went on without the collective: an event after its wait on
   // the compute stream tells the watchdog when it is done.
   void noteDeviceWait(const Instruction &start) {
@@ -523,6 +518,11 @@ private:
     in.deviceWaits->add(describe(start), start.group, std::move(done));
   }
 
+  /// Copies each parameter out of the gathered buffer (rank-major blocks of
+  /// the packed shards) into its own unpadded tensor, allocated in program
+  /// order: where every parameter is its ranks' shards back to back, one
+  /// split copy (one kernel on a GPU); otherwise per parameter, whole shards
+  /// in one strided copy, then the partial one.
   void copyOutGathered(const Instruction &start, InFlight &pending, const std::vector<int> &results) {
     at::Tensor byRank = pending.collective.result;
     int64_t ranks = pending.ranks;
