@@ -422,6 +422,15 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
         time.exposedCommunication += end - computeFree;
         record(&op, "wait " + intervalName(start), kCompute, computeFree, end - computeFree);
       }
+      if (start && isa<AllGatherStartOp>(start)) {
+        // Copy-out: the gathered buffer split into the parameters, read and
+        // written once (one kernel), after the collective.
+        double bytes = 0;
+        for (Type result : futureTypes(start))
+          bytes += double(tensorBytes(result));
+        onCompute(&op, "copy-out " + intervalName(start), memorySeconds(2 * bytes), 0, int64_t(2 * bytes));
+        time.idealMemory += 2 * bytes / machine.gpu.memoryBandwidth;
+      }
       if (start && start->hasAttr("host") && !isa<AllGatherStartOp>(start)) {
         int64_t bytes = 0;
         for (Type result : futureTypes(start))
