@@ -9,6 +9,7 @@ nn.RMSNorm's fused kernels, checkpoints GPU <-> CPU and fsdpc <-> FSDP2, a
 dead or stalled rank on Gloo and on NCCL. Where there is no GPU every test
 is skipped with that reason (make test-gpu prints it)."""
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -65,7 +66,7 @@ dist.destroy_process_group()
 def nccl_shares_the_gpu():
     """Skips the tests that need NCCL ranks sharing the GPU, with NCCL's
     error, where this NCCL cannot run them."""
-    done = run_ranks(2, ["-c", PROBE], env=environment(), port=29290, timeout=120)
+    done = run_ranks(2, ["-c", PROBE], env=environment(), port=29000 + os.getpid() % 100, timeout=120)
     if done.returncode != 0:
         pytest.skip("NCCL did not run two ranks on this one GPU, each claiming a host of its own: "
                     + (done.stderr or done.stdout)[-1500:])
@@ -115,4 +116,4 @@ def test_a_dead_or_stalled_rank_on_nccl_is_named_in_time(scenario, nccl_shares_t
     communicators, so every survivor ends in time."""
     from test_failures import dead_or_stalled, port
 
-    dead_or_stalled(scenario, "cuda", port() + 60, backend="nccl")
+    dead_or_stalled(scenario, "cuda", port() + 45, backend="nccl")
