@@ -18,7 +18,9 @@ forward: overlap_host_optimizer); fsdpc-fit-overlap (what `fsdpc plan
 Llama: every unit checkpointed and only what does not fit FSDP2 offload's
 12.9 GiB peak offloaded, `checkpoint=* offload-to-fit=13209`, overlapped);
 fsdpc-unfused (fsdpc without generated kernels, `fuse-pointwise=false`:
-every elementwise call an ATen kernel, as before 2026-11-24).
+every elementwise call an ATen kernel, as before 2026-11-24);
+fsdpc-into-results (fsdpc with `gather-into-results=true`: NCCL gathers
+each parameter straight into its tensor, no receive buffer, no copy-out).
 
 Measured: compile (model built to the end of the first step), median step
 time over the timed steps (forward, backward and optimizer, synchronized),
@@ -121,7 +123,8 @@ def build(system: str, model: torch.nn.Module, example, block_class):
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     overlap = system.endswith("-overlap")
     unfused = system.endswith("-unfused")
-    system = system.removesuffix("-overlap").removesuffix("-unfused")
+    into_results = system.endswith("-into-results")
+    system = system.removesuffix("-overlap").removesuffix("-unfused").removesuffix("-into-results")
     fit = system.endswith("-fit")  # issue 16's budget: FSDP2 offload's 12.9 GiB peak
     offload = CPUOffloadPolicy() if system.endswith("-offload") else None  # pinned host memory
     system = system.removesuffix("-offload").removesuffix("-fit")
@@ -131,7 +134,8 @@ def build(system: str, model: torch.nn.Module, example, block_class):
 
         sharded = fsdpc.shard(model, example, next_token_loss, mp_policy=policy, offload_policy=offload,
                               pipeline="checkpoint=* offload-to-fit=13209" if fit
-                              else "fuse-pointwise=false" if unfused else "")
+                              else "fuse-pointwise=false" if unfused
+                              else "gather-into-results=true" if into_results else "")
         if overlap:
             extras["overlap"] = sharded.overlap_host_optimizer
         extras["compile_phases_s"] = sharded.compile_seconds

@@ -5,7 +5,7 @@
 # carried there (`make portable-tools` on the build machine).
 #
 #   scripts/gpu-session.sh tests     # runtime build, make test-gpu (6 workers), the host's CPU time per step
-#   scripts/gpu-session.sh bench     # Llama 0.9B and GPT 23M: fsdpc (and without generated kernels), FSDP2, FSDP2 + compile, torch.compile
+#   scripts/gpu-session.sh bench     # Llama 0.9B and GPT 23M: fsdpc (also gathering into the parameters, and without generated kernels), FSDP2, FSDP2 + compile, torch.compile
 #   scripts/gpu-session.sh offload   # host optimizer rate; Llama 2.6B offloaded: fsdpc (plain, overlapped, the plan's pick), FSDP2
 #
 # Each stage builds the runtime first (seconds when it is built).
@@ -34,7 +34,7 @@ case "$stage" in
     ;;
   bench)
     timeout 540 python3 benchmarks/gpu.py --models llama-0.9b gpt-23m --repeats 2 --json "$OUT/gpu.json" \
-      --systems fsdpc fsdpc-unfused fsdp2 fsdp2-compile compile 2>&1 | tee "$OUT/bench.log"
+      --systems fsdpc fsdpc-into-results fsdp2 fsdp2-compile compile fsdpc-unfused 2>&1 | tee "$OUT/bench.log"
     ;;
   offload)
     python3 benchmarks/host_optimizer.py --threads 1 "$(nproc)" 2>&1 | tee "$OUT/host-optimizer.log"

@@ -468,6 +468,12 @@ def Fsdp_AllGatherStartOp : Fsdp_CollectiveStartOp<"all_gather_start"> {
     the send buffer, or, when it must be cast, whole into a device copy of its
     own dtype that lives until the wait) and the collective follows on that
     stream.
+    `into_results` gathers straight into the results, with no receive
+    buffer and no copy-out: the start allocates each result padded to N x
+    ceil(dim0 / N) rows, and the collective (one call per parameter, the
+    bucket's calls coalesced into one launch on NCCL) writes every rank's
+    shard into it; the result is its first dim0 rows. The results then live
+    from the start, and only the send buffer is staging.
 
     ```mlir
     %f = fsdp.all_gather_start %w, %b on @dp axes = [0] unit @"layers.0"
@@ -481,16 +487,17 @@ def Fsdp_AllGatherStartOp : Fsdp_CollectiveStartOp<"all_gather_start"> {
     by a float-to-float cast or no cast; grid axes distinct, in range and
     static; `unit` names an `fsdp.unit`; `prefetch` >= 1 and only with
     `unit`; `host` only with an offloaded `unit`, and then every input is an
-    `fsdp.get_param`; the future has exactly one use, an `fsdp.wait` in
-    the same block.
+    `fsdp.get_param`; `into_results` not with `host`; the future has
+    exactly one use, an `fsdp.wait` in the same block.
   }];
   let arguments = (ins Variadic<Fsdp_StaticTensor>:$inputs,
                        FlatSymbolRefAttr:$grid, Shard_GridAxesAttr:$grid_axes,
                        OptionalAttr<FlatSymbolRefAttr>:$unit,
-                       OptionalAttr<I64Attr>:$prefetch, UnitAttr:$host);
+                       OptionalAttr<I64Attr>:$prefetch, UnitAttr:$host, UnitAttr:$into_results);
   let assemblyFormat = [{
     $inputs `on` $grid `axes` `=` $grid_axes (`unit` $unit^)?
-    (`prefetch` $prefetch^)? (`host` $host^)? attr-dict `:` type($inputs) `->` qualified(type($future))
+    (`prefetch` $prefetch^)? (`host` $host^)? (`into_results` $into_results^)?
+    attr-dict `:` type($inputs) `->` qualified(type($future))
   }];
 }
 

@@ -249,6 +249,27 @@ def OverlapReductionsPass : Pass<"fsdp-overlap-reductions", "::mlir::ModuleOp"> 
   ];
 }
 
+def GatherIntoResultsPass : Pass<"fsdp-gather-into-results", "::mlir::ModuleOp"> {
+  let summary = "All-gathers write their results directly: no receive buffer, no copy-out.";
+  let description = [{
+    Marks each all-gather `into_results`: the collective (on NCCL, one
+    all-gather per parameter of the bucket, coalesced into one launch)
+    writes every rank's shard straight into the parameter's padded full
+    tensor, which the start allocates. That saves the receive buffer (the
+    bucket's size, times the ranks) and the copy-out kernel, which reads and
+    writes every gathered byte once more (on the 70B step at 8 GPUs, 6% of
+    the predicted step); the results live from the start instead of the
+    wait, where the receive buffer lived before, so no point of the step
+    holds more than without. An offloaded unit's all-gather is left as it
+    is. For NCCL only: Gloo would still receive into a buffer (it gathers by
+    all-reducing one), and then hold the results beside it; a runtime that
+    meets such an all-gather on Gloo copies into the results at the wait.
+  }];
+  let options = [
+    Option<"backend", "backend", "std::string", "\"nccl\"", "Collective library the runtime uses: nccl (gloo is refused)">,
+  ];
+}
+
 def FuseCastsPass : Pass<"fsdp-fuse-casts", "::mlir::ModuleOp"> {
   let summary = "Fuse dtype casts into collectives' copy-in.";
   let description = [{

@@ -2,6 +2,8 @@
 
 #include "fsdp/Analysis/Memory.h"
 
+#include "fsdp_rt/ShardLayout.h"
+
 using namespace mlir;
 using namespace mlir::fsdp;
 
@@ -16,7 +18,9 @@ namespace {
 /// only its packed buffer (its row is kept at the wait, as the gradients).
 /// An all-reduce works in place on its packed buffer either way.
 /// A host all-gather on a GPU also holds a device copy of each shard it
-/// casts, from its start to its wait.
+/// casts, from its start to its wait. An all-gather `into_results` on NCCL
+/// stages only its send buffer (on Gloo it still receives, and copies into
+/// the results at the wait).
 int64_t stagingBytes(Operation *start, bool gloo, bool hostIsDevice) {
   auto grid = SymbolTable::lookupNearestSymbolFrom<shard::GridOp>(
       start, start->getAttrOfType<FlatSymbolRefAttr>("grid"));
@@ -30,6 +34,8 @@ int64_t stagingBytes(Operation *start, bool gloo, bool hostIsDevice) {
       if (gather.getHost() && !hostIsDevice && type.getElementType() != wire)
         castCopies += tensorBytes(type);
     }
+    if (gather.getIntoResults() && !gloo)
+      return sent + castCopies;
     return sent * ranks + (gloo ? 0 : sent) + castCopies;
   }
   Type reduce = start->getAttrOfType<TypeAttr>("reduce_dtype").getValue();
@@ -106,6 +112,15 @@ Persistent mlir::fsdp::persistentState(ModuleOp module, Step &step, int64_t stat
   return state;
 }
 
+/// Bytes of an `into_results` all-gather's result as the start allocates
+/// it: padded to the group size times the shard's rows.
+static int64_t paddedResultBytes(Value result, int64_t ranks) {
+  auto type = cast<RankedTensorType>(result.getType());
+  int64_t rows = type.getDimSize(0);
+  int64_t padded = fsdp_rt::Dim0ShardLayout::create(rows, ranks)->paddedRows();
+  return rows == 0 ? 0 : tensorBytes(type) / rows * padded;
+}
+
 /// Walks the schedule in program order, tracking the storage the step
 /// allocates: the same lifetimes the runtime follows (fsdp.release and
 /// fsdp.reshard free; a value nothing releases lives to the end of the step).
@@ -156,8 +171,18 @@ Walk mlir::fsdp::walkSchedule(Step &step, bool gloo, bool hostIsDevice, Frees fr
         storages.push_back({casts, index[wait], index[wait], Staging, Value(), {}});
         continue;
       }
+      auto gather = dyn_cast<AllGatherStartOp>(op);
+      if (gather && gather.getIntoResults()) { // the start allocates the results, padded
+        int64_t ranks = groupSize(SymbolTable::lookupNearestSymbolFrom<shard::GridOp>(&op, gather.getGridAttr()),
+                                  gather.getGridAxes());
+        for (Value result : wait.getResults()) {
+          allocate(result, here, Gathered);
+          storages.back().bytes = paddedResultBytes(result, ranks);
+        }
+        continue;
+      }
       for (Value result : wait.getResults())
-        allocate(result, index[wait], isa<AllGatherStartOp>(op) ? Gathered : Gradient);
+        allocate(result, index[wait], gather ? Gathered : Gradient);
       continue;
     }
     if (computesStorage(&op))

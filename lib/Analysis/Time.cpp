@@ -422,7 +422,8 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
         time.exposedCommunication += end - computeFree;
         record(&op, "wait " + intervalName(start), kCompute, computeFree, end - computeFree);
       }
-      if (start && isa<AllGatherStartOp>(start)) {
+      auto gather = dyn_cast_or_null<AllGatherStartOp>(start);
+      if (gather && !gather.getIntoResults()) {
         // Copy-out: the gathered buffer split into the parameters, read and
         // written once (one kernel), after the collective.
         double bytes = 0;

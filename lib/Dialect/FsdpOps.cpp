@@ -746,6 +746,9 @@ LogicalResult AllGatherStartOp::verify() {
     if (!getUnitAttr())
       return emitOpError("prefetch needs the unit it prefetches for");
   }
+  if (getHost() && getIntoResults())
+    return emitOpError("is `host` and `into_results`: a host bucket is copied in on the transfer stream "
+                       "and gathered through a receive buffer");
   return success();
 }
 

@@ -102,6 +102,10 @@ struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOpti
                               llvm::cl::init("gloo")};
   Option<std::string> reportFormat{*this, "report-format", llvm::cl::desc("table | json"),
                                    llvm::cl::init("table")};
+  Option<bool> gatherIntoResults{
+      *this, "gather-into-results",
+      llvm::cl::desc("All-gathers write the parameters directly, without a receive buffer and a copy-out"),
+      llvm::cl::init(false)};
   Option<bool> fusePointwise{
       *this, "fuse-pointwise",
       llvm::cl::desc("On a CUDA step, run chains of elementwise calls as one generated kernel each"),
@@ -172,6 +176,11 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
     offload.optimizer = options.optimizer;
     offload.backend = options.backend;
     pm.addPass(createOffloadUnitsPass(offload));
+  }
+  if (options.gatherIntoResults) {
+    GatherIntoResultsPassOptions into;
+    into.backend = options.backend;
+    pm.addPass(createGatherIntoResultsPass(into));
   }
   if (!options.memoryReport.empty()) {
     MemoryReportPassOptions memory;

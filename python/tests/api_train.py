@@ -163,6 +163,24 @@ def scenario_train(args):
     sharded.train()
 
 
+def scenario_into_results(args):
+    """All-gathers straight into the parameters (`gather-into-results`)
+    train as eager does. On NCCL that is its coalesced all-gather into each
+    parameter; on Gloo, for which the pipeline refuses the option, a
+    program compiled as for NCCL runs through Gloo's receive buffer and
+    copies into the results at the wait: the runtime's side of it, on CPU."""
+    data = batches(4)
+    compile_for = fsdpc.sharded.collective_backend
+    if compile_for(DEVICE) == "gloo":
+        fsdpc.sharded.collective_backend = lambda device: "nccl"
+    try:
+        sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, pipeline="gather-into-results=true")
+    finally:
+        fsdpc.sharded.collective_backend = compile_for
+    assert " into_results " in sharded._programs_any().sharded_ir, "no all-gather gathers into its results"
+    train_like_eager(sharded, data, "into results: ")
+
+
 def scenario_hybrid(args):
     """A 2-D (replicate, shard) mesh: hybrid sharding with (Replicate(), Shard(0)) parameters, equal to eager."""
     from torch.distributed.device_mesh import init_device_mesh

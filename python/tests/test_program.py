@@ -67,8 +67,9 @@ def test_hybrid_groups_list_their_ranks():
     (lambda t: t.replace('"name":"aten::mm"', '"name":"aten::no_such_op"', 1), "no ATen operator aten::no_such_op"),
     (lambda t: t.replace('"results":[', '"results":[99999,', 1), "results from a collective of"),
     (lambda t: re.sub(r'"op":"param","result":\d+', '"op":"param","result":-1', t, count=1), "writes slot -1"),
-    (lambda t: re.sub(r'"dtypes":\[[^]]*\],([^{]*)"inputs":\[[\d,]*\],"op":"all_gather","shapes":\[[\[\]\d,]*\]',
-                      r'"dtypes":[],\1"inputs":[],"op":"all_gather","shapes":[]', t, count=1),
+    (lambda t: re.sub(r'"dtypes":\[[^]]*\],([^{]*)"inputs":\[[\d,]*\],("into_results":false,)"op":"all_gather",'
+                      r'"shapes":\[[\[\]\d,]*\]',
+                      r'"dtypes":[],\1"inputs":[],\2"op":"all_gather","shapes":[]', t, count=1),
      "all_gather takes one or more values"),
     (lambda t: t.replace('"slots": ', '"slots": 4000000000, "x": ', 1), "out of range"),
     (lambda t: t.replace('"slots": ', '"slots": 100000, "x": ', 1), "100000 slots"),
@@ -87,10 +88,22 @@ def test_an_offloaded_shard_is_read_only_by_its_units_host_gather():
     the shard any other way is refused at load."""
     _, program = compile_program("mlp", "ranks=2 offload=*")
     assert program.functions["train_step"].host_units
-    damaged = re.sub(r'"host":true,("inputs":\[[\d,]+\],"op":"all_gather")', r'"host":false,\1', program.text,
-                     count=1)
+    damaged = re.sub(r'"host":true,("inputs":\[[\d,]+\],"into_results":false,"op":"all_gather")', r'"host":false,\1',
+                     program.text, count=1)
     assert damaged != program.text
     with pytest.raises(RuntimeError, match="reads the offloaded parameter '[^']+'; only a host all_gather of its unit"):
+        Program.parse(damaged, "cpu")
+
+
+def test_a_host_gather_into_its_results_is_refused():
+    """A host bucket's shards come in on the transfer stream through a
+    receive buffer: `into_results` on it is refused at load, as the
+    verifier refuses it."""
+    _, program = compile_program("mlp", "ranks=2 offload=*")
+    damaged = re.sub(r'"host":true,("inputs":\[[\d,]+\],)"into_results":false', r'"host":true,\1"into_results":true',
+                     program.text, count=1)
+    assert damaged != program.text
+    with pytest.raises(RuntimeError, match="a host all_gather gathers through a receive buffer, not into its results"):
         Program.parse(damaged, "cpu")
 
 
@@ -122,7 +135,7 @@ def test_the_reshard_check_catches_a_view_that_outlives_its_buffer():
             "instructions": [
                 {"op": "param", "name": "w", "result": 0},
                 {"op": "all_gather", "group": "g", "inputs": [0], "shapes": [[3, 2]], "dtypes": ["f32"],
-                 "future": 0, "host": False},
+                 "future": 0, "host": False, "into_results": False},
                 {"op": "wait", "future": 0, "results": [1]},
                 {"op": "aten", "name": "aten::t", "overload": "", "args": [{"tensor": 1}], "results": [2]},
                 {"op": "reshard", "values": [1]},

@@ -2,6 +2,8 @@
 
 #include "fsdp_rt/Collectives.h"
 
+#include <ATen/ops/from_blob.h>
+
 #include <stdexcept>
 
 namespace fsdp_rt {
@@ -60,6 +62,26 @@ public:
     return {"all_gather", static_cast<int64_t>(pending.recv.nbytes()), ranks()};
   }
 
+  // One all-gather per parameter, straight into its padded full tensor,
+  // coalesced into one NCCL group. ProcessGroupNCCL keeps its outputs
+  // referenced until its watchdog retires the work, past the reshard that
+  // frees them; it gets aliases that do not own the memory, so the results'
+  // storage is freed where the program says. That is safe: the compute
+  // stream waits for the collective before anything after the wait,
+  // allocations included, runs.
+  IssuedCollective allGatherInto(Pending &pending) override {
+    std::vector<at::Tensor> inputs, outputs;
+    int64_t bytes = 0;
+    for (size_t i = 0; i < pending.into.size(); ++i) {
+      const at::Tensor &full = pending.into[i];
+      inputs.push_back(pending.send.narrow(0, pending.intoOffsets[i], full.numel() / ranks()));
+      outputs.push_back(at::from_blob(full.data_ptr(), full.sizes(), full.options()));
+      bytes += full.nbytes();
+    }
+    pending.work = group_.allgather_into_tensor_coalesced(outputs, inputs);
+    return {"all_gather", bytes, ranks()};
+  }
+
   IssuedCollective reduceScatter(Pending &pending, at::Tensor packed, c10d::ReduceOp op) override {
     pending.send = packed.view(-1);
     pending.recv = at::empty({packed.size(1)}, packed.options());
@@ -90,9 +112,22 @@ IssuedCollective Collectives::allReduce(Pending &pending, at::Tensor flat, c10d:
   return {"all_reduce", static_cast<int64_t>(flat.nbytes()), ranks()};
 }
 
+IssuedCollective Collectives::allGatherInto(Pending &pending) {
+  pending.copyInto = true;
+  return allGather(pending);
+}
+
 void Collectives::wait(Pending &pending) {
   waitForWork(*pending.work);
   pending.work.reset();
+  if (pending.copyInto) {
+    for (size_t i = 0; i < pending.into.size(); ++i) {
+      int64_t elements = pending.into[i].numel() / ranks();
+      pending.into[i].view({ranks(), elements}).copy_(pending.result.narrow(1, pending.intoOffsets[i], elements));
+    }
+    pending.result = at::Tensor();
+    pending.recv = at::Tensor();
+  }
   if (pending.rowOfSend) {
     pending.result = pending.result.clone();
     freeStagingNow(pending.send);

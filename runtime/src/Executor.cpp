@@ -337,7 +337,15 @@ private:
     for (size_t i = 0; i < shards.size(); ++i)
       regions.push_back(region(i));
     at::_foreach_copy_(regions, shards); // the one copy in, cast included: one kernel on a GPU
-    out.collectives.push_back(backend.allGather(pending.collective));
+    if (inst.intoResults) {
+      // Each parameter's padded full tensor, which the collective fills.
+      for (size_t i = 0; i < shards.size(); ++i)
+        pending.collective.into.push_back(at::empty({pending.ranks * shards[i].numel()}, options));
+      pending.collective.intoOffsets = pending.offsets;
+      out.collectives.push_back(backend.allGatherInto(pending.collective));
+    } else {
+      out.collectives.push_back(backend.allGather(pending.collective));
+    }
     launch(inst, std::move(pending));
   }
 
@@ -524,8 +532,20 @@ private:
   /// split copy (one kernel on a GPU); otherwise per parameter, whole shards
   /// in one strided copy, then the partial one.
   void copyOutGathered(const Instruction &start, InFlight &pending, const std::vector<int> &results) {
-    at::Tensor byRank = pending.collective.result;
     int64_t ranks = pending.ranks;
+    if (start.intoResults) { // each result is the first rows of its padded full tensor
+      for (size_t i = 0; i < start.shapes.size(); ++i) {
+        std::vector<int64_t> padded = start.shapes[i];
+        padded[0] = shardRowsOf(padded[0], ranks) * ranks;
+        if (results[i] >= 0)
+          slots[results[i]] = pending.collective.into[i].view(padded).narrow(0, 0, start.shapes[i][0]);
+      }
+      pending.collective.into.clear();
+      freeStagingNow(pending.collective.recv);
+      freeStagingNow(pending.collective.send);
+      return;
+    }
+    at::Tensor byRank = pending.collective.result;
     bool evenlySharded = std::all_of(start.shapes.begin(), start.shapes.end(), [&](const std::vector<int64_t> &shape) {
       return shardRowsOf(shape[0], ranks) * ranks == shape[0];
     });

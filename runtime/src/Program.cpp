@@ -344,6 +344,8 @@ Instruction loadInstruction(const Value &json, c10::Device device) {
     if (const Value *unit = json.find("unit"))
       inst.unit = unit->asString();
     inst.host = json.at("host").asBool();
+    if (inst.kind == Instruction::Kind::AllGather)
+      inst.intoResults = json.at("into_results").asBool();
     inst.inputs = slotList(json.at("inputs"));
     inst.future = index(json.at("future"));
     for (const Value &shape : json.at("shapes").asArray())

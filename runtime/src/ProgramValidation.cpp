@@ -272,6 +272,8 @@ private:
     if (inst.shapes.size() != inst.inputs.size() || inst.dtypes.size() != inst.inputs.size())
       fail("inputs, shapes and dtypes differ in number");
     group(inst.group);
+    if (inst.intoResults && inst.host)
+      fail("a host all_gather gathers through a receive buffer, not into its results");
     int64_t total = 0;
     for (size_t i = 0; i < inst.inputs.size(); ++i) {
       read(inst.inputs[i]);

@@ -187,6 +187,11 @@ func.func @all_gather(%w: tensor<3x32xf32>, %b: tensor<3xf32>, %e: tensor<2x8xbf
   // CHECK-NEXT: %{{.*}} = fsdp.wait %[[F1]] : !fsdp.future<tensor<12x32xf32>>{{$}}
   %f1 = fsdp.all_gather_start %w on @dp axes = [0] : tensor<3x32xf32> -> !fsdp.future<tensor<12x32xf32>>
   %w1 = fsdp.wait %f1 : !fsdp.future<tensor<12x32xf32>>
+  // Gathered straight into the results.
+  // CHECK-NEXT: %[[FI:.*]] = fsdp.all_gather_start %[[W]] on @dp axes = [0] into_results : tensor<3x32xf32> -> !fsdp.future<tensor<10x32xf32>>{{$}}
+  // CHECK-NEXT: fsdp.wait %[[FI]] : !fsdp.future<tensor<10x32xf32>>{{$}}
+  %fi = fsdp.all_gather_start %w on @dp axes = [0] into_results : tensor<3x32xf32> -> !fsdp.future<tensor<10x32xf32>>
+  %wi = fsdp.wait %fi : !fsdp.future<tensor<10x32xf32>>
   // A unit without prefetch; a deeper prefetch; a hybrid grid axis.
   // CHECK-NEXT: %[[F2:.*]] = fsdp.all_gather_start %[[E]] on @hsdp axes = [1] unit @root : tensor<2x8xbf16> -> !fsdp.future<tensor<5x8xbf16>>{{$}}
   // CHECK-NEXT: fsdp.wait %[[F2]] : !fsdp.future<tensor<5x8xbf16>>{{$}}

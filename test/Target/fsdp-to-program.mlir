@@ -1,6 +1,7 @@
 // RUN: fsdp-opt %S/../Transforms/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4" | fsdp-translate --fsdp-to-program | FileCheck %s
 // RUN: fsdp-opt %S/../Transforms/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 replicas=2 strategy=hybrid-shard" | fsdp-translate --fsdp-to-program | FileCheck %s --check-prefix=HSDP
 // RUN: fsdp-opt %S/../Transforms/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4 offload=l0" | fsdp-translate --fsdp-to-program | FileCheck %s --check-prefix=OFFLOAD
+// RUN: fsdp-opt %S/../Transforms/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4 offload=l0 backend=nccl gather-into-results=true" | fsdp-translate --fsdp-to-program | FileCheck %s --check-prefix=INTO
 // RUN: not fsdp-translate --fsdp-to-program %S/../Transforms/Inputs/step.mlir 2>&1 | FileCheck %s --check-prefix=UNSCHEDULED
 // RUN: fsdp-opt %s --fsdp-plan-lifetimes | fsdp-translate --fsdp-to-program | FileCheck %s --check-prefix=LITERALS
 
@@ -8,7 +9,7 @@
 // layout (l0.w's 10 rows take 3 per rank, 2 rows of padding), then one
 // instruction per op: shard reads, bucketed collectives, ATen calls with
 // their source line, and the drops that fsdp-plan-lifetimes decided.
-// CHECK:      {"format": "fsdpc.program", "version": 5, "device": "cpu",
+// CHECK:      {"format": "fsdpc.program", "version": 6, "device": "cpu",
 // CHECK-NEXT:  "groups": [
 // CHECK-NEXT:    {"axes":[0],"grid":"fsdp_grid","grid_shape":[4],"key":"fsdp_grid:0","members":{{\[\[}}0,1,2,3{{\]\]}},"size":4}
 // CHECK:       "params": [
@@ -21,7 +22,7 @@
 // CHECK-NEXT:    "instructions": [
 // CHECK-NEXT:      {"name":"l0.b","op":"param","result":1},
 // CHECK-NEXT:      {"name":"l0.w","op":"param","result":2},
-// CHECK-NEXT:      {"dtypes":["f32","f32"],"future":0,"group":"fsdp_grid:0","host":false,"inputs":[2,1],"op":"all_gather","shapes":{{\[\[}}10,4],[10]],"unit":"l0"},
+// CHECK-NEXT:      {"dtypes":["f32","f32"],"future":0,"group":"fsdp_grid:0","host":false,"inputs":[2,1],"into_results":false,"op":"all_gather","shapes":{{\[\[}}10,4],[10]],"unit":"l0"},
 // CHECK-NEXT:      {"op":"release","values":[1,2]},
 // CHECK-NEXT:      {"future":0,"op":"wait","results":[3,4]},
 // CHECK:           {"args":[{"tensor":4},{"tensor":0},{"tensor":3}],"loc":"{{[^"]*}}:{{[0-9]+}}","name":"aten::addmm","op":"aten","overload":"","results":[6]},
@@ -34,9 +35,13 @@
 // its reduce-scatter delivers to host memory.
 // OFFLOAD:     {"dtype":"f32","group":"fsdp_grid:0","name":"l0.w","offloaded":true,
 // OFFLOAD:     {"dtype":"f32","group":"fsdp_grid:0","name":"l1.w","offloaded":false,
-// OFFLOAD:     "host":true,"inputs":[2,1],"op":"all_gather","shapes":{{\[\[}}10,4],[10]],"unit":"l0"}
+// OFFLOAD:     "host":true,"inputs":[2,1],"into_results":false,"op":"all_gather","shapes":{{\[\[}}10,4],[10]],"unit":"l0"}
 // OFFLOAD:     "host":false,{{.*}}"op":"all_gather",{{.*}}"unit":"l1"}
 // OFFLOAD:     "host":true,{{.*}}"op":"reduce_scatter",{{.*}}"unit":"l0"}
+
+// Gathered into the results, but not an offloaded unit's bucket.
+// INTO:     "host":true,"inputs":[2,1],"into_results":false,"op":"all_gather",{{.*}}"unit":"l0"}
+// INTO:     "host":false,{{.*}}"into_results":true,"op":"all_gather",{{.*}}"unit":"l1"}
 
 // Hybrid sharding: the 2x2 grid's rows and columns, each group with its ranks.
 // HSDP:    {"axes":[1],"grid":"fsdp_grid","grid_shape":[2,2],"key":"fsdp_grid:1","members":{{\[\[}}0,1],[2,3]],"size":2}

@@ -2,6 +2,7 @@
 // RUN: fsdp-opt %s --fsdp-step-time="%{machine} trace=%t.json" -o /dev/null | FileCheck %s
 // RUN: FileCheck %s --check-prefix=TRACE < %t.json
 // RUN: fsdp-opt %s --fsdp-step-time="%{machine} gpus-per-node=1" -o /dev/null | FileCheck %s --check-prefix=NODES
+// RUN: fsdp-opt %s --fsdp-gather-into-results --fsdp-step-time="%{machine}" -o /dev/null | FileCheck %s --check-prefix=INTO
 // RUN: fsdp-opt %s --fsdp-step-time="%{machine} format=json" -o /dev/null | FileCheck %s --check-prefix=JSON
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 offload=l0" --fsdp-step-time="%{machine} overlap-host-optimizer=true host-optimizer-gbps=0.001 trace=%t.overlap.json" -o /dev/null | FileCheck %s --check-prefix=OVERLAP
 // RUN: FileCheck %s --check-prefix=OVERLAP-TRACE < %t.overlap.json
@@ -36,6 +37,10 @@
 // CHECK-NEXT:   model FLOPs utilization          66.0 %
 
 // NODES:      step                             8.46 ms
+
+// Gathered into the parameters: no copy-out.
+// INTO:       step                             6.41 ms
+// INTO-NEXT:  compute kernels                  4.34 ms
 // NODES:      collectives                      4.01 ms
 
 // JSON: "first_input_shape": [

@@ -413,8 +413,9 @@ private:
     if (auto unit = op.getAttrOfType<FlatSymbolRefAttr>("unit"))
       out["unit"] = unit.getValue();
     out["host"] = op.hasAttr("host");
-    if (isa<AllGatherStartOp>(op)) {
+    if (auto gather = dyn_cast<AllGatherStartOp>(op)) {
       out["op"] = opText(Kind::AllGather);
+      out["into_results"] = gather.getIntoResults();
       return std::optional<json::Object>(std::move(out));
     }
     out["op"] = opText(isa<ReduceScatterStartOp>(op) ? Kind::ReduceScatter : Kind::AllReduce);

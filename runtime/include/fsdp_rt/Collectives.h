@@ -53,6 +53,13 @@ struct Pending {
   /// The result is one row of `send` (reduced in place): the wait copies it
   /// out and drops the rest.
   bool rowOfSend = false;
+  /// An all-gather into results: each parameter's padded full tensor, flat
+  /// ([ranks x its shard's elements]), and where its shard starts in the
+  /// per-rank block. A backend that gathered through `recv` copies into
+  /// them at the wait.
+  std::vector<at::Tensor> into;
+  std::vector<int64_t> intoOffsets;
+  bool copyInto = false;
 };
 
 /// A collective as it was handed to the backend: the c10d operation, the
@@ -78,6 +85,9 @@ public:
   /// packed by the caller before `allGather`.
   virtual at::Tensor gatherBlock(Pending &pending, int64_t elements, const at::TensorOptions &options) = 0;
   virtual IssuedCollective allGather(Pending &pending) = 0;
+  /// The all-gather of the packed block into `pending.into`; by default
+  /// through the receive buffer, copied into them at the wait.
+  virtual IssuedCollective allGatherInto(Pending &pending);
   /// Reduces `packed` ([ranks, elements], one row per destination rank)
   /// and leaves this rank's row as the result.
   virtual IssuedCollective reduceScatter(Pending &pending, at::Tensor packed, c10d::ReduceOp op) = 0;

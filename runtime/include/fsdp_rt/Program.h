@@ -63,6 +63,9 @@ struct Instruction {
   /// all_gather: the inputs are shards in host memory; reductions: the
   /// results go to host memory (an offloaded unit's gradients).
   bool host = false;
+  /// all_gather: the collective writes each result's padded full tensor,
+  /// allocated at the start (no receive buffer, no copy-out).
+  bool intoResults = false;
   int future = -1;
   std::vector<std::vector<int64_t>> shapes; // collectives: result shapes
   std::vector<c10::ScalarType> dtypes;      // collectives: result dtypes; cast: [target]
