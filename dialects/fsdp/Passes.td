@@ -259,9 +259,9 @@ def GatherIntoResultsPass : Pass<"fsdp-gather-into-results", "::mlir::ModuleOp">
     bucket's size, times the ranks) and the copy-out kernel, which reads and
     writes every gathered byte once more (on the 70B step at 8 GPUs, 6% of
     the predicted step); the results live from the start instead of the
-    wait, where the receive buffer lived before, so no point of the step
-    holds more than without. An offloaded unit's all-gather is left as it
-    is. For NCCL only: Gloo would still receive into a buffer (it gathers by
+    wait, in the receive buffer's place, and the moment both existed at the
+    wait is gone; after the wait each result holds its padding rows (fewer
+    than N) as well. An offloaded unit's all-gather is left as it is. For NCCL only: Gloo would still receive into a buffer (it gathers by
     all-reducing one), and then hold the results beside it; a runtime that
     meets such an all-gather on Gloo copies into the results at the wait.
   }];
