@@ -468,12 +468,12 @@ def Fsdp_AllGatherStartOp : Fsdp_CollectiveStartOp<"all_gather_start"> {
     the send buffer, or, when it must be cast, whole into a device copy of its
     own dtype that lives until the wait) and the collective follows on that
     stream.
-    `into_results` gathers straight into the results, with no receive
-    buffer and no copy-out: the start allocates each result padded to N x
-    ceil(dim0 / N) rows, and the collective (one call per parameter, the
-    bucket's calls coalesced into one launch on NCCL) writes every rank's
-    shard into it; the result is its first dim0 rows. The results then live
-    from the start, and only the send buffer is staging.
+    `into_results` gathers straight into the results, with no staging and
+    no copy-out: the start allocates each result padded to N x ceil(dim0 /
+    N) rows, casts this rank's shard into its place there, and the
+    collective (one in-place call per parameter, the bucket's calls
+    coalesced into one launch on NCCL) fills in the other ranks'; the
+    result is its first dim0 rows, alive from the start.
 
     ```mlir
     %f = fsdp.all_gather_start %w, %b on @dp axes = [0] unit @"layers.0"

@@ -252,16 +252,16 @@ def OverlapReductionsPass : Pass<"fsdp-overlap-reductions", "::mlir::ModuleOp"> 
 def GatherIntoResultsPass : Pass<"fsdp-gather-into-results", "::mlir::ModuleOp"> {
   let summary = "All-gathers write their results directly: no receive buffer, no copy-out.";
   let description = [{
-    Marks each all-gather `into_results`: the collective (on NCCL, one
-    all-gather per parameter of the bucket, coalesced into one launch)
-    writes every rank's shard straight into the parameter's padded full
-    tensor, which the start allocates. That saves the receive buffer (the
-    bucket's size, times the ranks) and the copy-out kernel, which reads and
-    writes every gathered byte once more (on the 70B step at 8 GPUs, 6% of
-    the predicted step); the results live from the start instead of the
-    wait, in the receive buffer's place, and the moment both existed at the
-    wait is gone; after the wait each result holds its padding rows (fewer
-    than N) as well. An offloaded unit's all-gather is left as it is. For NCCL only: Gloo would still receive into a buffer (it gathers by
+    Marks each all-gather `into_results`: the start allocates each
+    parameter's padded full tensor and casts this rank's shard into its
+    place there, and the collective (on NCCL, one in-place all-gather per
+    parameter of the bucket, coalesced into one launch) fills in the other
+    ranks' shards. That saves the send and receive buffers and the copy-out
+    kernel, which reads and writes every gathered byte once more (on the
+    70B step at 8 GPUs, 6% of the predicted step); the results live from the
+    start instead of the wait, in the receive buffer's place, and the moment
+    both existed at the wait is gone; after the wait each result holds its
+    padding rows (fewer than N) as well. An offloaded unit's all-gather is left as it is. For NCCL only: Gloo would still receive into a buffer (it gathers by
     all-reducing one), and then hold the results beside it; a runtime that
     meets such an all-gather on Gloo copies into the results at the wait.
   }];

@@ -19,8 +19,9 @@ namespace {
 /// An all-reduce works in place on its packed buffer either way.
 /// A host all-gather on a GPU also holds a device copy of each shard it
 /// casts, from its start to its wait. An all-gather `into_results` on NCCL
-/// stages only its send buffer (on Gloo it still receives, and copies into
-/// the results at the wait).
+/// stages nothing: each shard is cast into its place in the result, which
+/// is gathered in place (on Gloo it still receives, and copies into the
+/// results at the wait).
 int64_t stagingBytes(Operation *start, bool gloo, bool hostIsDevice) {
   auto grid = SymbolTable::lookupNearestSymbolFrom<shard::GridOp>(
       start, start->getAttrOfType<FlatSymbolRefAttr>("grid"));
@@ -35,7 +36,7 @@ int64_t stagingBytes(Operation *start, bool gloo, bool hostIsDevice) {
         castCopies += tensorBytes(type);
     }
     if (gather.getIntoResults() && !gloo)
-      return sent + castCopies;
+      return castCopies;
     return sent * ranks + (gloo ? 0 : sent) + castCopies;
   }
   Type reduce = start->getAttrOfType<TypeAttr>("reduce_dtype").getValue();

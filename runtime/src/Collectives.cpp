@@ -62,20 +62,28 @@ public:
     return {"all_gather", static_cast<int64_t>(pending.recv.nbytes()), ranks()};
   }
 
-  // One all-gather per parameter, straight into its padded full tensor,
-  // coalesced into one NCCL group. ProcessGroupNCCL keeps its outputs
-  // referenced until its watchdog retires the work, past the reshard that
-  // frees them; it gets aliases that do not own the memory, so the results'
-  // storage is freed where the program says. That is safe: the compute
-  // stream waits for the collective before anything after the wait,
-  // allocations included, runs.
+  // This rank's shard goes straight into its place in the padded full
+  // tensor: the all-gather runs in place, with no send buffer.
+  std::vector<at::Tensor> intoBlocks(Pending &pending, int64_t, const at::TensorOptions &) override {
+    std::vector<at::Tensor> blocks;
+    for (const at::Tensor &full : pending.into)
+      blocks.push_back(full.view({ranks(), full.numel() / ranks()}).select(0, rank()));
+    return blocks;
+  }
+
+  // One in-place all-gather per parameter, coalesced into one NCCL group.
+  // ProcessGroupNCCL keeps a collective's tensors referenced until its
+  // watchdog retires the work, past the reshard that frees them; it gets
+  // aliases that do not own the memory, so the results' storage is freed
+  // where the program says. That is safe: the compute stream waits for the
+  // collective before anything after the wait, allocations included, runs.
   IssuedCollective allGatherInto(Pending &pending) override {
     std::vector<at::Tensor> inputs, outputs;
     int64_t bytes = 0;
-    for (size_t i = 0; i < pending.into.size(); ++i) {
-      const at::Tensor &full = pending.into[i];
-      inputs.push_back(pending.send.narrow(0, pending.intoOffsets[i], full.numel() / ranks()));
+    for (const at::Tensor &full : pending.into) {
+      int64_t shard = full.numel() / ranks();
       outputs.push_back(at::from_blob(full.data_ptr(), full.sizes(), full.options()));
+      inputs.push_back(outputs.back().narrow(0, rank() * shard, shard));
       bytes += full.nbytes();
     }
     pending.work = group_.allgather_into_tensor_coalesced(outputs, inputs);
@@ -110,6 +118,15 @@ IssuedCollective Collectives::allReduce(Pending &pending, at::Tensor flat, c10d:
   if (!pending.result.defined())
     pending.result = flat;
   return {"all_reduce", static_cast<int64_t>(flat.nbytes()), ranks()};
+}
+
+std::vector<at::Tensor> Collectives::intoBlocks(Pending &pending, int64_t elements,
+                                                const at::TensorOptions &options) {
+  at::Tensor block = gatherBlock(pending, elements, options);
+  std::vector<at::Tensor> blocks;
+  for (size_t i = 0; i < pending.into.size(); ++i)
+    blocks.push_back(block.narrow(0, pending.intoOffsets[i], pending.into[i].numel() / ranks()));
+  return blocks;
 }
 
 IssuedCollective Collectives::allGatherInto(Pending &pending) {

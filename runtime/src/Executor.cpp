@@ -325,6 +325,10 @@ private:
       shards.push_back(shard);
     }
     at::TensorOptions options = at::TensorOptions().device(device).dtype(inst.dtypes.front());
+    if (inst.intoResults) {
+      startGatherIntoResults(inst, std::move(pending), shards, options);
+      return;
+    }
     at::Tensor mine = backend.gatherBlock(pending.collective, pending.total, options);
     auto region = [&](size_t i) {
       return mine.narrow(0, pending.offsets[i], shards[i].numel()).view(shards[i].sizes());
@@ -337,15 +341,24 @@ private:
     for (size_t i = 0; i < shards.size(); ++i)
       regions.push_back(region(i));
     at::_foreach_copy_(regions, shards); // the one copy in, cast included: one kernel on a GPU
-    if (inst.intoResults) {
-      // Each parameter's padded full tensor, which the collective fills.
-      for (size_t i = 0; i < shards.size(); ++i)
-        pending.collective.into.push_back(at::empty({pending.ranks * shards[i].numel()}, options));
-      pending.collective.intoOffsets = pending.offsets;
-      out.collectives.push_back(backend.allGatherInto(pending.collective));
-    } else {
-      out.collectives.push_back(backend.allGather(pending.collective));
-    }
+    out.collectives.push_back(backend.allGather(pending.collective));
+    launch(inst, std::move(pending));
+  }
+
+  /// An all-gather into its results: each parameter's padded full tensor is
+  /// allocated here, this rank's shards are cast to where the backend wants
+  /// them (their own places, on NCCL), and the backend fills in the rest.
+  void startGatherIntoResults(const Instruction &inst, InFlight pending, const std::vector<at::Tensor> &shards,
+                              const at::TensorOptions &options) {
+    Pending &collective = pending.collective;
+    for (const at::Tensor &shard : shards)
+      collective.into.push_back(at::empty({pending.ranks * shard.numel()}, options));
+    collective.intoOffsets = pending.offsets;
+    std::vector<at::Tensor> blocks = pending.backend->intoBlocks(collective, pending.total, options);
+    for (size_t i = 0; i < shards.size(); ++i)
+      blocks[i] = blocks[i].view(shards[i].sizes());
+    at::_foreach_copy_(blocks, shards); // one kernel on a GPU, cast included
+    out.collectives.push_back(pending.backend->allGatherInto(collective));
     launch(inst, std::move(pending));
   }
 

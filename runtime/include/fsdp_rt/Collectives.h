@@ -13,7 +13,10 @@
 //    an event recorded on the compute stream at the start; the wait makes the
 //    compute stream wait for the collective's end event and returns at once,
 //    so the host runs ahead and collectives overlap the kernels issued
-//    between a start and its wait. No host thread waits for it: the step
+//    between a start and its wait. Gathering into the results, each
+//    parameter's shard is cast straight into its own place in the
+//    parameter's padded full tensor and gathered in place, one all-gather
+//    per parameter coalesced into one launch: no staging at all. No host thread waits for it: the step
 //    hands back an event per wait (DeviceWaits), which fsdpc's watchdog
 //    (python/fsdpc/watchdog.py) holds against the step's deadline.
 //
@@ -85,8 +88,12 @@ public:
   /// packed by the caller before `allGather`.
   virtual at::Tensor gatherBlock(Pending &pending, int64_t elements, const at::TensorOptions &options) = 0;
   virtual IssuedCollective allGather(Pending &pending) = 0;
-  /// The all-gather of the packed block into `pending.into`; by default
-  /// through the receive buffer, copied into them at the wait.
+  /// Where this rank's shard of each parameter is to be packed before an
+  /// all-gather into `pending.into` (flat, one per parameter); by default
+  /// regions of one block (`gatherBlock`).
+  virtual std::vector<at::Tensor> intoBlocks(Pending &pending, int64_t elements, const at::TensorOptions &options);
+  /// The all-gather into `pending.into`; by default through the receive
+  /// buffer, copied into them at the wait.
   virtual IssuedCollective allGatherInto(Pending &pending);
   /// Reduces `packed` ([ranks, elements], one row per destination rank)
   /// and leaves this rank's row as the result.
