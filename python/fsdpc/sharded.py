@@ -44,7 +44,6 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from fsdpc import liveness
-from fsdpc.watchdog import WATCHDOG, interrupt
 from fsdpc.capture import MixedPrecision
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.device import DeviceError, collective_backend, job_device, seed_generators
@@ -55,6 +54,7 @@ from fsdpc.program import ParamSpec, Program, runtime_extension
 from fsdpc.runtime import (NO_SYNC_STEP, STEP, CompiledProgram, StepError, compile_program, on_every_rank,
                            pipeline_options)
 from fsdpc.units import WrapPolicy
+from fsdpc.watchdog import WATCHDOG, interrupt
 
 # Parameters of models handed to `shard`, by object: an optimizer that still
 # holds one would train nothing, so its step raises (see _refuse_retired).
@@ -533,7 +533,8 @@ class ShardedModule(nn.Module):
             if updating:
                 self._host_optimizer.join()
             first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-            self._fail(first_line)
+            if not self._fail(first_line):
+                raise  # the watchdog's error, raised in this thread: it named the collective and who is absent
             self._abort_collectives()
             absent = liveness.roll_call(self._serial, self._calls)
             raise StepError(f"{first_line}{absent}; this module refuses further calls") from error
@@ -609,7 +610,8 @@ class ShardedModule(nn.Module):
         try:
             dist.all_gather(everyone, mine, group=self._control)
         except Exception as error:
-            self._fail("the per-call agreement failed")
+            if not self._fail("the per-call agreement failed"):
+                raise  # the watchdog's error for the previous call, raised in this thread
             self._abort_collectives()
             raise StepError(f"rank {dist.get_rank()}: call {self._calls} could not agree with the other ranks "
                             f"within {self._timeout.total_seconds():g} s (the per-call all-gather on group "
