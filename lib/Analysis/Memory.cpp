@@ -22,10 +22,7 @@ namespace {
 /// stages nothing: each shard is cast into its place in the result, which
 /// is gathered in place (on Gloo it still receives, and copies into the
 /// results at the wait).
-int64_t stagingBytes(Operation *start, bool gloo, bool hostIsDevice) {
-  auto grid = SymbolTable::lookupNearestSymbolFrom<shard::GridOp>(
-      start, start->getAttrOfType<FlatSymbolRefAttr>("grid"));
-  int64_t ranks = groupSize(grid, start->getAttrOfType<DenseI16ArrayAttr>("grid_axes").asArrayRef());
+int64_t stagingBytes(Operation *start, int64_t ranks, bool gloo, bool hostIsDevice) {
   if (auto gather = dyn_cast<AllGatherStartOp>(start)) {
     Type wire = cast<RankedTensorType>(futureTypes(start).front()).getElementType();
     int64_t sent = 0, castCopies = 0;
@@ -46,6 +43,15 @@ int64_t stagingBytes(Operation *start, bool gloo, bool hostIsDevice) {
   if (isa<AllReduceStartOp>(start))
     return shards;
   return shards * ranks + (gloo ? 0 : shards);
+}
+
+/// Bytes of an `into_results` all-gather's result as the start allocates
+/// it: padded to the group size times the shard's rows.
+int64_t paddedResultBytes(Value result, int64_t ranks) {
+  auto type = cast<RankedTensorType>(result.getType());
+  int64_t rows = type.getDimSize(0);
+  int64_t padded = fsdp_rt::Dim0ShardLayout::create(rows, ranks)->paddedRows();
+  return rows == 0 ? 0 : tensorBytes(type) / rows * padded;
 }
 
 } // namespace
@@ -113,15 +119,6 @@ Persistent mlir::fsdp::persistentState(ModuleOp module, Step &step, int64_t stat
   return state;
 }
 
-/// Bytes of an `into_results` all-gather's result as the start allocates
-/// it: padded to the group size times the shard's rows.
-static int64_t paddedResultBytes(Value result, int64_t ranks) {
-  auto type = cast<RankedTensorType>(result.getType());
-  int64_t rows = type.getDimSize(0);
-  int64_t padded = fsdp_rt::Dim0ShardLayout::create(rows, ranks)->paddedRows();
-  return rows == 0 ? 0 : tensorBytes(type) / rows * padded;
-}
-
 /// Walks the schedule in program order, tracking the storage the step
 /// allocates: the same lifetimes the runtime follows (fsdp.release and
 /// fsdp.reshard free; a value nothing releases lives to the end of the step).
@@ -160,7 +157,9 @@ Walk mlir::fsdp::walkSchedule(Step &step, bool gloo, bool hostIsDevice, Frees fr
     }
     if (isCollectiveStart(&op)) {
       WaitOp wait = waitOf(&op);
-      storages.push_back({stagingBytes(&op, gloo, hostIsDevice), here, index[wait], Staging, Value(), {}});
+      auto grid = SymbolTable::lookupNearestSymbolFrom<shard::GridOp>(&op, op.getAttrOfType<FlatSymbolRefAttr>("grid"));
+      int64_t ranks = groupSize(grid, op.getAttrOfType<DenseI16ArrayAttr>("grid_axes").asArrayRef());
+      storages.push_back({stagingBytes(&op, ranks, gloo, hostIsDevice), here, index[wait], Staging, Value(), {}});
       if (op.hasAttr("host") && !isa<AllGatherStartOp>(op) && !hostIsDevice) {
         // Gradients that go to host memory: only a cast to their dtype
         // passes through the device, within the wait.
@@ -174,8 +173,6 @@ Walk mlir::fsdp::walkSchedule(Step &step, bool gloo, bool hostIsDevice, Frees fr
       }
       auto gather = dyn_cast<AllGatherStartOp>(op);
       if (gather && gather.getIntoResults()) { // the start allocates the results, padded
-        int64_t ranks = groupSize(SymbolTable::lookupNearestSymbolFrom<shard::GridOp>(&op, gather.getGridAttr()),
-                                  gather.getGridAxes());
         for (Value result : wait.getResults()) {
           allocate(result, here, Gathered);
           storages.back().bytes = paddedResultBytes(result, ranks);

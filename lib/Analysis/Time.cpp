@@ -422,20 +422,18 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
         time.exposedCommunication += end - computeFree;
         record(&op, "wait " + intervalName(start), kCompute, computeFree, end - computeFree);
       }
+      int64_t bytes = 0; // the collective's results
+      if (start)
+        for (Type result : futureTypes(start))
+          bytes += tensorBytes(result);
       auto gather = dyn_cast_or_null<AllGatherStartOp>(start);
       if (gather && !gather.getIntoResults()) {
         // Copy-out: the gathered buffer split into the parameters, read and
         // written once (one kernel), after the collective.
-        double bytes = 0;
-        for (Type result : futureTypes(start))
-          bytes += double(tensorBytes(result));
-        onCompute(&op, "copy-out " + intervalName(start), memorySeconds(2 * bytes), 0, int64_t(2 * bytes));
-        time.idealMemory += 2 * bytes / machine.gpu.memoryBandwidth;
+        onCompute(&op, "copy-out " + intervalName(start), memorySeconds(2.0 * bytes), 0, 2 * bytes);
+        time.idealMemory += 2.0 * bytes / machine.gpu.memoryBandwidth;
       }
-      if (start && start->hasAttr("host") && !isa<AllGatherStartOp>(start)) {
-        int64_t bytes = 0;
-        for (Type result : futureTypes(start))
-          bytes += tensorBytes(result);
+      if (start && start->hasAttr("host") && !gather) {
         int transfer = track("transfer");
         double copy = bytes / machine.gpu.hostLinkBandwidth;
         record(start, "device to host " + intervalName(start), transfer,

@@ -7,8 +7,9 @@
 //          : tensor<3x32xf32>, tensor<3xf32> -> !fsdp.future<tensor<10x32xbf16>, tensor<10xbf16>>
 //   %w_full, %b_full = fsdp.wait %f : ...
 //
-// After: the collective writes each parameter's padded full tensor itself
-// (no receive buffer, no copy-out); the results live from the start.
+// After: the start casts this rank's shard into its place in each
+// parameter's padded full tensor, and the collective fills in the rest in
+// place (no staging, no copy-out); the results live from the start.
 //
 //   %f = fsdp.all_gather_start %w, %b on @dp axes = [0] unit @l0 into_results
 //          : tensor<3x32xf32>, tensor<3xf32> -> !fsdp.future<tensor<10x32xbf16>, tensor<10xbf16>>

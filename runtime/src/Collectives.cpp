@@ -125,25 +125,20 @@ std::vector<at::Tensor> Collectives::intoBlocks(Pending &pending, int64_t elemen
   at::Tensor block = gatherBlock(pending, elements, options);
   std::vector<at::Tensor> blocks;
   for (size_t i = 0; i < pending.into.size(); ++i)
-    blocks.push_back(block.narrow(0, pending.intoOffsets[i], pending.into[i].numel() / ranks()));
+    blocks.push_back(block.narrow(0, pending.offsets[i], pending.into[i].numel() / ranks()));
   return blocks;
 }
 
-IssuedCollective Collectives::allGatherInto(Pending &pending) {
-  pending.copyInto = true;
-  return allGather(pending);
-}
+IssuedCollective Collectives::allGatherInto(Pending &pending) { return allGather(pending); }
 
 void Collectives::wait(Pending &pending) {
   waitForWork(*pending.work);
   pending.work.reset();
-  if (pending.copyInto) {
+  if (!pending.into.empty() && pending.result.defined()) { // gathered through `recv`
     for (size_t i = 0; i < pending.into.size(); ++i) {
       int64_t elements = pending.into[i].numel() / ranks();
-      pending.into[i].view({ranks(), elements}).copy_(pending.result.narrow(1, pending.intoOffsets[i], elements));
+      pending.into[i].view({ranks(), elements}).copy_(pending.result.narrow(1, pending.offsets[i], elements));
     }
-    pending.result = at::Tensor();
-    pending.recv = at::Tensor();
   }
   if (pending.rowOfSend) {
     pending.result = pending.result.clone();

@@ -89,7 +89,6 @@ struct InFlight {
   /// A host bucket's inputs, and device copies of the shards it casts: the
   /// transfer stream reads them until the collective has run.
   std::vector<at::Tensor> held;
-  std::vector<int64_t> offsets; // element offset of each input in the per-rank block
   int64_t ranks = 1, total = 0, startUs = 0;
   bool started = false;
 };
@@ -320,7 +319,7 @@ private:
       if (shard.sizes() != at::IntArrayRef(expected))
         throw std::runtime_error("input " + std::to_string(i) + " has shape " + shapeText(shard.sizes()) +
                                  ", expected the shard " + shapeText(expected));
-      pending.offsets.push_back(pending.total);
+      pending.collective.offsets.push_back(pending.total);
       pending.total += shard.numel();
       shards.push_back(shard);
     }
@@ -331,7 +330,7 @@ private:
     }
     at::Tensor mine = backend.gatherBlock(pending.collective, pending.total, options);
     auto region = [&](size_t i) {
-      return mine.narrow(0, pending.offsets[i], shards[i].numel()).view(shards[i].sizes());
+      return mine.narrow(0, pending.collective.offsets[i], shards[i].numel()).view(shards[i].sizes());
     };
     if (inst.host && device.type() != c10::kCPU) {
       copyInFromHost(inst, pending, shards, region);
@@ -353,7 +352,6 @@ private:
     Pending &collective = pending.collective;
     for (const at::Tensor &shard : shards)
       collective.into.push_back(at::empty({pending.ranks * shard.numel()}, options));
-    collective.intoOffsets = pending.offsets;
     std::vector<at::Tensor> blocks = pending.backend->intoBlocks(collective, pending.total, options);
     for (size_t i = 0; i < shards.size(); ++i)
       blocks[i] = blocks[i].view(shards[i].sizes());
@@ -409,7 +407,7 @@ private:
     InFlight pending{&inst, &backend};
     pending.ranks = backend.ranks();
     for (const std::vector<int64_t> &shape : inst.shapes) {
-      pending.offsets.push_back(pending.total);
+      pending.collective.offsets.push_back(pending.total);
       pending.total += c10::multiply_integers(shape);
     }
     const at::Tensor &first = tensor(inst.inputs.front());
@@ -431,7 +429,8 @@ private:
       at::_chunk_cat_out(packed, inputs, /*dim=*/0, /*num_chunks=*/ranks);
     } else {
       for (size_t i = 0; i < inputs.size(); ++i)
-        packPadded(inputs[i], inst.shapes[i], packed.narrow(1, pending.offsets[i], c10::multiply_integers(inst.shapes[i])));
+        packPadded(inputs[i], inst.shapes[i],
+                   packed.narrow(1, pending.collective.offsets[i], c10::multiply_integers(inst.shapes[i])));
     }
     if (inst.preDivide != 1.0)
       packed.div_(inst.preDivide);
@@ -554,8 +553,7 @@ private:
           slots[results[i]] = pending.collective.into[i].view(padded).narrow(0, 0, start.shapes[i][0]);
       }
       pending.collective.into.clear();
-      freeStagingNow(pending.collective.recv);
-      freeStagingNow(pending.collective.send);
+      dropStaging(pending.collective);
       return;
     }
     at::Tensor byRank = pending.collective.result;
@@ -577,16 +575,20 @@ private:
       for (size_t i = 0; i < fulls.size(); ++i) {
         const std::vector<int64_t> &shape = start.shapes[i];
         int64_t shardElements = shardRowsOf(shape[0], ranks) * c10::multiply_integers(shape.begin() + 1, shape.end());
-        unpackPadded(byRank.narrow(1, pending.offsets[i], shardElements), fulls[i]);
+        unpackPadded(byRank.narrow(1, pending.collective.offsets[i], shardElements), fulls[i]);
       }
     }
     for (size_t i = 0; i < fulls.size(); ++i)
       if (results[i] >= 0)
         slots[results[i]] = std::move(fulls[i]);
     byRank = at::Tensor();
-    pending.collective.result = at::Tensor();
-    freeStagingNow(pending.collective.recv);
-    freeStagingNow(pending.collective.send);
+    dropStaging(pending.collective);
+  }
+
+  static void dropStaging(Pending &collective) {
+    collective.result = at::Tensor();
+    freeStagingNow(collective.recv);
+    freeStagingNow(collective.send);
   }
 
   /// `full` from its ranks' padded shards (`blocks`: [ranks, shard
@@ -611,7 +613,7 @@ private:
       reduced.div_(divide);
     std::vector<at::Tensor> values;
     for (size_t i = 0; i < start.shapes.size(); ++i) {
-      at::Tensor value = reduced.narrow(0, pending.offsets[i], c10::multiply_integers(start.shapes[i]))
+      at::Tensor value = reduced.narrow(0, pending.collective.offsets[i], c10::multiply_integers(start.shapes[i]))
                              .view(start.shapes[i]);
       if (start.dtypes[i] != start.reduceType)
         value = value.to(start.dtypes[i]);

@@ -13,12 +13,13 @@
 //    an event recorded on the compute stream at the start; the wait makes the
 //    compute stream wait for the collective's end event and returns at once,
 //    so the host runs ahead and collectives overlap the kernels issued
-//    between a start and its wait. Gathering into the results, each
-//    parameter's shard is cast straight into its own place in the
-//    parameter's padded full tensor and gathered in place, one all-gather
-//    per parameter coalesced into one launch: no staging at all. No host thread waits for it: the step
-//    hands back an event per wait (DeviceWaits), which fsdpc's watchdog
+//    between a start and its wait. No host thread waits for it: the step
+//    notes an event per wait (DeviceWaits), which fsdpc's watchdog
 //    (python/fsdpc/watchdog.py) holds against the step's deadline.
+//    Gathering into the results, each parameter's shard is cast straight
+//    into its own place in the parameter's padded full tensor and gathered
+//    in place, one all-gather per parameter coalesced into one launch: no
+//    staging at all.
 //
 // Staging buffers are allocated on the compute stream and dropped at the
 // wait, after the compute stream waits for the collective: the caching
@@ -56,13 +57,12 @@ struct Pending {
   /// The result is one row of `send` (reduced in place): the wait copies it
   /// out and drops the rest.
   bool rowOfSend = false;
+  /// The element offset of each input in the per-rank block.
+  std::vector<int64_t> offsets;
   /// An all-gather into results: each parameter's padded full tensor, flat
-  /// ([ranks x its shard's elements]), and where its shard starts in the
-  /// per-rank block. A backend that gathered through `recv` copies into
-  /// them at the wait.
+  /// ([ranks x its shard's elements]). A backend that gathered through
+  /// `recv` copies into them at the wait.
   std::vector<at::Tensor> into;
-  std::vector<int64_t> intoOffsets;
-  bool copyInto = false;
 };
 
 /// A collective as it was handed to the backend: the c10d operation, the
