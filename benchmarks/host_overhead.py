@@ -10,9 +10,11 @@ work: dispatching ATen calls, packing and unpacking buckets, Python.
 Prints, on rank 0, the median over alternated rounds of, for fsdpc, FSDP2
 (fully_shard per block and the root, eager, as benchmarks/compare.py builds
 it) and the unsharded model under eager autograd (no communication): the
-forward + backward call, and the whole training-loop iteration (call, fused
-AdamW step, zero_grad); and the number of instructions and collectives
-fsdpc's runtime executed per call. One rank is the GPU benchmark's shape
+forward + backward call, the whole training-loop iteration (call, fused
+AdamW step, zero_grad), and that iteration with the gradients clipped to
+norm 1 before the step (fsdpc's clip_grad_norm_, torch's for the others);
+and the number of instructions and collectives fsdpc's runtime executed per
+call. One rank is the GPU benchmark's shape
 (world size 1); more ranks on Gloo add its latency per collective.
 """
 
@@ -38,7 +40,7 @@ def per_call_ms(fn, calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e3
 
 
-def iterations(name: str, forward_backward, optimizer, batch) -> dict:
+def iterations(name: str, forward_backward, optimizer, batch, clip) -> dict:
     def call():
         forward_backward(batch)
 
@@ -47,7 +49,13 @@ def iterations(name: str, forward_backward, optimizer, batch) -> dict:
         optimizer.step()
         optimizer.zero_grad()
 
-    return {f"{name} call": call, f"{name} iteration": iteration}
+    def clipped_iteration():
+        forward_backward(batch)
+        clip(1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return {f"{name} call": call, f"{name} iteration": iteration, f"{name} iteration, clipped": clipped_iteration}
 
 
 def main() -> None:
@@ -68,14 +76,18 @@ def main() -> None:
     if args.also:
         built[f"fsdpc {args.also}"] = build("fsdpc", copy.deepcopy(eager), batch, dist.get_world_size(), args.also)
     systems = {}
-    for name, (forward_backward, params, _) in built.items():
-        systems.update(iterations(name, forward_backward, torch.optim.AdamW(params, lr=1e-3, fused=True), batch))
+    for name, (forward_backward, params, extras) in built.items():
+        clip = extras["step"].clip_grad_norm_ if "step" in extras else (
+            lambda limit, params=params: torch.nn.utils.clip_grad_norm_(params, limit))
+        systems.update(iterations(name, forward_backward, torch.optim.AdamW(params, lr=1e-3, fused=True), batch,
+                                  clip))
 
     def eager_call(batch):
         next_token_loss(eager, *batch).backward()
 
     systems.update(iterations("eager, unsharded", eager_call,
-                              torch.optim.AdamW(eager.parameters(), lr=1e-3, fused=True), batch))
+                              torch.optim.AdamW(eager.parameters(), lr=1e-3, fused=True), batch,
+                              lambda limit: torch.nn.utils.clip_grad_norm_(eager.parameters(), limit)))
     for fn in systems.values():  # warm-up: caches, allocator, optimizer state
         for _ in range(10):
             fn()

@@ -43,7 +43,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from fsdpc import liveness
+from fsdpc import clip, liveness
 from fsdpc.capture import MixedPrecision
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.device import DeviceError, collective_backend, job_device, seed_generators
@@ -583,12 +583,27 @@ class ShardedModule(nn.Module):
             for group in self._groups.values():
                 group.abort()
 
-    def _collective_timed_out(self, function: str, call: int, caller: int, collective: str) -> None:
+    def _failed_outside_step(self, what: str, error: Exception) -> Exception:
+        """The error to raise for a collective of fsdpc's own that failed
+        between calls (clipping): named, with the roll call's verdict, and the
+        module failed as after a failed call. The watchdog's error, raised in
+        this thread, passes unchanged."""
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if not self._fail(f"{what}: {first_line}"):
+            return error
+        self._abort_collectives()
+        absent = liveness.roll_call(self._serial, self._calls)
+        return StepError(f"rank {dist.get_rank()}: {what} failed after call {self._calls}: {first_line}{absent}; "
+                         "this module refuses further calls")
+
+    def _collective_timed_out(self, function: str, call: int, caller: int, collective: str, *,
+                              since: str | None = None) -> None:
         """The watchdog found `collective` of call `call` unfinished at the
         call's deadline: the same named error as a collective that timed out
         on the host, raised in the thread that made the call."""
+        since = since or f"call {call}'s start"
         reason = (f"fsdp_rt: rank {dist.get_rank()}: @{function}: {collective} did not complete on "
-                  f"{self.device} within {self._timeout.total_seconds():g} s of call {call}'s start")
+                  f"{self.device} within {self._timeout.total_seconds():g} s of {since}")
         if not self._fail(reason):
             return
         message = f"{reason}{liveness.roll_call(self._serial, call)}; this module refuses further calls"
@@ -604,6 +619,8 @@ class ShardedModule(nn.Module):
         self._calls += 1
         if self._heartbeat:
             self._heartbeat.entered_call(self._serial, self._calls)
+        if dist.get_world_size() == 1:
+            return  # nobody to disagree with
         digest = int.from_bytes(hashlib.sha256(description.encode()).digest()[:7], "little")
         mine = torch.tensor([digest, self._calls], dtype=torch.int64)
         everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
@@ -704,40 +721,39 @@ class ShardedModule(nn.Module):
                         error_if_nonfinite: bool = True) -> torch.Tensor:
         """Scales every gradient so that their global norm (over all ranks,
         padding excluded) is at most `max_norm`; returns the norm before
-        clipping. A non-finite norm raises (or, with
-        `error_if_nonfinite=False`, is returned with a warning and nothing
-        is scaled)."""
+        clipping. A non-finite norm raises, and nothing is scaled. With
+        `error_if_nonfinite=False` it is returned instead, nothing scaled
+        either, and the host does not wait for the norm (clip.py: a fused
+        norm and scale per device and dtype, one all-reduce per shard group)."""
         self.wait_for_host_optimizer()
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        started, caller = time.monotonic(), threading.get_ident()
         p = float(norm_type)
-        sharded, replicated = [], []
-        for grad in grads:
-            (sharded if any(isinstance(pl, Shard) for pl in grad.placements) else replicated).append(
-                grad.to_local())
-        group = self.mesh.get_group(self.mesh.ndim - 1)
-
-        def partial(tensors: list[torch.Tensor]) -> torch.Tensor:
-            if not tensors:
-                return torch.zeros((), dtype=torch.float64, device=self.device)
-            # Offloaded gradients are in host memory: their norms join the rest on the device.
-            norms = torch.stack([t.detach().double().norm(p).to(self.device) for t in tensors])
-            return norms.max() if math.isinf(p) else (norms ** p).sum()
-
-        local = partial(sharded)
-        dist.all_reduce(local, op=dist.ReduceOp.MAX if math.isinf(p) else dist.ReduceOp.SUM, group=group)
-        rest = partial(replicated)
-        total = torch.maximum(local, rest) if math.isinf(p) else (local + rest) ** (1.0 / p)
-        total = total.float()
-        if not torch.isfinite(total):
-            message = f"the gradients' global {norm_type}-norm is {float(total)}; nothing was clipped"
-            if error_if_nonfinite:
-                raise StepError(message)
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
-            return total
-        scale = max_norm / (float(total) + 1e-6)
-        if scale < 1.0:
-            for grad in grads:
-                grad.to_local().mul_(scale)
+        grads: dict[str | None, list[torch.Tensor]] = {}  # local gradients by the group that shards them
+        for fqn, (owner, leaf) in self._param_slots.items():
+            grad = owner._parameters[leaf].grad
+            if grad is not None:
+                grads.setdefault(self.layout[fqn].group, []).append(grad._local_tensor)
+        # Every rank reduces over every shard group, in one order, whichever gradients it holds.
+        reduced = sorted({spec.group for spec in self.layout.values() if spec.group is not None})
+        terms = {group: clip.norm_terms(grads.get(group, []), p, self.device) for group in [None, *reduced]}
+        op = dist.ReduceOp.MAX if math.isinf(p) else dist.ReduceOp.SUM
+        collective = f"the all-reduce of the gradients' norm on group '{reduced[0]}'" if reduced else ""
+        try:
+            works = [dist.all_reduce(terms[group], op=op, group=self._groups[group], async_op=True)
+                     for group in reduced]
+            for work in works:
+                work.wait()  # NCCL: orders the stream after it; Gloo: within the group's timeout
+        except Exception as error:
+            raise self._failed_outside_step(f"clip_grad_norm_: {collective}", error) from error
+        if reduced and self.device.type != "cpu":
+            WATCHDOG.watch(_StreamPoint(self.device, collective, reduced[0]), started + self._timeout.total_seconds(),
+                           lambda what, group: self._collective_timed_out(
+                               "clip_grad_norm_", self._calls, caller, what, since="the clipping's start"),
+                           owner=self)
+        total = clip.global_norm(list(terms.values()), p)
+        if error_if_nonfinite and not bool(torch.isfinite(total)):
+            raise StepError(f"the gradients' global {norm_type}-norm is {float(total)}; nothing was clipped")
+        clip.scale_([tensor for tensors in grads.values() for tensor in tensors], max_norm, total)
         return total
 
     # -- state -------------------------------------------------------------
@@ -808,12 +824,32 @@ def _gradient_dtensor(param: nn.Parameter, local: torch.Tensor) -> DTensor:
 
 def rows(tensor: torch.Tensor, begin: int, count: int) -> torch.Tensor:
     """Rows [begin, begin + count) of a shard or parameter; a scalar (never
-    sharded) is its own only row."""
-    return tensor if tensor.dim() == 0 else tensor[begin:begin + count]
+    sharded) is its own only row, and all of a tensor's rows are the tensor
+    (no view to build per parameter and call)."""
+    if tensor.dim() == 0 or (begin == 0 and count == tensor.shape[0]):
+        return tensor
+    return tensor[begin:begin + count]
 
 
 class _Flag:
     on = False
+
+
+class _StreamPoint:
+    """For the watchdog: one collective outside a step that no host thread
+    waits for, done once the device stream reaches the point where it was
+    waited for (an event recorded there)."""
+
+    def __init__(self, device: torch.device, collective: str, group: str):
+        self._done = torch.cuda.Event()
+        self._done.record(torch.cuda.current_stream(device))
+        self._collective = (collective, group)
+
+    def first_unfinished(self) -> tuple[str, str] | None:
+        return None if self._done.query() else self._collective
+
+    def sealed(self) -> bool:
+        return True
 
 
 def _refuse_call(capturing: _Flag) -> Callable:

@@ -72,6 +72,10 @@ def main() -> None:
             # Reading the loss waits for the step: on NCCL the call itself
             # returns before its collectives end.
             model(*batch()).item()
+            if scenario == "die_clipping":  # dies between the step and the clipping's all-reduce
+                if call == 3 and rank == victim:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                model.clip_grad_norm_(1.0)
         except fsdpc.StepError as error:
             print(f"rank {rank} failed at {time.time():.3f}: {error}", flush=True)
             try:

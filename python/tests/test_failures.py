@@ -97,18 +97,19 @@ def check_survivor(rank: int, code: int, output: str, timeout: float, absent: st
     assert f"rank(s) {absent} did not take part ({why}" in output, output[-3000:]
 
 
-@pytest.mark.parametrize("scenario", ["die", "vanish", "stall"])
+@pytest.mark.parametrize("scenario", ["die", "vanish", "stall", "die_clipping"])
 def test_a_dead_or_stalled_rank_makes_the_others_raise_in_time_naming_it(scenario):
     dead_or_stalled(scenario, "cpu", port() + 2)
 
 
 def dead_or_stalled(scenario: str, device: str, port: int, backend: str = "gloo") -> None:
     """3 ranks; rank 1 is killed mid-step ("die"), right after agreeing to
-    a call ("vanish"), or stops calling the step ("stall"); the others raise
-    within the timeout, naming it and why (also on the GPU, test_gpu.py)."""
+    a call ("vanish") or before clipping the gradients ("die_clipping"), or
+    stops calling the step ("stall"); the others raise within the timeout,
+    naming it and why (also on the GPU, test_gpu.py)."""
     ranks = start(scenario, 3, victim=1, port=port, timeout=LONG_STEP_TIMEOUT, device=device, backend=backend)
     results = finish(ranks, within=120, spare={1})
-    killed = scenario in ("die", "vanish")
+    killed = scenario in ("die", "vanish", "die_clipping")
     if killed:
         assert ranks[1].wait(timeout=10) == -9
     for rank in (0, 2):

@@ -99,7 +99,7 @@ def test_collectives_overlap_kernels(tmp_path):
     run(1, "overlap", "--save", tmp_path)
 
 
-@pytest.mark.parametrize("scenario", ["die", "vanish", "stall"])
+@pytest.mark.parametrize("scenario", ["die", "vanish", "stall", "die_clipping"])
 def test_a_dead_or_stalled_rank_sharing_the_gpu_is_named_in_time(scenario):
     """test_failures.py's dead and stalled ranks with the step on the GPU
     (3 ranks sharing it over Gloo)."""
@@ -108,7 +108,7 @@ def test_a_dead_or_stalled_rank_sharing_the_gpu_is_named_in_time(scenario):
     dead_or_stalled(scenario, "cuda", port() + 40)
 
 
-@pytest.mark.parametrize("scenario", ["die", "vanish", "stall"])
+@pytest.mark.parametrize("scenario", ["die", "vanish", "stall", "die_clipping"])
 def test_a_dead_or_stalled_rank_on_nccl_is_named_in_time(scenario, nccl_shares_the_gpu):
     """The same on NCCL (3 ranks sharing the GPU): the survivors' collectives
     hang on the GPU while their hosts wait in `loss.item()`; fsdpc's
