@@ -54,7 +54,7 @@ from fsdpc.program import ParamSpec, Program, runtime_extension
 from fsdpc.runtime import (NO_SYNC_STEP, STEP, CompiledProgram, StepError, compile_program, on_every_rank,
                            pipeline_options)
 from fsdpc.units import WrapPolicy
-from fsdpc.watchdog import WATCHDOG, interrupt
+from fsdpc.watchdog import DUMPS_OFF_BEFORE_FIRST_GROUP, WATCHDOG, interrupt
 
 # Parameters of models handed to `shard`, by object: an optimizer that still
 # holds one would train nothing, so its step raises (see _refuse_retired).
@@ -145,18 +145,22 @@ def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_af
 @contextlib.contextmanager
 def _errors_left_to_fsdpc() -> Iterator[None]:
     """Process groups created here leave NCCL's errors and timeouts to
-    fsdpc's watchdog (fsdpc/watchdog.py) instead of tearing the process
-    down: ProcessGroupNCCL reads this variable when it is created."""
-    variable = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
-    before = os.environ.get(variable)
-    os.environ[variable] = "0"
+    fsdpc's watchdog (fsdpc/watchdog.py): ProcessGroupNCCL reads these
+    variables when it is created. Without the first, its own watchdog tears
+    the process down; without the second, it sleeps 60 s per failed
+    collective (time for other ranks to dump their flight recorders) while
+    holding its work list, which delays even the process's exit."""
+    settings = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "1"}
+    before = {variable: os.environ.get(variable) for variable in settings}
+    os.environ.update(settings)
     try:
         yield
     finally:
-        if before is None:
-            del os.environ[variable]
-        else:
-            os.environ[variable] = before
+        for variable, value in before.items():
+            if value is None:
+                del os.environ[variable]
+            else:
+                os.environ[variable] = value
 
 
 def _owner(root: nn.Module, fqn: str) -> tuple[nn.Module, str]:
@@ -250,12 +254,14 @@ class ShardedModule(nn.Module):
         self._local_rows = {fqn: self._shard_rows(spec)[1] for fqn, spec in self.layout.items()}
         if not self._on_meta:  # every rank starts from rank 0's replicated state
             self._broadcast_replicated()
-        # The hook holds the flag, not the module: a cycle through the model
-        # would keep the process groups alive until interpreter shutdown.
+        # No hook refers to the module itself (each is handed it): a cycle
+        # through it would keep it and its process groups alive until the
+        # garbage collector runs, perhaps at interpreter shutdown, where
+        # freeing a group kills the process (docs/design.md).
         model.register_forward_pre_hook(_refuse_call(self._capturing))
         self.register_load_state_dict_post_hook(ShardedModule._loaded)
-        self.register_state_dict_pre_hook(lambda *_: self.wait_for_host_optimizer())
-        self.register_load_state_dict_pre_hook(lambda *_: self.wait_for_host_optimizer())
+        self.register_state_dict_pre_hook(ShardedModule._settle_host_optimizer)
+        self.register_load_state_dict_pre_hook(ShardedModule._settle_host_optimizer)
         _install_optimizer_hooks()
 
     # -- construction ------------------------------------------------------
@@ -416,6 +422,11 @@ class ShardedModule(nn.Module):
 
     def _make_groups(self, program: Program) -> None:
         rank, world = dist.get_rank(), dist.get_world_size()
+        if collective_backend(self.device) == "nccl" and not DUMPS_OFF_BEFORE_FIRST_GROUP:
+            warnings.warn("the job's first process group was created with TORCH_NCCL_DUMP_ON_TIMEOUT on (fsdpc was "
+                          "imported after init_process_group, or the job set it): after a collective fails, "
+                          "PyTorch's NCCL monitor ends this process 8 minutes later, and its exit waits for that; "
+                          "import fsdpc first, or set TORCH_NCCL_DUMP_ON_TIMEOUT=0 (fsdpc/watchdog.py)", stacklevel=3)
         for key, spec in program.groups.items():
             if key in self._groups:
                 continue
@@ -457,6 +468,12 @@ class ShardedModule(nn.Module):
         units = [(unit, [named[fqn] for fqn, spec in self.layout.items() if spec.unit == unit and spec.offloaded])
                  for unit in order]
         self._host_optimizer = HostOptimizer(optimizer, units, runtime_extension().HostUpdate)
+
+    @staticmethod
+    def _settle_host_optimizer(module: "ShardedModule", *_) -> None:
+        """State dict hooks: state is read or replaced only once an
+        overlapped optimizer step has finished with it."""
+        module.wait_for_host_optimizer()
 
     def wait_for_host_optimizer(self) -> None:
         """Returns once an overlapped optimizer step has updated every
@@ -581,7 +598,10 @@ class ShardedModule(nn.Module):
         that neither the GPU nor a host thread synchronizing with it hangs."""
         if self.device.type != "cpu":
             for group in self._groups.values():
-                group.abort()
+                try:
+                    group.abort()
+                except Exception as error:  # an abort that overran its timeout: the others still go
+                    print(f"fsdpc: aborting a process group failed: {error}", file=sys.stderr, flush=True)
 
     def _failed_outside_step(self, what: str, error: Exception) -> Exception:
         """The error to raise for a collective of fsdpc's own that failed

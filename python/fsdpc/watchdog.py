@@ -14,15 +14,31 @@ watched: a host that blocks on something else is not a device's hang.
 ProcessGroupNCCL's own watchdog is left out of this: fsdpc creates its
 device groups with TORCH_NCCL_ASYNC_ERROR_HANDLING=0, so that NCCL errors
 and timeouts end here, in one named error, not in a torn-down process.
+
+One more of PyTorch's reactions is process-wide: any NCCL group that sees a
+collective fail (ours do, once aborted) raises a flag on which the monitor
+thread of the job's first NCCL group (made by init_process_group) dumps its
+flight recorder, sleeps 8 minutes, and ends the process; and exiting waits
+for that sleep. A job whose process is to outlive fsdpc's named error, or
+just exit promptly, needs TORCH_NCCL_DUMP_ON_TIMEOUT=0 when that group is
+created: importing fsdpc sets it unless the job set it itself
+(DUMPS_OFF_BEFORE_FIRST_GROUP says whether it came in time).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
+
+import torch.distributed as dist
+
+os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
+DUMPS_OFF_BEFORE_FIRST_GROUP = not (dist.is_available() and dist.is_initialized()) and \
+    os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"].lower() in ("0", "false")
 
 # How often unfinished steps are looked at: the deadline is kept to this,
 # and a step's events are released this long after they complete.

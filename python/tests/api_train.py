@@ -8,12 +8,14 @@ order)."""
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import re
 import sys
 import time
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
@@ -161,6 +163,31 @@ def scenario_train(args):
         expected = next_token_loss(reference.eval(), *data[0])
     close(torch.tensor(mean_over_ranks(loss)), expected, "eval loss", rtol=1e-4, atol=1e-5)
     sharded.train()
+    check_freed_when_dropped(data)
+
+
+def check_freed_when_dropped(data, overlap: bool = False, **options):
+    """A module dropped with its optimizer is freed at once, by reference
+    counting: no reference cycle holds it, and its process groups, until a
+    garbage collection that may come at interpreter shutdown, where freeing
+    a group kills the process (docs/design.md, "Interpreter shutdown")."""
+    gc.disable()
+    try:
+        sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, **options)
+        optimizer = optimizer_for(sharded)
+        if overlap:
+            sharded.overlap_host_optimizer(optimizer)
+        for batch in data[:2]:
+            sharded(*mine(batch))
+            sharded.clip_grad_norm_(1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+        sharded.wait_for_host_optimizer()
+        gone = weakref.ref(sharded)
+        del sharded, optimizer
+        assert gone() is None, f"a dropped module ({options}, overlapped: {overlap}) lives on in a reference cycle"
+    finally:
+        gc.enable()
 
 
 def scenario_into_results(args):
@@ -738,6 +765,7 @@ def check_overlapped_host_optimizer(data, pin, save):
                           offload_policy=CPUOffloadPolicy(pin_memory=pin))
     optimizer, _, _ = train_like_eager(sharded, data, "overlapped host optimizer ", optimizer_kind=SlowAdamW,
                                        overlap=True)
+    check_freed_when_dropped(data, overlap=True, offload_policy=CPUOffloadPolicy(pin_memory=pin))
     expect_error(lambda: optimizer.step(lambda: 0.0), r"step\(\) without a closure")
     expect_error(lambda: sharded.overlap_host_optimizer(optimizer), "already overlaps")
     if save:  # a checkpoint taken while the host thread steps waits for it

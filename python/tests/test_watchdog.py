@@ -112,3 +112,35 @@ def test_a_collective_is_named_only_if_unfinished_at_the_deadline(deadline_in, n
     watchdog.watch(CompletesLater(), time.monotonic() + deadline_in, timeouts, owner=None)
     settle(0.6)
     assert len(timeouts.calls) == named  # it completes 0.2 s in
+
+
+IMPORT_ORDER = """
+import os, sys
+import torch.distributed as dist
+if sys.argv[1] == "group first":
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+from fsdpc import watchdog
+print(os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"], watchdog.DUMPS_OFF_BEFORE_FIRST_GROUP)
+"""
+
+
+@pytest.mark.parametrize("preset, order, says", [
+    (None, "fsdpc first", "0 True"),           # set for the group init_process_group makes
+    ("1", "fsdpc first", "1 False"),           # the job's own choice stands
+    (None, "group first", "0 False"),          # too late for the job's first group: fsdpc warns
+])
+def test_importing_fsdpc_turns_pytorchs_dump_and_kill_off_unless_the_job_chose(preset, order, says):
+    """PyTorch's NCCL monitor ends a process 8 minutes after any collective
+    failed unless TORCH_NCCL_DUMP_ON_TIMEOUT=0 when the job's first group is
+    made (fsdpc/watchdog.py)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_NCCL_DUMP_ON_TIMEOUT"}
+    if preset is not None:
+        env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = preset
+    done = subprocess.run([sys.executable, "-c", IMPORT_ORDER, order], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == says, done.stdout

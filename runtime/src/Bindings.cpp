@@ -125,7 +125,8 @@ PYBIND11_MODULE(_fsdp_rt, m) {
       "A step's collectives that the host did not wait for (NCCL): an event per wait on the compute stream")
       .def(py::init<>())
       .def("first_unfinished", &fsdp_rt::DeviceWaits::firstUnfinished,
-           "(description, group key) of the first collective noted and not yet complete, or None")
+           "(description, group key) of the first collective noted and not yet complete, or None",
+           py::call_guard<py::gil_scoped_release>()) // event queries: the step's thread may need the GIL
       .def("seal", &fsdp_rt::DeviceWaits::seal, "The step returned: nothing is noted after this")
       .def("sealed", &fsdp_rt::DeviceWaits::sealed);
   py::class_<fsdp_rt::Program, std::shared_ptr<fsdp_rt::Program>>(m, "Program")

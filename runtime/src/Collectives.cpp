@@ -82,7 +82,12 @@ public:
     int64_t bytes = 0;
     for (const at::Tensor &full : pending.into) {
       int64_t shard = full.numel() / ranks();
-      outputs.push_back(at::from_blob(full.data_ptr(), full.sizes(), full.options()));
+      // The device is given, not looked up from the pointer: no driver call
+      // per parameter, and an empty parameter's null pointer is fine.
+      outputs.push_back(at::for_blob(full.data_ptr(), full.sizes())
+                            .options(full.options())
+                            .target_device(full.device())
+                            .make_tensor());
       inputs.push_back(outputs.back().narrow(0, rank() * shard, shard));
       bytes += full.nbytes();
     }

@@ -125,7 +125,8 @@ public:
         step(inst);
       } catch (const std::exception &error) {
         throw std::runtime_error("fsdp_rt: rank " + rankText() + ": @" + function.name +
-                                 " instruction " + std::to_string(index) + " (" + inst.name +
+                                 " instruction " + std::to_string(index) + " (" +
+                                 (inst.group.empty() ? inst.name : describe(inst)) +
                                  (inst.where.empty() ? "" : " at " + inst.where) + "): " + error.what());
       }
       if (in.trace)
