@@ -19,6 +19,8 @@ from typing import Sequence
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
 BACKENDS = ("gloo", "nccl")
 
@@ -69,3 +71,13 @@ def seed_generators(device: torch.device) -> list[torch.device]:
     """The devices whose random state `torch.random.fork_rng` must save for
     an initialization on `device`."""
     return [device.index] if device.type == "cuda" else []
+
+
+def dtensor_where_it_is(local: torch.Tensor, mesh, placements: Sequence, shape: Sequence[int],
+                        stride: Sequence[int]) -> DTensor:
+    """`local` as this rank's part of a DTensor of `shape` and `stride` on
+    `mesh`, left where it is: `DTensor.from_local` moves it to the mesh's
+    device type, and an offloaded shard (or its optimizer state) stays in
+    host memory under a CUDA mesh, as FSDP2's do."""
+    spec = DTensorSpec(mesh, tuple(placements), tensor_meta=TensorMeta(torch.Size(shape), tuple(stride), local.dtype))
+    return DTensor(local, spec, requires_grad=False)

@@ -44,6 +44,8 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
+from fsdpc.device import dtensor_where_it_is
+
 ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.Adamax,
                torch.optim.NAdam, torch.optim.RAdam, torch.optim.RMSprop, torch.optim.ASGD)
 
@@ -156,6 +158,5 @@ def restore(optimizer) -> None:
             if value is before or (isinstance(before, DTensor) and value is before._local_tensor):
                 continue
             if isinstance(value, torch.Tensor) and value.dim() > 0 and not isinstance(value, DTensor):
-                value = DTensor.from_local(value, param.device_mesh, param.placements, run_check=False,
-                                           shape=param.shape, stride=param.stride())
+                value = dtensor_where_it_is(value, param.device_mesh, param.placements, param.shape, param.stride())
             own[key] = value

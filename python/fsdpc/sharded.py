@@ -46,7 +46,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from fsdpc import clip, liveness
 from fsdpc.capture import MixedPrecision
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
-from fsdpc.device import DeviceError, collective_backend, job_device, seed_generators
+from fsdpc.device import DeviceError, collective_backend, dtensor_where_it_is, job_device, seed_generators
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
 from fsdpc.host_optimizer import HostOptimizer
 from fsdpc.local_step import LocalStep
@@ -323,8 +323,8 @@ class ShardedModule(nn.Module):
             if not original.is_meta:
                 local.copy_(rows(original.detach(), begin, real))
             self._storage[name] = storage
-            value = DTensor.from_local(local, self.mesh, self._placements(spec), run_check=False,
-                                       shape=torch.Size(spec.shape), stride=_contiguous_strides(spec.shape))
+            value = dtensor_where_it_is(local, self.mesh, self._placements(spec), spec.shape,
+                                        _contiguous_strides(spec.shape))
             param = nn.Parameter(value, requires_grad=spec.trainable)
             param._fsdpc_shard = True
             for fqn in (name, *spec.tied):

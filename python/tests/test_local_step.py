@@ -157,3 +157,31 @@ def test_subclassed_or_hooked_optimizers_keep_dtensors():
     finally:
         torch.optim.AdamW._init_group = real
     assert seen == [True] * 6  # subclassed: 2 steps; hooked: 2 steps and 2 post-hooks
+
+
+def test_offloaded_shards_and_replaced_state_stay_in_host_memory_under_a_cuda_mesh():
+    """An offloaded unit's shard, and optimizer state a step replaces for it,
+    are DTensors of the job's (CUDA) mesh whose local tensors stay in host
+    memory, as FSDP2's: DTensor.from_local would copy them to the GPU. A
+    mesh of kind "cuda" is made here without a GPU (no backend)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard
+
+    from fsdpc.device import dtensor_where_it_is
+    from fsdpc.local_step import LocalStep, restore
+
+    mesh = DeviceMesh("cuda", torch.arange(1), _init_backend=False)
+    shard = torch.randn(4, 3)
+    param = torch.nn.Parameter(dtensor_where_it_is(shard, mesh, [Shard(0)], (4, 3), (3, 1)))
+    assert param.device.type == "cpu" and param.device_mesh.device_type == "cuda"
+    assert param._local_tensor.data_ptr() == shard.data_ptr() and tuple(param.shape) == (4, 3)
+    param.grad = dtensor_where_it_is(torch.ones(4, 3), mesh, [Shard(0)], (4, 3), (3, 1))
+    optimizer = torch.optim.SGD([param], lr=0.1, momentum=0.9)
+    optimizer.state[param]["step"] = torch.tensor(0.0)  # state exists, so the step runs on local tensors
+    LocalStep(lambda p: True).before(optimizer, (), {})
+    optimizer.step()  # creates momentum_buffer as a plain tensor, which restore turns into a DTensor
+    restore(optimizer)
+    momentum = optimizer.state[param]["momentum_buffer"]
+    assert isinstance(momentum, DTensor) and momentum.device_mesh is mesh
+    assert momentum._local_tensor.device.type == "cpu"
+    torch.testing.assert_close(momentum._local_tensor, torch.ones(4, 3))

@@ -50,13 +50,16 @@ class NcclCollectives final : public Collectives {
 public:
   explicit NcclCollectives(c10d::ProcessGroup &group) : Collectives(group) {}
 
+  // Both buffers are allocated here, on the compute stream: a host bucket
+  // issues its gather from the transfer stream, whose pool the memory model
+  // does not know.
   at::Tensor gatherBlock(Pending &pending, int64_t elements, const at::TensorOptions &options) override {
     pending.send = at::empty({elements}, options);
+    pending.recv = at::empty({ranks() * elements}, options);
     return pending.send;
   }
 
   IssuedCollective allGather(Pending &pending) override {
-    pending.recv = at::empty({ranks() * pending.send.numel()}, pending.send.options());
     pending.work = group_._allgather_base(pending.recv, pending.send);
     pending.result = pending.recv.view({ranks(), pending.send.numel()});
     return {"all_gather", static_cast<int64_t>(pending.recv.nbytes()), ranks()};

@@ -40,6 +40,8 @@
 #include <ATen/ops/split_with_sizes_copy.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -48,6 +50,23 @@
 namespace fsdp_rt {
 
 namespace {
+
+/// The device's one transfer stream, the same for every step: the caching
+/// allocator keeps a pool per stream, so a stream per step would strand the
+/// memory freed on each. A high-priority one, as FSDP2's copy streams (and
+/// never one of ProcessGroupNCCL's, which come from the other pool).
+c10::Stream transferStream(c10::Device device) {
+  static std::mutex choosing;
+  static std::map<c10::DeviceIndex, c10::Stream> streams;
+  std::lock_guard<std::mutex> lock(choosing);
+  auto found = streams.find(device.index());
+  if (found == streams.end()) {
+    c10::impl::VirtualGuardImpl guard(device.type());
+    found = streams.emplace(device.index(), guard.getStreamFromGlobalPool(device, /*isHighPriority=*/true)).first;
+  }
+  return found->second;
+}
+
 
 int64_t nowUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -365,7 +384,7 @@ private:
   c10::Stream &transferAfterCompute() {
     c10::impl::VirtualGuardImpl guard(device.type());
     if (!transfer)
-      transfer = guard.getStreamFromGlobalPool(device);
+      transfer = transferStream(device);
     c10::Event computed(device.type());
     computed.record(guard.getStream(device));
     computed.block(*transfer);
