@@ -33,15 +33,18 @@ ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ["fsdpc", "fsdp2", "fsdp2-compile", "compile"]  # and the offload systems of gpu_one.py
 
 
-def run(model: str, system: str, caches: Path, out: Path, steps: int, timeout: float) -> dict | None:
+def run(model: str, system: str, caches: Path, out: Path, steps: int, warmup: int, timeout: float) -> dict | None:
     """One system's run in its own process group; a run that fails or
     outlives `timeout` is reported, its processes are killed, and the
-    benchmark goes on with the next (a GPU session is too short to lose)."""
+    benchmark goes on with the next (a GPU session is too short to lose).
+    The one rank is started directly with the rendezvous environment:
+    torchrun would start it in a session of its own, out of reach of the kill."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1",
-           "FSDPC_CACHE": str(caches / "fsdpc"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor")}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
-               "--master-port", str(29800 + os.getpid() % 150), str(ROOT / "benchmarks" / "gpu_one.py"),
-               "--model", model, "--system", system, "--steps", str(steps), "--out", str(out)]
+           "FSDPC_CACHE": str(caches / "fsdpc"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29800 + os.getpid() % 150)}
+    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_one.py"), "--model", model, "--system", system,
+               "--steps", str(steps), "--warmup", str(warmup), "--out", str(out)]
     out.unlink(missing_ok=True)
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
@@ -94,6 +97,7 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", default=SYSTEMS)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=4, help="untimed steps first (the first one compiles)")
     parser.add_argument("--json", default=None, help="results so far, rewritten after every run")
     parser.add_argument("--run-timeout", type=float, default=240, help="seconds one system's run may take")
     args = parser.parse_args()
@@ -107,7 +111,7 @@ def main() -> None:
                 order = args.systems[repeat % len(args.systems):] + args.systems[:repeat % len(args.systems)]
                 for system in order:
                     result = run(model, system, caches, caches / f"{model}-{system}-{repeat}.json", args.steps,
-                                 args.run_timeout)
+                                 args.warmup, args.run_timeout)
                     if result is not None:
                         runs[system].append(result)
                         print(f"{model} {system} repeat {repeat}: {result['step_s'] * 1e3:.1f} ms, "

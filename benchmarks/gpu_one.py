@@ -237,13 +237,20 @@ def main() -> None:
     step = statistics.median(times)
     tokens = local_batch * seq
     sharded_ir = extras.pop("sharded_ir", None)
-    if sharded_ir is not None:
-        extras.update(predicted_times(sharded_ir, torch.cuda.get_device_name(device), trace))
     result = {"model": args.model, "system": args.system, "device": torch.cuda.get_device_name(device),
               "torch": torch.__version__, "compile_s": compile_s, "step_s": step, "step_times_s": times,
               "tokens_per_s": tokens / step, "mfu": flops * tokens / step / H100_BF16_DENSE,
               "peak_allocated_gib": peak / 2**30, "fwd_bwd_peak_above_start_gib": fwd_bwd_peak_above_start / 2**30,
-              "losses": losses, **exposed_communication(trace), **extras}
+              "losses": losses, **extras}
+    # What is derived from the run must not lose the run: a failure here is recorded beside the measurements.
+    analyses = [lambda: exposed_communication(trace)]
+    if sharded_ir is not None:
+        analyses.append(lambda: predicted_times(sharded_ir, torch.cuda.get_device_name(device), trace))
+    for analysis in analyses:
+        try:
+            result.update(analysis())
+        except Exception as error:  # noqa: BLE001 (reported in the results)
+            result.setdefault("analysis_errors", []).append(f"{type(error).__name__}: {str(error)[:500]}")
     Path(args.out).write_text(json.dumps(result))
     dist.destroy_process_group()
 

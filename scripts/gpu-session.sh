@@ -2,43 +2,56 @@
 # The GPU checks and measurements, each stage one command that fits a
 # 10-minute device call; logs and JSON go to $OUT (default build/gpu-out).
 # Run on the GPU host from the repository root, with build-portable/bin
-# carried there (`make portable-tools` on the build machine).
+# carried there (`make portable-tools` on the build machine, right before).
+# In order of need (each stands alone; a session holds about three):
 #
-#   scripts/gpu-session.sh tests     # runtime build, make test-gpu (6 workers), the host's CPU time per step
-#   scripts/gpu-session.sh bench     # Llama 0.9B and GPT 23M: fsdpc (also gathering into the parameters, and without generated kernels), FSDP2, FSDP2 + compile, torch.compile
-#   scripts/gpu-session.sh offload   # host optimizer rate; Llama 2.6B offloaded: fsdpc (plain, overlapped, the plan's pick), FSDP2
+#   scripts/gpu-session.sh tests        # runtime build, make test-gpu (6 workers), the host's CPU time per step
+#   scripts/gpu-session.sh bench-llama  # Llama 0.9B: fsdpc (also gathering into the parameters), FSDP2, FSDP2 + compile, torch.compile; fsdpc's warm start
+#   scripts/gpu-session.sh bench-gpt    # GPT 23M: fsdpc, FSDP2, FSDP2 + compile, torch.compile, twice (cold and warm)
+#   scripts/gpu-session.sh offload      # host optimizer rate; Llama 2.6B offloaded: FSDP2, fsdpc (the plan's fit, every unit), overlapped
 #
-# Each stage builds the runtime first (seconds when it is built).
+# Each stage builds the runtime first (seconds when it is built). A failing
+# test or run is logged and the stage goes on to its next measurement.
 set -euo pipefail
-stage=${1:?"usage: scripts/gpu-session.sh tests|bench|offload"}
+stage=${1:?"usage: scripts/gpu-session.sh tests|bench-llama|bench-gpt|offload"}
 case "$stage" in
-  tests|bench|offload) ;;
-  *) echo "unknown stage '$stage': use tests, bench or offload" >&2; exit 2 ;;
+  tests|bench-llama|bench-gpt|offload) ;;
+  *) echo "unknown stage '$stage': use tests, bench-llama, bench-gpt or offload" >&2; exit 2 ;;
 esac
-OUT=${OUT:-build/gpu-out}
+if [ ! -x build-portable/bin/fsdp-opt ] || [ ! -x build-portable/bin/fsdp-translate ]; then
+  echo "build-portable/bin/fsdp-opt and fsdp-translate are missing: run 'make portable-tools' on the build" \
+       "machine and carry build-portable/bin" >&2
+  exit 2
+fi
+OUT=$(realpath -m "${OUT:-build/gpu-out}")
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/device.txt" 2>&1 || true
-make runtime JOBS="$(nproc)" > "$OUT/build-$stage.log" 2>&1
+make runtime JOBS="$(nproc)" > "$OUT/build-$stage.log" 2>&1 || { tail -40 "$OUT/build-$stage.log" >&2; exit 1; }
 
 case "$stage" in
   tests)
-    cd python/tests
-    timeout 480 python3 -m pytest -q -rs -p no:cacheprovider -n 6 --timeout 400 test_gpu.py test_cuda_capture.py \
-      test_pointwise_kernels.py 2>&1 | tee "$OUT/test-gpu.log"
-    cd ../..
+    (cd python/tests && timeout 450 python3 -m pytest -q -rs -p no:cacheprovider -n 6 --timeout 400 test_gpu.py \
+      test_cuda_capture.py test_pointwise_kernels.py 2>&1 | tee "$OUT/test-gpu.log") || true
     # The same host-bound measurement as on the build machine: how fast this
     # host's CPU dispatches (the time model's issue cost, capture's speed).
-    timeout 60 python3 -m torch.distributed.run --nproc-per-node 1 benchmarks/host_overhead.py --rounds 5 --calls 50 \
+    timeout 90 python3 -m torch.distributed.run --nproc-per-node 1 benchmarks/host_overhead.py --rounds 5 --calls 50 \
       2>&1 | tee "$OUT/host-overhead.log" || true
     ;;
-  bench)
-    timeout 540 python3 benchmarks/gpu.py --models llama-0.9b gpt-23m --repeats 2 --json "$OUT/gpu.json" \
-      --systems fsdpc fsdpc-into-results fsdp2 fsdp2-compile compile fsdpc-unfused 2>&1 | tee "$OUT/bench.log"
+  bench-llama)
+    timeout 330 python3 benchmarks/gpu.py --models llama-0.9b --repeats 1 --json "$OUT/llama.json" \
+      --systems fsdpc fsdp2 fsdp2-compile compile fsdpc-into-results 2>&1 | tee "$OUT/llama.log" || true
+    timeout 150 python3 benchmarks/gpu.py --models llama-0.9b --repeats 2 --steps 4 --warmup 2 \
+      --json "$OUT/llama-warm.json" --systems fsdpc 2>&1 | tee "$OUT/llama-warm.log" || true
+    ;;
+  bench-gpt)
+    timeout 480 python3 benchmarks/gpu.py --models gpt-23m --repeats 2 --json "$OUT/gpt.json" \
+      --systems fsdpc fsdp2 fsdp2-compile compile 2>&1 | tee "$OUT/gpt.log" || true
     ;;
   offload)
-    python3 benchmarks/host_optimizer.py --threads 1 "$(nproc)" 2>&1 | tee "$OUT/host-optimizer.log"
-    timeout 480 python3 benchmarks/gpu.py --models llama-2.6b --repeats 1 --json "$OUT/offload.json" \
-      --systems fsdpc-offload fsdpc-offload-overlap fsdpc-fit-overlap fsdp2-offload 2>&1 | tee "$OUT/offload.log"
+    timeout 60 python3 benchmarks/host_optimizer.py --threads 1 "$(nproc)" 2>&1 | tee "$OUT/host-optimizer.log" || true
+    timeout 480 python3 benchmarks/gpu.py --models llama-2.6b --repeats 1 --steps 3 --warmup 2 --run-timeout 200 \
+      --json "$OUT/offload.json" --systems fsdp2-offload fsdpc-fit-overlap fsdpc-offload-overlap 2>&1 \
+      | tee "$OUT/offload.log" || true
     ;;
 esac

@@ -4,6 +4,7 @@ start per job, seconds of CI each. The tests that show how users launch (the
 README, the examples, the two hosts, the GPU runs) keep torchrun."""
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,14 @@ def environment(**extra: str) -> dict:
     thread per rank, and `extra`."""
     return {**os.environ, "PYTHONPATH": str(PYTHON_DIR), "FSDP_OPT": str(find_fsdp_opt()), "OMP_NUM_THREADS": "1",
             **extra}
+
+
+def free_port() -> int:
+    """A port nothing listens on now, for a job's rendezvous: tests that run
+    in parallel workers (make test-gpu) cannot share a port rule by pid."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def rank_environment(env: dict, rank: int, world: int, port: int) -> dict:

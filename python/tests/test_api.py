@@ -20,9 +20,10 @@ SCRIPT = Path(__file__).with_name("api_train.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def torchrun(ranks: int, *arguments, port_offset: int = 0) -> list[str]:
+def torchrun(ranks: int, *arguments, port_offset: int = 0, port: int | None = None) -> list[str]:
+    port = port if port is not None else 29300 + (os.getpid() + port_offset) % 250
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-            "--master-port", str(29300 + (os.getpid() + port_offset) % 250), *map(str, arguments)]
+            "--master-port", str(port), *map(str, arguments)]
 
 
 def run(ranks: int, scenario: str, *extra, port_offset: int = 0) -> subprocess.CompletedProcess:

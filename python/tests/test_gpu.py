@@ -9,25 +9,24 @@ nn.RMSNorm's fused kernels, checkpoints GPU <-> CPU and fsdpc <-> FSDP2, a
 dead or stalled rank on Gloo and on NCCL. Where there is no GPU every test
 is skipped with that reason (make test-gpu prints it)."""
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from launch import environment, run_ranks
+from launch import environment, free_port, run_ranks
 from test_api import SCRIPT, torchrun
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA GPU on this machine: make test-gpu runs these on a GPU host")
 
 
-def run(ranks: int, scenario: str, *extra, device: str = "cuda", backend: str | None = None,
-        port_offset: int = 0) -> subprocess.CompletedProcess:
+def run(ranks: int, scenario: str, *extra, device: str = "cuda", backend: str | None = None) \
+        -> subprocess.CompletedProcess:
     backend = backend or ("nccl" if ranks == 1 and device == "cuda" else "gloo")
     done = subprocess.run(torchrun(ranks, SCRIPT, scenario, "--device", device, "--backend", backend, *extra,
-                                   port_offset=port_offset),
+                                   port=free_port()),
                           capture_output=True, text=True, env=environment(), timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return done
@@ -66,7 +65,7 @@ dist.destroy_process_group()
 def nccl_shares_the_gpu():
     """Skips the tests that need NCCL ranks sharing the GPU, with NCCL's
     error, where this NCCL cannot run them."""
-    done = run_ranks(2, ["-c", PROBE], env=environment(), port=29000 + os.getpid() % 100, timeout=120)
+    done = run_ranks(2, ["-c", PROBE], env=environment(), port=free_port(), timeout=120)
     if done.returncode != 0:
         pytest.skip("NCCL did not run two ranks on this one GPU, each claiming a host of its own: "
                     + (done.stderr or done.stdout)[-1500:])
@@ -103,9 +102,9 @@ def test_collectives_overlap_kernels(tmp_path):
 def test_a_dead_or_stalled_rank_sharing_the_gpu_is_named_in_time(scenario):
     """test_failures.py's dead and stalled ranks with the step on the GPU
     (3 ranks sharing it over Gloo)."""
-    from test_failures import dead_or_stalled, port
+    from test_failures import dead_or_stalled
 
-    dead_or_stalled(scenario, "cuda", port() + 40)
+    dead_or_stalled(scenario, "cuda", free_port())
 
 
 @pytest.mark.parametrize("scenario", ["die", "vanish", "stall", "die_clipping"])
@@ -114,6 +113,6 @@ def test_a_dead_or_stalled_rank_on_nccl_is_named_in_time(scenario, nccl_shares_t
     hang on the GPU while their hosts wait in `loss.item()`; fsdpc's
     watchdog names the collective and the absent rank, and aborts the
     communicators, so every survivor ends in time."""
-    from test_failures import dead_or_stalled, port
+    from test_failures import dead_or_stalled
 
-    dead_or_stalled(scenario, "cuda", port() + 45, backend="nccl")
+    dead_or_stalled(scenario, "cuda", free_port(), backend="nccl")
