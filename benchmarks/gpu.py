@@ -11,7 +11,9 @@ GPU host (repository root, after `make runtime`):
 Models (issue 16's sizes): llama-0.9b (dim 2048, 16 layers, 16/8 heads, ffn
 5632, vocab 32000; 4 x 2048 tokens), gpt-23m (32 x 128 tokens), llama-2.6b
 (dim 3072, 24 layers, 24/8 heads, ffn 8192; 2 x 2048 tokens). Repeat 0
-starts with empty compile caches (cold compile), later repeats reuse them
+starts with empty compile caches (cold compile: fsdpc's program cache,
+Inductor's and Triton's, and the generated kernels' NVRTC cache), later
+repeats reuse them
 (warm). Prints a markdown table per model: medians over repeats of the step
 time, tokens/s, MFU, peak allocated, and fsdpc's memory report against the
 measured peak, fsdpc's predicted step (fsdp-step-time, and calibrated from
@@ -41,10 +43,12 @@ def run(model: str, system: str, caches: Path, out: Path, steps: int, warmup: in
     torchrun would start it in a session of its own, out of reach of the kill."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1",
            "FSDPC_CACHE": str(caches / "fsdpc"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+           "TRITON_CACHE_DIR": str(caches / "triton"), "PYTORCH_KERNEL_CACHE_PATH": str(caches / "kernels"),
            "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29800 + os.getpid() % 150)}
     command = [sys.executable, str(ROOT / "benchmarks" / "gpu_one.py"), "--model", model, "--system", system,
                "--steps", str(steps), "--warmup", str(warmup), "--out", str(out)]
+    (caches / "kernels").mkdir(exist_ok=True)  # generated kernels' cache: torch disables one it cannot find
     out.unlink(missing_ok=True)
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)

@@ -5,6 +5,7 @@
 #include "fsdp_rt/ProgramFormat.h"
 
 #include <ATen/ScalarOps.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <cmath>
 #include <limits>
@@ -44,6 +45,18 @@ std::string elementTypeOf(c10::ScalarType type) {
 }
 
 namespace {
+
+/// `device` with an index: "cuda" is the calling thread's current CUDA device,
+/// as tensors made there say (a tensor on cuda:0 is not on "cuda"). Without a
+/// device of that kind (validating a CUDA program on a CPU machine) it stays
+/// as given.
+c10::Device withIndex(c10::Device device) {
+  if (device.has_index() || device.is_cpu() || !c10::impl::hasDeviceGuardImpl(device.type()))
+    return device;
+  const c10::impl::DeviceGuardImplInterface *impl = c10::impl::getDeviceGuardImpl(device.type());
+  return impl->deviceCount() > 0 ? impl->getDevice() : device;
+}
+
 
 using json::Value;
 
@@ -474,8 +487,7 @@ Program Program::load(const std::string &text, std::optional<c10::Device> runOn)
   } catch (const std::exception &error) {
     throw std::runtime_error(std::string("fsdp_rt: cannot load the program: ") + error.what());
   }
-  c10::Device device = runOn ? *runOn : c10::Device(deviceKind);
-  Program program(device);
+  Program program(runOn ? withIndex(*runOn) : c10::Device(deviceKind));
   program.deviceKind_ = deviceKind;
   try {
     program.groups_ = loadList<GroupSpec>(root, "groups", loadGroup);
@@ -502,7 +514,7 @@ Program Program::load(const std::string &text, std::optional<c10::Device> runOn)
     const json::Array &instructions = json.at("instructions").asArray();
     for (size_t i = 0; i < instructions.size(); ++i) {
       try {
-        function.instructions.push_back(loadInstruction(instructions[i], device));
+        function.instructions.push_back(loadInstruction(instructions[i], program.device()));
       } catch (const std::exception &error) {
         std::string where;
         if (instructions[i].kind() == Value::Kind::Object)
