@@ -549,12 +549,10 @@ class ShardedModule(nn.Module):
         except Exception as error:
             if updating:
                 self._host_optimizer.join()
-            first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-            if not self._fail(first_line):
+            failure = self._failure(_first_line(error))
+            if failure is None:
                 raise  # the watchdog's error, raised in this thread: it named the collective and who is absent
-            self._abort_collectives()
-            absent = liveness.roll_call(self._serial, self._calls)
-            raise StepError(f"{first_line}{absent}; this module refuses further calls") from error
+            raise failure from error
         if waits is not None:
             waits.seal()
         if updating:
@@ -603,18 +601,17 @@ class ShardedModule(nn.Module):
                 except Exception as error:  # an abort that overran its timeout: the others still go
                     print(f"fsdpc: aborting a process group failed: {error}", file=sys.stderr, flush=True)
 
-    def _failed_outside_step(self, what: str, error: Exception) -> Exception:
-        """The error to raise for a collective of fsdpc's own that failed
-        between calls (clipping): named, with the roll call's verdict, and the
-        module failed as after a failed call. The watchdog's error, raised in
-        this thread, passes unchanged."""
-        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-        if not self._fail(f"{what}: {first_line}"):
-            return error
+    def _failure(self, reason: str, message: str | None = None) -> StepError | None:
+        """After a collective of a call, the agreement or the clipping
+        failed: the module is failed for `reason`, its collectives aborted,
+        and the error to raise is `message` (else `reason`) with the roll
+        call's verdict. None where the module had failed already: the
+        watchdog's error, raised in this thread, then passes unchanged."""
+        if not self._fail(reason):
+            return None
         self._abort_collectives()
         absent = liveness.roll_call(self._serial, self._calls)
-        return StepError(f"rank {dist.get_rank()}: {what} failed after call {self._calls}: {first_line}{absent}; "
-                         "this module refuses further calls")
+        return StepError(f"{message or reason}{absent}; this module refuses further calls")
 
     def _collective_timed_out(self, function: str, call: int, caller: int, collective: str, *,
                               since: str | None = None) -> None:
@@ -647,14 +644,13 @@ class ShardedModule(nn.Module):
         try:
             dist.all_gather(everyone, mine, group=self._control)
         except Exception as error:
-            if not self._fail("the per-call agreement failed"):
+            failure = self._failure("the per-call agreement failed",
+                                    f"rank {dist.get_rank()}: call {self._calls} could not agree with the other ranks "
+                                    f"within {self._timeout.total_seconds():g} s (the per-call all-gather on group "
+                                    f"'fsdpc control': {_first_line(error)})")
+            if failure is None:
                 raise  # the watchdog's error for the previous call, raised in this thread
-            self._abort_collectives()
-            raise StepError(f"rank {dist.get_rank()}: call {self._calls} could not agree with the other ranks "
-                            f"within {self._timeout.total_seconds():g} s (the per-call all-gather on group "
-                            f"'fsdpc control': {str(error).splitlines()[0]})"
-                            f"{liveness.roll_call(self._serial, self._calls)}; "
-                            "this module refuses further calls") from error
+            raise failure from error
         if all(torch.equal(other, mine) for other in everyone):
             return
         descriptions: list = [None] * dist.get_world_size()
@@ -764,7 +760,12 @@ class ShardedModule(nn.Module):
             for work in works:
                 work.wait()  # NCCL: orders the stream after it; Gloo: within the group's timeout
         except Exception as error:
-            raise self._failed_outside_step(f"clip_grad_norm_: {collective}", error) from error
+            what, first_line = f"clip_grad_norm_: {collective}", _first_line(error)
+            failure = self._failure(f"{what}: {first_line}",
+                                    f"rank {dist.get_rank()}: {what} failed after call {self._calls}: {first_line}")
+            if failure is None:
+                raise  # the watchdog's error, raised in this thread
+            raise failure from error
         if reduced and self.device.type != "cpu":
             WATCHDOG.watch(_StreamPoint(self.device, collective, reduced[0]), started + self._timeout.total_seconds(),
                            lambda what, group: self._collective_timed_out(
@@ -840,6 +841,10 @@ def _gradient_dtensor(param: nn.Parameter, local: torch.Tensor) -> DTensor:
         raise StepError(f"the program returned a {local.dtype} gradient for a {param.dtype} parameter of shape "
                         f"{tuple(param.shape)}: the compiled step and this module disagree")
     return DTensor(local, param._spec, requires_grad=False)
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 def rows(tensor: torch.Tensor, begin: int, count: int) -> torch.Tensor:

@@ -67,7 +67,6 @@ c10::Stream transferStream(c10::Device device) {
   return found->second;
 }
 
-
 int64_t nowUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -144,8 +143,7 @@ public:
         step(inst);
       } catch (const std::exception &error) {
         throw std::runtime_error("fsdp_rt: rank " + rankText() + ": @" + function.name +
-                                 " instruction " + std::to_string(index) + " (" +
-                                 (inst.group.empty() ? inst.name : describe(inst)) +
+                                 " instruction " + std::to_string(index) + " (" + describe(inst) +
                                  (inst.where.empty() ? "" : " at " + inst.where) + "): " + error.what());
       }
       if (in.trace)
@@ -168,8 +166,9 @@ private:
     return "0";
   }
 
+  /// The instruction's name, with its group and unit where it has them.
   std::string describe(const Instruction &inst) const {
-    return inst.name + " on group '" + inst.group + "'" +
+    return inst.name + (inst.group.empty() ? "" : " on group '" + inst.group + "'") +
            (inst.unit.empty() ? "" : " (unit @" + inst.unit + ")");
   }
 

@@ -57,7 +57,6 @@ c10::Device withIndex(c10::Device device) {
   return impl->deviceCount() > 0 ? impl->getDevice() : device;
 }
 
-
 using json::Value;
 
 /// A slot, future or count: an int that fits, or an error (a narrowing cast
