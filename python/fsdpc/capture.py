@@ -45,7 +45,7 @@ from torch.fx.traceback import preserve_node_meta
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
 from fsdpc.attention import FusedAttentionFor
-from fsdpc.rms_norm import FusedRmsNormFor
+from fsdpc.rms_norm import FusedRmsNormFor, fuse_written_out_rms_norms
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FSDPC_DIR = os.path.dirname(__file__)
@@ -457,6 +457,8 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
         with (_mixed_precision_casts(model, units, mixed_precision), FusedAttentionFor(device),
               FusedRmsNormFor(device), _ScalarTensorsAsOps()):
             program = _export(step, batch)
+            if device == "cuda":
+                fuse_written_out_rms_norms(program.graph_module)
             aliases = {identity: [real_fqn.get(n, n) for n in names]
                        for identity, names in _alias_groups(model).items()}
         _check_outputs(program)

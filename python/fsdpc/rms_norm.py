@@ -15,12 +15,23 @@ the stand-in of the fused backward, and the IR names them by the ATen
 operators, which the runtime calls on the GPU. Without a weight (the fused
 backward would then return an undefined weight gradient, which a custom
 operator cannot), and for a CPU target, capture takes the composite.
+
+An RMSNorm written out by hand (`x * torch.rsqrt(x.pow(2).mean(-1,
+keepdim=True) + eps) * weight`, the project's Llama and many others) is
+recognized in the exported forward (`fuse_written_out_rms_norms`) and
+becomes the same stand-in, as a compiler fuses it: one pass each way
+instead of five kernels forward and a dozen backward. The fused kernel
+computes in fp32 and rounds once where the written-out form rounds after
+each of its ops in bf16, as the generated pointwise kernels do.
 """
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.nn.functional as F
+from torch import fx
 from torch.overrides import TorchFunctionMode
 
 aten = torch.ops.aten
@@ -107,3 +118,86 @@ class FusedRmsNormFor(TorchFunctionMode):
         if not takes_fused_kernel(input, weight):
             return func(*args, **kwargs)
         return fused_rms_norm(input, list(call["normalized_shape"]), weight, call.get("eps"))[0]
+
+
+def _calls(node, *targets) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _only_feeds(node: fx.Node, user: fx.Node) -> bool:
+    """`node` is read by `user` alone, so the fused call can replace it."""
+    return set(node.users) == {user}
+
+
+def _either_order(pair):
+    first, second = pair
+    return ((first, second), (second, first))
+
+
+def _written_out_norm(product: fx.Node):
+    """(x, weight, eps, the nodes the fused call replaces) where `product`
+    is `x * rsqrt(mean(x ** 2, [-1], keepdim=True) + eps) * weight`, with the
+    multiplications in either order and `x * x` for the square; else None."""
+    if not _calls(product, aten.mul.Tensor) or product.kwargs:
+        return None
+    for normed, weight in _either_order(product.args):
+        if not _calls(normed, aten.mul.Tensor) or normed.kwargs or not _only_feeds(normed, product):
+            continue
+        for x, root in _either_order(normed.args):
+            if not _calls(root, aten.rsqrt.default) or not _only_feeds(root, normed):
+                continue
+            shifted = root.args[0]
+            if not _calls(shifted, aten.add.Tensor) or shifted.kwargs or not _only_feeds(shifted, root):
+                continue
+            mean, eps = shifted.args
+            if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not _calls(mean, aten.mean.dim) \
+                    or not _only_feeds(mean, shifted) or mean.kwargs.get("dtype") is not None:
+                continue
+            squared, dims, *rest = mean.args
+            keepdim = rest[0] if rest else mean.kwargs.get("keepdim", False)
+            if not keepdim or not _only_feeds(squared, mean):
+                continue
+            if not (_calls(squared, aten.pow.Tensor_Scalar) and squared.args == (x, 2)) and \
+                    not (_calls(squared, aten.mul.Tensor) and squared.args == (x, x) and not squared.kwargs):
+                continue
+            x_value, weight_value, result = (getattr(n, "meta", {}).get("val") for n in (x, weight, product))
+            if not all(isinstance(v, torch.Tensor) for v in (x_value, weight_value, result)) or x_value.dim() < 1:
+                continue
+            last = x_value.dim() - 1
+            if list(dims) not in ([-1], [last]) or weight_value.shape != x_value.shape[-1:]:
+                continue
+            if not takes_fused_kernel(x_value, weight_value) or result.dtype != x_value.dtype:
+                continue
+            return x, weight, float(eps), [product, normed, root, shifted, mean, squared]
+    return None
+
+
+def fuse_written_out_rms_norms(graph_module: fx.GraphModule) -> int:
+    """Rewrites each written-out RMSNorm of an exported forward for a CUDA
+    target into the fused operator's stand-in, as `F.rms_norm` is captured
+    there, with the source line and module of the norm's last product.
+    Returns how many it rewrote."""
+    graph = graph_module.graph
+    rewritten = 0
+    for node in list(graph.nodes):  # a match's nodes precede its last product, so none is erased ahead
+        match = _written_out_norm(node)
+        if match is None:
+            continue
+        x, weight, eps, replaced = match
+        x_value, weight_value = x.meta["val"], weight.meta["val"]
+        with x_value.fake_mode:
+            values = fused_rms_norm(x_value, [x_value.shape[-1]], weight_value, eps)
+        inherited = {key: value for key, value in node.meta.items() if key != "val"}
+        with graph.inserting_before(node):
+            fused = graph.call_function(torch.ops.fsdpc.fused_rms_norm.default,
+                                        (x, [x_value.shape[-1]], weight, eps))
+            normalized = graph.call_function(operator.getitem, (fused, 0))
+        fused.meta.update(inherited, val=values)
+        normalized.meta.update(inherited, val=values[0])
+        node.replace_all_uses_with(normalized)
+        for dead in replaced:
+            graph.erase_node(dead)
+        rewritten += 1
+    if rewritten:
+        graph_module.recompile()
+    return rewritten

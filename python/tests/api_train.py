@@ -652,11 +652,13 @@ def llama_against_eager(torch_norm: bool, fused_on_gpu) -> None:
 
 
 def scenario_llama(args):
-    """The Llama (RMSNorm, rotary positions, grouped-query attention,
-    SwiGLU): on a GPU its elementwise chains run as generated kernels (the
-    sharded IR holds fsdp.pointwise); losses, clipped norms and parameters
-    equal fp32 eager's."""
-    llama_against_eager(False, lambda ir: "fsdp.pointwise" in ir)
+    """The Llama (RMSNorm written out, rotary positions, grouped-query
+    attention, SwiGLU): on a GPU its elementwise chains run as generated
+    kernels (the sharded IR holds fsdp.pointwise) and its five written-out
+    norms as `_fused_rms_norm` each way; losses, clipped norms and
+    parameters equal fp32 eager's."""
+    llama_against_eager(False, lambda ir: {(True, 5): True, (False, 0): False}.get(
+        ("fsdp.pointwise" in ir, ir.count('"aten::_fused_rms_norm_backward"'))))
 
 
 def scenario_llama_torch_norms(args):

@@ -278,6 +278,107 @@ def test_the_fake_kernels_allocate_what_pytorch_defines(dtype, shape, normalized
         assert (mine.shape, mine.dtype, mine.stride()) == (theirs.shape, theirs.dtype, theirs.stride())
 
 
+class WrittenOutNorm(torch.nn.Module):
+    """A linear layer into an RMSNorm written out by hand, as the project's
+    Llama has it; `variant` bends one part of the pattern."""
+
+    def __init__(self, variant: str = "plain"):
+        super().__init__()
+        self.variant = variant
+        self.lin = torch.nn.Linear(64, 64)
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(64, dtype=torch.float64 if variant ==
+                                                                "float64 weight" else torch.float32))
+
+    def norm(self, x):
+        v = self.variant
+        if v == "mean over rows":
+            return x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + 1e-5) * self.weight
+        if v == "cubed":
+            return x * torch.rsqrt(x.pow(3).abs().mean(-1, keepdim=True) + 1e-5) * self.weight
+        if v == "normalized also read":
+            normalized = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+            return normalized * self.weight + normalized
+        if v == "another tensor scaled":
+            return (x + 1) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
+        if v == "weight first, x times x":
+            return self.weight * (torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * x)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
+
+    def forward(self, x):
+        return self.norm(self.lin(x)).float().square().mean()
+
+
+def capture_written_out(device: str, variant: str = "plain", precision: bool = True) -> str:
+    from fsdpc.capture import MixedPrecision
+    from fsdpc.export import export_training_step
+
+    policy = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision else None
+    return export_training_step(WrittenOutNorm(variant), (torch.randn(4, 16, 64),), lambda m, x: m(x),
+                                mixed_precision=policy, device=device).mlir
+
+
+@pytest.mark.parametrize("variant", ["plain", "weight first, x times x"])
+@pytest.mark.parametrize("precision", [True, False], ids=["bf16", "f32"])
+def test_a_written_out_rms_norm_for_cuda_is_one_fused_call_each_way(variant, precision):
+    """`x * rsqrt(mean(x^2) + eps) * weight`, in either order, becomes the
+    fused kernel each way for a CUDA target, as nn.RMSNorm does, and names
+    the user's line; a CPU target keeps what the user wrote."""
+    cuda, cpu = (capture_written_out(device, variant, precision) for device in ("cuda", "cpu"))
+    calls = aten_calls(cuda)
+    assert calls.count("_fused_rms_norm") == 1 and calls.count("_fused_rms_norm_backward") == 1
+    assert "rsqrt" not in calls and "mean.dim" not in calls and len(calls) < len(aten_calls(cpu))
+    assert "rsqrt" in aten_calls(cpu) and "_fused_rms_norm" not in aten_calls(cpu)
+    fused = re.search(r'"aten::_fused_rms_norm" .*\[64\], 1 : index, ([-+.e0-9]+)\].* (loc\(.*\))', cuda)
+    assert fused and float(fused[1]) == pytest.approx(1e-5 if variant == "plain" else 1e-6, rel=1e-12)
+    written = re.search(r'"aten::rsqrt" .* (loc\(.*\))', cpu)
+    assert fused[2] == written[1] and "test_cuda_capture.py" in fused[2]  # where the user wrote the norm
+
+
+@pytest.mark.parametrize("variant", ["mean over rows", "cubed", "normalized also read", "another tensor scaled",
+                                     "float64 weight"])
+def test_what_is_not_an_rms_norm_stays_as_written(variant):
+    """A mean over another dimension, another power, the normalized tensor
+    read again, a different tensor scaled than squared, a weight of another
+    dtype (eager's rms_norm would not fuse it either): nothing is fused."""
+    calls = aten_calls(capture_written_out("cuda", variant, precision=False))
+    assert "_fused_rms_norm" not in calls and "rsqrt" in calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_the_fused_written_out_norm_computes_what_the_user_wrote(dtype):
+    """The rewritten forward, run for real on the CPU (the fused backward's
+    CPU stand-in is PyTorch's decomposition of it), against the model as
+    written: the loss and every gradient within what rounding once instead
+    of after each op changes (fp32: 1e-5; bf16: 2^-7)."""
+    from torch._decomp import decomposition_table
+
+    from fsdpc.capture import traced_forward
+    from fsdpc.rms_norm import fuse_written_out_rms_norms
+
+    torch.manual_seed(0)
+    model = WrittenOutNorm().to(dtype)
+    x = torch.randn(4, 16, 64, dtype=dtype)
+    loss_fn = lambda m, x: m(x)  # noqa: E731
+    with traced_forward(model, (x,), loss_fn, device="cpu") as trace:
+        program = trace.program
+    assert fuse_written_out_rms_norms(program.graph_module) == 1
+    library = torch.library.Library("fsdpc", "IMPL")
+    library.impl("fused_rms_norm_backward", decomposition_table[torch.ops.aten._fused_rms_norm_backward.default],
+                 "CPU")
+    try:
+        fused = program.module()
+        loss = fused(x)
+        loss.backward()
+    finally:
+        library._destroy()
+    expected = model(x)
+    expected.backward()
+    tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2**-7, atol=1e-3)
+    torch.testing.assert_close(loss, expected, **tolerance)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(fused.get_parameter("model." + name).grad, param.grad, **tolerance)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_the_stand_ins_are_eagers_kernels_on_the_gpu(dtype):

@@ -57,7 +57,8 @@ def test_the_llama_step_fuses_its_chains(llama_bf16):
     program, plain = translate(fused), translate(unfused)
     kernels = json.loads(program.text)["kernels"]
     calls = program.functions["train_step"].instructions
-    assert fused.count("fsdp.pointwise") >= 20 and "fsdp.pointwise" not in unfused
+    # Per layer at least the rotary and SwiGLU chains each way (its norms are fused calls of their own).
+    assert fused.count("fsdp.pointwise") >= 6 * 2 and "fsdp.pointwise" not in unfused
     assert calls < plain.functions["train_step"].instructions - 20
     # Two identical layers share their kernels: fewer kernels than fused ops.
     assert 0 < len(kernels) < fused.count("= fsdp.pointwise")
