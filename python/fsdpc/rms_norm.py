@@ -18,11 +18,13 @@ operator cannot), and for a CPU target, capture takes the composite.
 
 An RMSNorm written out by hand (`x * torch.rsqrt(x.pow(2).mean(-1,
 keepdim=True) + eps) * weight`, the project's Llama and many others) is
-recognized in the exported forward (`fuse_written_out_rms_norms`) and
+recognized in the exported forward (`fuse_written_out_rms_norms`), also
+computed in fp32 and cast back as Hugging Face's norms write it, and
 becomes the same stand-in, as a compiler fuses it: one pass each way
 instead of five kernels forward and a dozen backward. The fused kernel
 computes in fp32 and rounds once where the written-out form rounds after
-each of its ops in bf16, as the generated pointwise kernels do.
+each of its ops in bf16 (or once more before the weight), as the generated
+pointwise kernels do.
 """
 
 from __future__ import annotations
@@ -124,9 +126,15 @@ def _calls(node, *targets) -> bool:
     return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
 
 
+def _readers(node: fx.Node) -> set[fx.Node]:
+    """Who reads `node`, leaving out export's dtype assertions on it (the
+    joint trace drops those)."""
+    return {user for user in node.users if not _calls(user, aten._assert_tensor_metadata.default)}
+
+
 def _only_feeds(node: fx.Node, user: fx.Node) -> bool:
     """`node` is read by `user` alone, so the fused call can replace it."""
-    return set(node.users) == {user}
+    return _readers(node) == {user}
 
 
 def _either_order(pair):
@@ -134,14 +142,35 @@ def _either_order(pair):
     return ((first, second), (second, first))
 
 
+def _cast_of(node) -> tuple[fx.Node, torch.dtype] | None:
+    """(source, dtype) where `node` is `source.to(dtype)` and nothing more."""
+    if _calls(node, aten.to.dtype) and len(node.args) == 2 and not node.kwargs:
+        return node.args[0], node.args[1]
+    if _calls(node, aten._to_copy.default) and len(node.args) == 1 and set(node.kwargs) == {"dtype"}:
+        return node.args[0], node.kwargs["dtype"]
+    return None
+
+
+# Inputs whose upcast to fp32, as Hugging Face's norms write it, loses nothing.
+_EXACT_IN_FP32 = (torch.bfloat16, torch.float16, torch.float32)
+
+
 def _written_out_norm(product: fx.Node):
-    """(x, weight, eps, the nodes the fused call replaces) where `product`
-    is `x * rsqrt(mean(x ** 2, [-1], keepdim=True) + eps) * weight`, with the
-    multiplications in either order and `x * x` for the square; else None."""
+    """(input, weight, eps, the nodes the fused call replaces) where
+    `product` is `x * rsqrt(mean(x ** 2, [-1], keepdim=True) + eps) *
+    weight`: the multiplications in either order, `x * x` for the square,
+    and optionally computed in fp32 as Hugging Face's norms are (`x` the
+    input cast to fp32, the normalized value cast back to the input's dtype
+    before the weight); else None."""
     if not _calls(product, aten.mul.Tensor) or product.kwargs:
         return None
-    for normed, weight in _either_order(product.args):
-        if not _calls(normed, aten.mul.Tensor) or normed.kwargs or not _only_feeds(normed, product):
+    for scaled, weight in _either_order(product.args):
+        cast_back = _cast_of(scaled)
+        normed = cast_back[0] if cast_back else scaled
+        if cast_back and not _only_feeds(scaled, product):
+            continue
+        if not _calls(normed, aten.mul.Tensor) or normed.kwargs or not _only_feeds(normed, scaled if cast_back
+                                                                                    else product):
             continue
         for x, root in _either_order(normed.args):
             if not _calls(root, aten.rsqrt.default) or not _only_feeds(root, normed):
@@ -160,15 +189,23 @@ def _written_out_norm(product: fx.Node):
             if not (_calls(squared, aten.pow.Tensor_Scalar) and squared.args == (x, 2)) and \
                     not (_calls(squared, aten.mul.Tensor) and squared.args == (x, x) and not squared.kwargs):
                 continue
-            x_value, weight_value, result = (getattr(n, "meta", {}).get("val") for n in (x, weight, product))
-            if not all(isinstance(v, torch.Tensor) for v in (x_value, weight_value, result)) or x_value.dim() < 1:
+            upcast = _cast_of(x)
+            input = upcast[0] if upcast and upcast[1] == torch.float32 else x
+            values = [getattr(n, "meta", {}).get("val") for n in (input, x, weight, product)]
+            if not all(isinstance(v, torch.Tensor) for v in values) or values[0].dim() < 1:
                 continue
-            last = x_value.dim() - 1
-            if list(dims) not in ([-1], [last]) or weight_value.shape != x_value.shape[-1:]:
+            input_value, x_value, weight_value, result = values
+            if input is not x and input_value.dtype not in _EXACT_IN_FP32:
                 continue
-            if not takes_fused_kernel(x_value, weight_value) or result.dtype != x_value.dtype:
+            if list(dims) not in ([-1], [x_value.dim() - 1]) or weight_value.shape != input_value.shape[-1:]:
                 continue
-            return x, weight, float(eps), [product, normed, root, shifted, mean, squared]
+            if not takes_fused_kernel(input_value, weight_value) or result.dtype != input_value.dtype \
+                    or result.shape != input_value.shape:
+                continue
+            replaced = [product, *([scaled] if cast_back else []), normed, root, shifted, mean, squared]
+            if input is not x and _readers(x) <= set(replaced):
+                replaced.append(x)
+            return input, weight, float(eps), replaced
     return None
 
 
@@ -196,6 +233,8 @@ def fuse_written_out_rms_norms(graph_module: fx.GraphModule) -> int:
         normalized.meta.update(inherited, val=values[0])
         node.replace_all_uses_with(normalized)
         for dead in replaced:
+            for assertion in list(dead.users):  # only export's dtype assertions are left reading it
+                graph.erase_node(assertion)
             graph.erase_node(dead)
         rewritten += 1
     if rewritten:

@@ -302,6 +302,10 @@ class WrittenOutNorm(torch.nn.Module):
             return (x + 1) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
         if v == "weight first, x times x":
             return self.weight * (torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * x)
+        if v in ("hugging face", "in fp32, not cast back"):  # transformers' LlamaRMSNorm, T5LayerNorm
+            wide = x.to(torch.float32)
+            wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + 1e-6)
+            return self.weight * (wide.to(x.dtype) if v == "hugging face" else wide)
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
 
     def forward(self, x):
@@ -317,16 +321,18 @@ def capture_written_out(device: str, variant: str = "plain", precision: bool = T
                                 mixed_precision=policy, device=device).mlir
 
 
-@pytest.mark.parametrize("variant", ["plain", "weight first, x times x"])
+@pytest.mark.parametrize("variant", ["plain", "weight first, x times x", "hugging face"])
 @pytest.mark.parametrize("precision", [True, False], ids=["bf16", "f32"])
 def test_a_written_out_rms_norm_for_cuda_is_one_fused_call_each_way(variant, precision):
-    """`x * rsqrt(mean(x^2) + eps) * weight`, in either order, becomes the
-    fused kernel each way for a CUDA target, as nn.RMSNorm does, and names
-    the user's line; a CPU target keeps what the user wrote."""
+    """`x * rsqrt(mean(x^2) + eps) * weight`, in either order or computed in
+    fp32 and cast back (Hugging Face's), becomes the fused kernel each way
+    for a CUDA target, as nn.RMSNorm does, and names the user's line; a CPU
+    target keeps what the user wrote."""
     cuda, cpu = (capture_written_out(device, variant, precision) for device in ("cuda", "cpu"))
     calls = aten_calls(cuda)
     assert calls.count("_fused_rms_norm") == 1 and calls.count("_fused_rms_norm_backward") == 1
     assert "rsqrt" not in calls and "mean.dim" not in calls and len(calls) < len(aten_calls(cpu))
+    assert re.search(r'"aten::_fused_rms_norm" \(%\w+, %\w+\) .* -> \(tensor<4x16x64x(bf16|f32)>', cuda)
     assert "rsqrt" in aten_calls(cpu) and "_fused_rms_norm" not in aten_calls(cpu)
     fused = re.search(r'"aten::_fused_rms_norm" .*\[64\], 1 : index, ([-+.e0-9]+)\].* (loc\(.*\))', cuda)
     assert fused and float(fused[1]) == pytest.approx(1e-5 if variant == "plain" else 1e-6, rel=1e-12)
@@ -334,18 +340,22 @@ def test_a_written_out_rms_norm_for_cuda_is_one_fused_call_each_way(variant, pre
     assert fused[2] == written[1] and "test_cuda_capture.py" in fused[2]  # where the user wrote the norm
 
 
-@pytest.mark.parametrize("variant", ["mean over rows", "cubed", "normalized also read", "another tensor scaled",
-                                     "float64 weight"])
-def test_what_is_not_an_rms_norm_stays_as_written(variant):
+@pytest.mark.parametrize("variant, precision", [("mean over rows", False), ("cubed", False),
+                                                ("normalized also read", False), ("another tensor scaled", False),
+                                                ("float64 weight", False), ("in fp32, not cast back", True)])
+def test_what_is_not_an_rms_norm_stays_as_written(variant, precision):
     """A mean over another dimension, another power, the normalized tensor
     read again, a different tensor scaled than squared, a weight of another
-    dtype (eager's rms_norm would not fuse it either): nothing is fused."""
-    calls = aten_calls(capture_written_out("cuda", variant, precision=False))
+    dtype (eager's rms_norm would not fuse it either), a bf16 input
+    normalized in fp32 and left there (the fused kernel's result would be
+    bf16): nothing is fused."""
+    calls = aten_calls(capture_written_out("cuda", variant, precision=precision))
     assert "_fused_rms_norm" not in calls and "rsqrt" in calls
 
 
+@pytest.mark.parametrize("variant", ["plain", "hugging face"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_the_fused_written_out_norm_computes_what_the_user_wrote(dtype):
+def test_the_fused_written_out_norm_computes_what_the_user_wrote(dtype, variant):
     """The rewritten forward, run for real on the CPU (the fused backward's
     CPU stand-in is PyTorch's decomposition of it), against the model as
     written: the loss and every gradient within what rounding once instead
@@ -356,7 +366,7 @@ def test_the_fused_written_out_norm_computes_what_the_user_wrote(dtype):
     from fsdpc.rms_norm import fuse_written_out_rms_norms
 
     torch.manual_seed(0)
-    model = WrittenOutNorm().to(dtype)
+    model = WrittenOutNorm(variant).to(dtype)
     x = torch.randn(4, 16, 64, dtype=dtype)
     loss_fn = lambda m, x: m(x)  # noqa: E731
     with traced_forward(model, (x,), loss_fn, device="cpu") as trace:
