@@ -353,23 +353,26 @@ def test_what_is_not_an_rms_norm_stays_as_written(variant, precision):
     assert "_fused_rms_norm" not in calls and "rsqrt" in calls
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU on this machine"))])
 @pytest.mark.parametrize("variant", ["plain", "hugging face"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_the_fused_written_out_norm_computes_what_the_user_wrote(dtype, variant):
-    """The rewritten forward, run for real on the CPU (the fused backward's
-    CPU stand-in is PyTorch's decomposition of it), against the model as
-    written: the loss and every gradient within what rounding once instead
-    of after each op changes (fp32: 1e-5; bf16: 2^-7)."""
+def test_the_fused_written_out_norm_computes_what_the_user_wrote(dtype, variant, device):
+    """The rewritten forward, run for real (on the CPU the fused backward's
+    stand-in is PyTorch's decomposition of it; on a GPU the CUDA kernels
+    run), against the model as written: the loss and every gradient within
+    what rounding once instead of after each op changes (fp32: 1e-5; bf16:
+    2^-7)."""
     from torch._decomp import decomposition_table
 
     from fsdpc.capture import traced_forward
     from fsdpc.rms_norm import fuse_written_out_rms_norms
 
     torch.manual_seed(0)
-    model = WrittenOutNorm(variant).to(dtype)
-    x = torch.randn(4, 16, 64, dtype=dtype)
+    model = WrittenOutNorm(variant).to(device, dtype)
+    x = torch.randn(4, 16, 64, dtype=dtype).to(device)
     loss_fn = lambda m, x: m(x)  # noqa: E731
-    with traced_forward(model, (x,), loss_fn, device="cpu") as trace:
+    with traced_forward(model, (x,), loss_fn, device="cpu") as trace:  # the rewrite is the test's, below
         program = trace.program
     assert fuse_written_out_rms_norms(program.graph_module) == 1
     library = torch.library.Library("fsdpc", "IMPL")
