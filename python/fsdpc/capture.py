@@ -457,10 +457,10 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
         with (_mixed_precision_casts(model, units, mixed_precision), FusedAttentionFor(device),
               FusedRmsNormFor(device), _ScalarTensorsAsOps()):
             program = _export(step, batch)
-            if device == "cuda":
-                fuse_written_out_rms_norms(program.graph_module)
             aliases = {identity: [real_fqn.get(n, n) for n in names]
                        for identity, names in _alias_groups(model).items()}
+        if device == "cuda":
+            fuse_written_out_rms_norms(program.graph_module)
         _check_outputs(program)
         yield ForwardTrace(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device)
 
