@@ -61,6 +61,28 @@ def SimplifyBackwardPass : Pass<"fsdp-simplify-backward", "::mlir::ModuleOp"> {
   }];
 }
 
+def FoldAddIntoMatmulPass : Pass<"fsdp-fold-add-into-matmul", "::mlir::ModuleOp"> {
+  let summary = "Accumulate a matrix product onto the tensor added to it (one addmm instead of mm and add).";
+  let description = [{
+    A residual connection adds a block's output, a matrix product, to its
+    input; a gradient that flows through two branches sums two products.
+    Each such `add.Tensor` is a full-size kernel of its own, reading both
+    tensors and writing a third. BLAS accumulates onto a tensor for free in
+    its epilogue (beta = 1), so this pass rewrites
+
+    - `add(x, mm(a, b))` (either order, alpha 1), optionally through a
+      `view` of the product, into `addmm(x, a, b)`, viewing x as the
+      product's shape and the sum back as the add's,
+
+    where nothing else reads the product or its view, x has the sum's
+    shape and dtype (no broadcast, no promotion), eager lays x out
+    row-major (`EagerStrides`), and x exists before the product: the
+    `addmm` takes the product's place, so no value lives longer. The sum is
+    rounded once (the product's accumulator plus x) instead of twice. The
+    sharding pipeline runs this pass after simplify-backward.
+  }];
+}
+
 def GroupUnitsPass : Pass<"fsdp-group-units", "::mlir::ModuleOp"> {
   let summary = "Merge consecutive wrap units into one, so their parameters travel in one bucket.";
   let description = [{

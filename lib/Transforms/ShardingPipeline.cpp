@@ -124,6 +124,7 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
 
   pm.addPass(createFoldViewsPass());
   pm.addPass(createSimplifyBackwardPass());
+  pm.addPass(createFoldAddIntoMatmulPass());
   if (options.unitsPerGroup != 1 || options.unitBucketMib != 0) {
     GroupUnitsPassOptions group;
     group.size = options.unitsPerGroup;
