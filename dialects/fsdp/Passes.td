@@ -67,8 +67,10 @@ def FoldAddIntoMatmulPass : Pass<"fsdp-fold-add-into-matmul", "::mlir::ModuleOp"
     A residual connection adds a block's output, a matrix product, to its
     input; a gradient that flows through two branches sums two products.
     Each such `add.Tensor` is a full-size kernel of its own, reading both
-    tensors and writing a third. BLAS accumulates onto a tensor for free in
-    its epilogue (beta = 1), so this pass rewrites
+    tensors and writing a third. BLAS accumulates onto a tensor in its
+    epilogue (beta = 1); ATen's `addmm` first copies that tensor into its
+    result, two passes over memory instead of the add's three. This pass
+    rewrites
 
     - `add(x, mm(a, b))` (either order, alpha 1), optionally through a
       `view` of the product, into `addmm(x, a, b)`, viewing x as the

@@ -159,6 +159,8 @@ OpWork atenWork(AtenOp op) {
     if (lhs && result && lhs.getRank() >= 2) {
       work.kind = OpWork::Matmul;
       work.flops = 2 * elements(result) * double(lhs.getShape().back());
+      if (matrix == 1 && operandAt(op, 0) && operandAt(op, 0).getType() == result)
+        work.copyBytes = 2 * tensorBytes(result);
     }
     return work;
   }
@@ -212,7 +214,8 @@ double kernelSeconds(const OpWork &work, const Machine &machine) {
     math = idealSeconds(work, machine.gpu) / machine.matmulEfficiency;
   else if (work.kind == OpWork::Attention)
     math = idealSeconds(work, machine.gpu) / machine.attentionEfficiency;
-  return std::max({memory, math, machine.shortestKernel});
+  double copy = work.copyBytes / (machine.gpu.memoryBandwidth * machine.memoryEfficiency);
+  return std::max({memory, math, machine.shortestKernel}) + copy;
 }
 
 /// Whether the group of `start` (taken at rank 0: every group of the same
@@ -361,6 +364,7 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
                       : work.kind == OpWork::Attention ? time.idealAttention
                                                        : time.idealMemory;
       ideal += idealSeconds(work, machine.gpu);
+      time.idealMemory += work.copyBytes / machine.gpu.memoryBandwidth;
       time.flops += work.flops;
       if (!op.hasAttr(kRecomputedAttr))
         time.modelFlops += work.flops;

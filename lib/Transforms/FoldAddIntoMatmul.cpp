@@ -9,7 +9,8 @@
 //   %s = fsdp.aten "aten::add.Tensor" (%x, %v) args [0 : index, 1 : index, 1] : (...) -> tensor<2x4x16xf32>
 //
 // After: the product accumulates onto the other addend, as BLAS does with
-// beta = 1 (cuBLAS in its epilogue); the sum is the product's only
+// beta = 1 (ATen first copies the addend into the result: two passes over
+// memory instead of the add's three); the sum is the product's only
 // allocation, where the product was:
 //
 //   %x2 = fsdp.aten "aten::view" (%x) args [0 : index, [8, 16]] : (tensor<2x4x16xf32>) -> tensor<8x16xf32>

@@ -67,6 +67,10 @@ struct OpWork {
   double flops = 0;
   double bytes = 0;     // read plus written
   bool tensorCores = false; // bf16/f16 operands
+  /// A memory pass before the kernel: `addmm` onto a tensor of the result's
+  /// size first copies it into the result (ATen, CPU and CUDA alike), then
+  /// the GEMM accumulates onto it.
+  double copyBytes = 0;
 };
 OpWork workOf(Operation *op);
 
