@@ -13,6 +13,15 @@ operator, and both reach the IR whole. No GPU is needed to capture: the
 choice restates the rules of PyTorch's CUDA dispatcher (`sdp_utils.cpp`,
 torch 2.11 to 2.15).
 
+Keys and values repeated to the query's heads before the call
+(`k.repeat_interleave(q_heads // kv_heads, dim=1)`, grouped-query
+attention written out) reach cuDNN's and flash attention's kernels
+unrepeated, as `enable_gqa=True` would pass them, wherever one of those
+takes the grouped call: the kernels read each key/value head for its group
+of query heads, which is what the repeat computes, so the repeated copies
+(forward, and saved for backward) and the gradients' sums over the repeats
+are gone.
+
 For a CPU target, and wherever no fused kernel applies, capture takes math
 attention by name, so that autograd differentiates its ops one by one.
 """
@@ -27,6 +36,7 @@ from enum import Enum
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 TARGET_DEVICES = ("cpu", "cuda")
 
@@ -62,6 +72,13 @@ _SDPA_PARAMETERS = inspect.Signature([
     for name, default in (("query", inspect.Parameter.empty), ("key", inspect.Parameter.empty),
                           ("value", inspect.Parameter.empty), ("attn_mask", None), ("dropout_p", 0.0),
                           ("is_causal", False), ("scale", None), ("enable_gqa", False))])
+
+_REPEAT_INTERLEAVE = (torch.Tensor.repeat_interleave, torch.repeat_interleave)
+_REPEAT_PARAMETERS = inspect.Signature([
+    inspect.Parameter("input", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+    inspect.Parameter("repeats", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+    inspect.Parameter("dim", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
+    inspect.Parameter("output_size", inspect.Parameter.KEYWORD_ONLY, default=None)])
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _GRID_LIMIT = 65535  # batch and heads of one launch
@@ -112,9 +129,15 @@ class FusedAttentionFor(TorchFunctionMode):
             raise ValueError(f"unknown target device '{device}'; use one of {', '.join(TARGET_DEVICES)}")
         self.device, self.gpu = device, gpu
         self.chosen: list[AttentionKernel] = []
+        # 4-D tensors repeated along the heads: the result -> (the tensor repeated, repeats).
+        self._head_repeats = WeakIdKeyDictionary()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _REPEAT_INTERLEAVE:
+            result = func(*args, **kwargs)
+            self._note_head_repeat(args, kwargs, result)
+            return result
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
         call = _SDPA_PARAMETERS.bind(*args, **kwargs)
@@ -122,6 +145,8 @@ class FusedAttentionFor(TorchFunctionMode):
         a = call.arguments
         q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
         aten = torch.ops.aten
+        if self.device == "cuda" and not a["enable_gqa"]:
+            k, v, a["enable_gqa"] = self._unrepeated(q, k, v, mask, a["is_causal"])
         kernel = (cuda_attention_kernel(q, k, v, mask, a["is_causal"], a["enable_gqa"], self.gpu)
                   if self.device == "cuda" else AttentionKernel.MATH)
         self.chosen.append(kernel)
@@ -143,3 +168,31 @@ class FusedAttentionFor(TorchFunctionMode):
                                                             scale=a["scale"])[0]
         return aten._scaled_dot_product_efficient_attention(q, k, v, mask, needs_grad, a["dropout_p"],
                                                             a["is_causal"], scale=a["scale"])[0]
+
+    def _note_head_repeat(self, args, kwargs, result) -> None:
+        """Remembers `result` if it is a 4-D tensor's heads (dimension 1)
+        each repeated a whole number of times in place."""
+        try:
+            call = _REPEAT_PARAMETERS.bind(*args, **kwargs)
+        except TypeError:
+            return
+        source, repeats, dim = call.arguments["input"], call.arguments["repeats"], call.arguments.get("dim")
+        if (isinstance(source, torch.Tensor) and source.dim() == 4 and dim in (1, -3)
+                and isinstance(repeats, int) and not isinstance(repeats, bool) and repeats >= 1
+                and isinstance(result, torch.Tensor)):
+            self._head_repeats[result] = (source, repeats)
+
+    def _unrepeated(self, q, k, v, mask, is_causal) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """(key, value, enable_gqa): the tensors `k` and `v` repeat, grouped,
+        where both repeat their heads alike to the query's and cuDNN or flash
+        attention takes the grouped call on the target; else as given."""
+        key, value = self._head_repeats.get(k), self._head_repeats.get(v)
+        if key is None or value is None or key[1] != value[1] or q.dim() != 4:
+            return k, v, False
+        (k_heads, repeats), (v_heads, _) = key, value
+        if q.shape[1] != k_heads.shape[1] * repeats or k_heads.shape[1] != v_heads.shape[1]:
+            return k, v, False
+        grouped = cuda_attention_kernel(q, k_heads, v_heads, mask, is_causal, True, self.gpu)
+        if grouped not in (AttentionKernel.CUDNN, AttentionKernel.FLASH):
+            return k, v, False
+        return k_heads, v_heads, True

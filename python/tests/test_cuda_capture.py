@@ -87,40 +87,87 @@ def test_flash_attention_where_cudnn_is_not_preferred(tmp_path, monkeypatch):
 
 
 class GroupedAttention(torch.nn.Module):
-    """8 query heads over 2 key/value heads, `enable_gqa=True`."""
+    """8 query heads over 2 key/value heads: `enable_gqa=True`, or the
+    key/value heads repeated to the query's first (`repeat`: "heads", or
+    another way that is not grouped-query attention)."""
 
-    def __init__(self):
+    def __init__(self, repeat: str | None = None):
         super().__init__()
+        self.repeat = repeat
         self.q, self.kv = torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 32, bias=False)
 
     def forward(self, x):
         batch, seq, _ = x.shape
         q = self.q(x).view(batch, seq, 8, 8).transpose(1, 2)
         k, v = (t.view(batch, seq, 2, 8).transpose(1, 2) for t in self.kv(x).chunk(2, dim=-1))
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum()
+        attention = torch.nn.functional.scaled_dot_product_attention
+        if self.repeat is None:
+            return attention(q, k, v, is_causal=True, enable_gqa=True).sum()
+        if self.repeat == "heads":
+            k, v = k.repeat_interleave(4, dim=1), torch.repeat_interleave(v, 4, dim=-3)
+        elif self.repeat == "keys and values unlike":
+            k, v = k.repeat_interleave(4, dim=1), v.repeat(1, 4, 1, 1)
+        elif self.repeat == "scaled after repeating":
+            k, v = k.repeat_interleave(4, dim=1) * 2, v.repeat_interleave(4, dim=1)
+        elif self.repeat == "along the sequence":
+            k, v = (t.repeat_interleave(4, dim=2).reshape(batch, 8, seq, 8) for t in (k, v))
+        return attention(q, k, v, is_causal=True).sum()
 
 
+@pytest.mark.parametrize("repeat", [None, "heads"], ids=["enable_gqa", "repeated heads"])
 @pytest.mark.parametrize("deprioritize_cudnn", [False, True], ids=["cudnn", "flash"])
-def test_grouped_heads_reach_the_fused_kernel_unrepeated(deprioritize_cudnn, monkeypatch):
-    """As eager (cuDNN since torch 2.8, flash since 2.5): the kernels take 2
-    key/value heads for 8 query heads, with no repeated copies of them
-    forward or summed gradients backward."""
+def test_grouped_heads_reach_the_fused_kernel_unrepeated(deprioritize_cudnn, repeat, monkeypatch):
+    """As eager with `enable_gqa` (cuDNN since torch 2.8, flash since 2.5):
+    the kernels take 2 key/value heads for 8 query heads, with no repeated
+    copies of them forward or summed gradients backward; key/value heads
+    repeated with `repeat_interleave` before the call reach them alike."""
     from fsdpc.capture import MixedPrecision
     from fsdpc.export import export_training_step
 
     if deprioritize_cudnn:
         monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")
     kernel = "flash" if deprioritize_cudnn else "cudnn"
-    text = export_training_step(GroupedAttention(), (torch.randn(2, 16, 64),), lambda m, x: m(x),
+    text = export_training_step(GroupedAttention(repeat), (torch.randn(2, 16, 64),), lambda m, x: m(x),
                                 mixed_precision=MixedPrecision(param_dtype=torch.bfloat16), device="cuda").mlir
     calls = aten_calls(text)
     assert calls.count(f"_scaled_dot_product_{kernel}_attention") == 1
     assert calls.count(f"_scaled_dot_product_{kernel}_attention_backward") == 1
     assert "repeat_interleave" not in " ".join(calls) and "index_select" not in calls
+    assert "clone" not in calls, sorted(set(calls))
     forward = next(line for line in text.splitlines() if f'"aten::_scaled_dot_product_{kernel}_attention"' in line)
     assert "tensor<2x8x16x8xbf16>, tensor<2x2x16x8xbf16>, tensor<2x2x16x8xbf16>" in forward, forward
     sharded = run_fsdp_opt(text, ["--fsdp-sharding-pipeline=ranks=2 backend=nccl"])
     assert translate(sharded).device_kind == "cuda"
+
+
+@pytest.mark.parametrize("repeat, precision", [("keys and values unlike", "bf16"), ("scaled after repeating", "bf16"),
+                                               ("along the sequence", "bf16"), ("heads", "f32")])
+def test_repeats_that_are_not_grouped_heads_stay(repeat, precision):
+    """Keys repeated one way and values another, keys computed on after
+    their repeat, a repeat along the sequence, and an fp32 call (grouped,
+    only math attention would take it; repeated, memory-efficient attention
+    does): the repeated tensors reach the kernel as written."""
+    from fsdpc.capture import MixedPrecision
+    from fsdpc.export import export_training_step
+
+    policy = MixedPrecision(param_dtype=torch.bfloat16) if precision == "bf16" else None
+    text = export_training_step(GroupedAttention(repeat), (torch.randn(2, 16, 64),), lambda m, x: m(x),
+                                mixed_precision=policy, device="cuda").mlir
+    forward = next(line for line in text.splitlines() if "_scaled_dot_product_" in line and "backward" not in line)
+    query, key, value = re.search(r": \((tensor<[^>]*>), (tensor<[^>]*>), (tensor<[^>]*>)", forward).groups()
+    assert query.split("x")[1] == key.split("x")[1] == value.split("x")[1], forward
+
+
+def test_grouped_query_attention_is_the_repeated_heads():
+    """The equivalence the capture relies on, as torch defines it: each
+    query head h attends to key/value head h // (query heads / key heads),
+    which is what repeat_interleave along the heads builds."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, heads, 16, 8, generator=generator) for heads in (8, 2, 2))
+    attention = torch.nn.functional.scaled_dot_product_attention
+    torch.testing.assert_close(attention(q, k, v, is_causal=True, enable_gqa=True),
+                               attention(q, k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1),
+                                         is_causal=True), rtol=1e-6, atol=1e-6)
 
 
 def meta(*shape, dtype=torch.bfloat16):
