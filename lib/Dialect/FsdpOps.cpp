@@ -880,6 +880,24 @@ std::optional<SmallVector<int64_t>> mlir::fsdp::integerListLiteral(AtenOp op, un
   return values;
 }
 
+ArrayAttr mlir::fsdp::integerListAttr(Builder &builder, ArrayRef<int64_t> values) {
+  return builder.getArrayAttr(
+      llvm::map_to_vector(values, [&](int64_t value) -> Attribute { return builder.getI64IntegerAttr(value); }));
+}
+
+bool mlir::fsdp::isReshape(AtenOp op) {
+  return op && (op.getCallee() == "aten::view" || op.getCallee() == "aten::_unsafe_view");
+}
+
+Value mlir::fsdp::createView(OpBuilder &builder, Location loc, Value value, ArrayRef<int64_t> shape,
+                             StringAttr module) {
+  auto type = RankedTensorType::get(shape, cast<RankedTensorType>(value.getType()).getElementType());
+  return AtenOp::create(builder, loc, TypeRange{type}, builder.getStringAttr("aten::view"), ValueRange{value},
+                        builder.getArrayAttr({builder.getIndexAttr(0), integerListAttr(builder, shape)}), UnitAttr(),
+                        module)
+      ->getResult(0);
+}
+
 std::optional<bool> mlir::fsdp::boolLiteral(AtenOp op, unsigned position) {
   if (auto flag = dyn_cast_or_null<BoolAttr>(literalAt(op, position)))
     return flag.getValue();

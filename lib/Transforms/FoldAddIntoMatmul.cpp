@@ -43,11 +43,6 @@ using namespace mlir::fsdp;
 
 namespace {
 
-bool isReshape(AtenOp op) {
-  return op && op.getInputs().size() == 1 && op->getNumResults() == 1 &&
-         (op.getCallee() == "aten::view" || op.getCallee() == "aten::_unsafe_view");
-}
-
 /// A matrix product with one result, read by `user` alone.
 AtenOp productFeeding(Value value, Operation *user) {
   auto product = value.getDefiningOp<AtenOp>();
@@ -101,11 +96,6 @@ std::optional<Fold> foldOf(AtenOp add, EagerStrides &strides) {
   return std::nullopt;
 }
 
-ArrayAttr sizes(Builder &builder, ArrayRef<int64_t> shape) {
-  return builder.getArrayAttr(
-      llvm::map_to_vector(shape, [&](int64_t size) -> Attribute { return builder.getI64IntegerAttr(size); }));
-}
-
 void rewrite(const Fold &fold) {
   AtenOp product = fold.product;
   OpBuilder builder(product);
@@ -114,11 +104,7 @@ void rewrite(const Fold &fold) {
   auto productType = cast<RankedTensorType>(product->getResult(0).getType());
   Value addend = fold.addend;
   if (fold.reshape)
-    addend = AtenOp::create(builder, loc, TypeRange{productType}, builder.getStringAttr("aten::view"),
-                            ValueRange{addend},
-                            builder.getArrayAttr({builder.getIndexAttr(0), sizes(builder, productType.getShape())}),
-                            UnitAttr(), module)
-                 ->getResult(0);
+    addend = createView(builder, loc, addend, productType.getShape(), module);
   Value a = product.getInputs()[0], b = product.getInputs()[1];
   Value sum = AtenOp::create(builder, loc, TypeRange{productType}, builder.getStringAttr("aten::addmm"),
                              ValueRange{addend, a, b},
@@ -127,13 +113,8 @@ void rewrite(const Fold &fold) {
                                                    builder.getI64IntegerAttr(1)}),
                              UnitAttr(), module)
                   ->getResult(0);
-  if (fold.reshape) {
-    auto sumType = cast<RankedTensorType>(fold.add->getResult(0).getType());
-    sum = AtenOp::create(builder, loc, TypeRange{sumType}, builder.getStringAttr("aten::view"), ValueRange{sum},
-                         builder.getArrayAttr({builder.getIndexAttr(0), sizes(builder, sumType.getShape())}),
-                         UnitAttr(), module)
-              ->getResult(0);
-  }
+  if (fold.reshape)
+    sum = createView(builder, loc, sum, cast<RankedTensorType>(fold.add->getResult(0).getType()).getShape(), module);
   fold.add->getResult(0).replaceAllUsesWith(sum);
   fold.add->erase();
   if (fold.reshape)

@@ -45,7 +45,6 @@ using namespace mlir::fsdp;
 
 namespace {
 
-bool isReshape(AtenOp op) { return op && (op.getCallee() == "aten::view" || op.getCallee() == "aten::_unsafe_view"); }
 /// A view that changes only the shape, never the order of elements: a
 /// reshape, or dimensions of size 1 added or dropped.
 bool isShapeOnly(AtenOp op) {
@@ -84,10 +83,7 @@ std::optional<SmallVector<int64_t>> permutation(AtenOp op) {
 
 void setListArgument(AtenOp op, ArrayRef<int64_t> values) {
   Builder builder(op.getContext());
-  SmallVector<Attribute> items;
-  for (int64_t value : values)
-    items.push_back(builder.getI64IntegerAttr(value));
-  op.setArgsAttr(builder.getArrayAttr({op.getArgsAttr()[0], builder.getArrayAttr(items)}));
+  op.setArgsAttr(builder.getArrayAttr({op.getArgsAttr()[0], integerListAttr(builder, values)}));
 }
 
 /// Makes `op` read the input of the view it reads, where both change only

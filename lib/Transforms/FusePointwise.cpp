@@ -651,22 +651,8 @@ private:
     Value index = sliceOf(builder, loc, identity->getResult(0), 1, 1, StringAttr());
     SmallVector<int64_t> shape = halfIndexShape(split);
     if (shapeOf(index) != ArrayRef<int64_t>(shape))
-      index = viewOf(builder, loc, index, shape, StringAttr());
+      index = createView(builder, loc, index, shape, StringAttr());
     return halfIndexes[split.fromEnd] = index;
-  }
-
-  /// A list of sizes as an fsdp.aten literal.
-  static ArrayAttr sizesAttr(Builder &builder, ArrayRef<int64_t> shape) {
-    return builder.getArrayAttr(llvm::map_to_vector(
-        shape, [&](int64_t size) -> Attribute { return builder.getI64IntegerAttr(size); }));
-  }
-
-  static Value viewOf(OpBuilder &builder, Location loc, Value value, ArrayRef<int64_t> shape, StringAttr module) {
-    auto type = RankedTensorType::get(shape, cast<RankedTensorType>(value.getType()).getElementType());
-    return AtenOp::create(builder, loc, TypeRange{type}, builder.getStringAttr("aten::view"), ValueRange{value},
-                          builder.getArrayAttr({builder.getIndexAttr(0), sizesAttr(builder, shape)}), UnitAttr(),
-                          module)
-        ->getResult(0);
   }
 
   /// `value[..., start:start + 1, ...]` in dimension `dim`.
@@ -700,7 +686,7 @@ private:
       module = aten.getModuleAttr();
     SmallVector<int64_t> shape = splitShape(shapeOf(value), split, /*oneHalf=*/false);
     if (half < 0)
-      read = shape == shapeOf(value) ? value : viewOf(builder, value.getLoc(), value, shape, module);
+      read = shape == shapeOf(value) ? value : createView(builder, value.getLoc(), value, shape, module);
     else {
       Value whole = splitRead(value, split, -1);
       builder.setInsertionPointAfterValue(whole);
@@ -763,7 +749,7 @@ private:
         copy->getResult(0).setType(type);
         if (copy.getCallee() == "aten::expand") {
           SmallVector<Attribute> args(copy.getArgsAttr().getValue());
-          args[1] = sizesAttr(builder, type.getShape());
+          args[1] = integerListAttr(builder, type.getShape());
           copy.setArgsAttr(builder.getArrayAttr(args));
         }
         result = copy->getResult(0);
@@ -777,7 +763,7 @@ private:
     builder.setInsertionPointAfter(fused);
     SmallVector<Value> viewedBack;
     for (auto [output, result] : llvm::zip(outputs, fused.getResults()))
-      viewedBack.push_back(viewOf(builder, loc, result, shapeOf(output), module));
+      viewedBack.push_back(createView(builder, loc, result, shapeOf(output), module));
     replaceGroup(group, outputs, viewedBack);
   }
 

@@ -45,6 +45,13 @@ std::optional<int64_t> integerLiteral(AtenOp op, unsigned position);
 std::optional<double> numberLiteral(AtenOp op, unsigned position);
 std::optional<SmallVector<int64_t>> integerListLiteral(AtenOp op, unsigned position);
 std::optional<bool> boolLiteral(AtenOp op, unsigned position);
+/// An integer list as an fsdp.aten literal (what integerListLiteral reads).
+ArrayAttr integerListAttr(Builder &builder, ArrayRef<int64_t> values);
+/// Whether `op` reshapes without reordering: `aten::view` or `_unsafe_view`.
+bool isReshape(AtenOp op);
+/// `aten::view` of `value` to `shape`, in `module`: the caller knows the
+/// layout lets ATen reshape it without a copy.
+Value createView(OpBuilder &builder, Location loc, Value value, ArrayRef<int64_t> shape, StringAttr module);
 /// `value` and every ATen view derived from it, transitively (`value` first):
 /// the values that keep its storage alive.
 SmallVector<Value> viewClosure(Value value);
