@@ -518,6 +518,9 @@ def Fsdp_ReduceScatterStartOp : Fsdp_ReducingStartOp<"reduce_scatter_start"> {
     offloaded unit: on a GPU the wait copies them (cast first, on the device)
     to pinned host memory on the transfer stream, and the step's end waits
     for that stream, so the gradients are complete when the step returns.
+    Each lands as its wait completes: the runtime hands it to a host
+    optimizer stepping in backward (`overlap_host_optimizer(in_backward=True)`)
+    from there, which is why no later all-gather may read the unit's shards.
 
     ```mlir
     %f = fsdp.reduce_scatter_start %gw on @dp axes = [0] reduction = average reduce_dtype = f32
@@ -530,8 +533,9 @@ def Fsdp_ReduceScatterStartOp : Fsdp_ReducingStartOp<"reduce_scatter_start"> {
     not with an f16 reduce dtype; divide factors positive and only with
     `sum`; grid axes distinct, in range and static; `unit` names an
     `fsdp.unit`; `host` only with an offloaded `unit`, and then the results
-    are read only by `fsdp.gradients`; the future has exactly one use, an
-    `fsdp.wait` in the same block.
+    are read only by `fsdp.gradients` and no `host` all-gather of the unit
+    follows (the host optimizer may step its shards once the gradients
+    land); the future has exactly one use, an `fsdp.wait` in the same block.
   }];
 }
 

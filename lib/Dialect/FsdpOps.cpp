@@ -683,7 +683,9 @@ FailureOr<int64_t> resolveCollective(CollectiveOp op, SymbolTableCollection &tab
 }
 
 /// A `host` reduction's results are gradients in host memory: only
-/// fsdp.gradients (or a release) may read them.
+/// fsdp.gradients (or a release) may read them. Once they are there the
+/// host optimizer may step the unit (in backward), so no later `host`
+/// all-gather of the same unit may read its shards.
 template <typename ReducingOp>
 LogicalResult verifyHostResults(ReducingOp op) {
   if (!op.getHost())
@@ -695,6 +697,13 @@ LogicalResult verifyHostResults(ReducingOp op) {
           return op.emitOpError() << "delivers its results to host memory, but "
                                   << user->getName() << " at " << user->getLoc()
                                   << " reads one on the device; only fsdp.gradients may";
+  for (Operation *later = op->getNextNode(); later; later = later->getNextNode())
+    if (auto gather = dyn_cast<AllGatherStartOp>(later);
+        gather && gather.getHost() && gather.getUnitAttr() == op.getUnitAttr())
+      return op.emitOpError() << "delivers unit " << op.getUnitAttr()
+                              << "'s gradients to host memory, where its optimizer may step the shards at "
+                                 "once, but the all-gather at "
+                              << gather.getLoc() << " reads those shards later";
   return success();
 }
 

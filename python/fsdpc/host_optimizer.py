@@ -25,6 +25,20 @@ and `sharded.wait_for_host_optimizer()`, which code that reads an offloaded
 parameter's values between `step()` and the next call must call first. A
 failed update fails its unit's gather (the call raises what the optimizer
 raised) and every later wait: part of the model was not updated.
+
+In backward (`overlap_host_optimizer(optimizer, in_backward=True)`), a unit
+need not wait for `optimizer.step()`: each training call starts the thread,
+which takes each offloaded unit as soon as the runtime lands its gradients in
+host memory (`_fsdp_rt.GradientLandings`, at a host reduction's wait), first
+the unit the next forward gathers first, attaches its gradients and steps
+it, while the call's backward goes on and, for what is left when it
+returns, beside the next call's forward. That is the step the user asks
+for, taken early, so the contract is stricter: every training call is
+followed by `optimizer.step()` before the next one (which then steps the
+device's parameters and checks that no hyperparameter changed since the
+call: they were read when it began), there is no clipping (the host
+steps before the norm could be known), and offloaded gradients and
+parameters are read only after `wait_for_host_optimizer()`.
 """
 
 from __future__ import annotations
@@ -49,6 +63,7 @@ class _UnitTask:
     groups: list[dict]  # the unit's parameters in the user's groups, hyperparameters as at step()
     update: object      # _fsdp_rt.HostUpdate
     stepped: bool = False
+    failed: bool = False
     clear: bool | None = None  # zero_grad came first: set_to_none, or zero in place
 
 
@@ -61,24 +76,36 @@ def _overlapped_zero_grad(optimizer: torch.optim.Optimizer, set_to_none: bool = 
     optimizer._fsdpc_host_optimizer.zero_grad(set_to_none)
 
 
+@dataclass
+class InBackward:
+    """What stepping in backward needs from the sharded module."""
+    landings: Callable[[list[tuple[str, list[str]]]], object]  # _fsdp_rt.GradientLandings
+    attach_grad: Callable[[str, nn.Parameter, torch.Tensor], None]  # a landed gradient onto the parameter's .grad
+    timeout_s: float  # the longest the thread waits for a landing
+
+
 class HostOptimizer:
     """Installed on one optimizer by `ShardedModule.overlap_host_optimizer`."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, units: Sequence[tuple[str, Sequence[nn.Parameter]]],
-                 host_update: Callable[[], object]):
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 units: Sequence[tuple[str, Sequence[tuple[str, nn.Parameter]]]],
+                 host_update: Callable[[], object], in_backward: InBackward | None = None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise StepError(f"overlap_host_optimizer takes a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if getattr(optimizer, "_fsdpc_host_optimizer", None) is not None:
             raise StepError("this optimizer's host steps are already overlapped")
         held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        self.units = [(unit, [p for p in params if id(p) in held]) for unit, params in units]
-        self.units = [(unit, params) for unit, params in self.units if params]
+        self._names = [(unit, [(fqn, p) for fqn, p in named if id(p) in held]) for unit, named in units]
+        self._names = [(unit, named) for unit, named in self._names if named]
+        self.units = [(unit, [p for _, p in named]) for unit, named in self._names]
         if not self.units:
             raise StepError("the optimizer holds no parameter of an offloaded unit: nothing steps on the host "
                             "(offload units with offload_policy=CPUOffloadPolicy() or the pipeline's offload options)")
         self._on_host = {id(p) for _, params in self.units for p in params}
         self.optimizer = optimizer
         self._host_update = host_update
+        self._in_backward = in_backward
+        self._uncommitted: list[dict] | None = None  # in backward: the hyperparameters a call began stepping with
         self._twin = type(optimizer).__new__(type(optimizer))
         self._twin.__setstate__({"defaults": optimizer.defaults, "state": optimizer.state, "param_groups": []})
         self._user_step, self._user_zero_grad = optimizer.step, optimizer.zero_grad
@@ -98,21 +125,71 @@ class HostOptimizer:
         if closure is not None:
             raise StepError("optimizer.step(closure) evaluates the loss again, which a host optimizer that runs "
                             "beside the next step cannot: call step() without a closure")
+        if self._uncommitted is not None:  # in backward: the offloaded units are stepping already
+            changed = [name for settings, group in zip(self._uncommitted, self.optimizer.param_groups)
+                       for name, value in _hyperparameters(group).items() if not _same(settings.get(name), value)]
+            if changed:
+                raise StepError(f"the optimizer's {', '.join(sorted(set(changed)))} changed between the training call "
+                                "and optimizer.step(): the host optimizer stepping in backward began with the values "
+                                "of the call's start; change hyperparameters after step(), before the next call")
+            self._uncommitted = None
+            with self._device_params_only():
+                return self._user_step()
         self.wait()
         with self._device_params_only():
             result = self._user_step()
+        if self._in_backward is not None:  # no training call since the last step: gradients set by hand
+            self._run(self._tasks_for(self.optimizer.param_groups))
+            self.wait()
+            return result
+        tasks = self._tasks_for(self.optimizer.param_groups)
+        self._tasks = tasks
+        self._thread = threading.Thread(target=self._run, args=(tasks,), name="fsdpc host optimizer")
+        self._thread.start()
+        return result
+
+    def check_training_call(self) -> None:
+        """In backward: the last training call's step must have been taken."""
+        if self._uncommitted is not None:
+            raise StepError("the host optimizer steps offloaded units in backward, so every training call must be "
+                            "followed by optimizer.step() before the next one (gradient accumulation: "
+                            "set_requires_gradient_sync(False) for all but the last micro-batch)")
+
+    def stepped_in_backward(self) -> set[str]:
+        """The parameters whose gradients the thread attaches as they land."""
+        return {fqn for _, named in self._names for fqn, _ in named}
+
+    def begin_training_call(self) -> object:
+        """In backward: a synchronizing training call begins. Starts the
+        thread that steps each offloaded unit once the call lands its
+        gradients; returns the GradientLandings the call passes to the
+        runtime."""
+        self.check_training_call()
         groups = self.optimizer.param_groups
-        hyperparameters = [copy.deepcopy({k: v for k, v in group.items() if k != "params"}) for group in groups]
+        self._uncommitted = [copy.deepcopy(_hyperparameters(group)) for group in groups]
+        tasks = self._tasks_for(groups)
+        landings = self._in_backward.landings([(unit, [fqn for fqn, _ in named]) for unit, named in self._names])
+        previous, self._tasks = self._thread, tasks
+        self._thread = threading.Thread(target=self._run_in_backward, args=(tasks, landings, previous),
+                                        name="fsdpc host optimizer in backward")
+        self._thread.start()
+        return landings
+
+    @property
+    def in_backward(self) -> bool:
+        return self._in_backward is not None
+
+    def _tasks_for(self, groups: list[dict]) -> list[_UnitTask]:
+        """A task per unit: its parameters in the user's groups, with the
+        hyperparameters as they are now."""
+        hyperparameters = [copy.deepcopy(_hyperparameters(group)) for group in groups]
         tasks = []
         for unit, params in self.units:
             members = {id(p) for p in params}
             unit_groups = [dict(settings, params=[p for p in group["params"] if id(p) in members])
                            for settings, group in zip(hyperparameters, groups)]
             tasks.append(_UnitTask(unit, params, [g for g in unit_groups if g["params"]], self._host_update()))
-        self._tasks = tasks
-        self._thread = threading.Thread(target=self._run, args=(tasks,), name="fsdpc host optimizer")
-        self._thread.start()
-        return result
+        return tasks
 
     def zero_grad(self, set_to_none: bool) -> None:
         if self._thread is None:
@@ -149,23 +226,62 @@ class HostOptimizer:
             if failure is not None:
                 task.update.fail(f"not stepped: the host optimizer failed earlier, at unit @{failure}")
                 continue
-            try:
-                self._twin.state = self.optimizer.state  # load_state_dict replaces the dictionary
-                self._twin.param_groups = task.groups
-                self._twin.step()
-            except BaseException as error:  # noqa: BLE001 (reported at the gather and every wait)
-                failure = f"{task.unit}: {type(error).__name__}: {error}"
-                task.update.fail(f"the optimizer step raised {type(error).__name__}: {error}")
-                continue
-            with self._lock:
-                task.stepped = True
-                clear = task.clear
-            if clear is not None:
-                _clear(task.params, clear)
-            task.update.finish()
+            failure = self._step_unit(task)
         self._twin.param_groups = []
         if failure is not None:
             self._failure = failure
+
+    def _run_in_backward(self, tasks: list[_UnitTask], landings, previous: threading.Thread | None) -> None:
+        """Steps each unit as its gradients land, first the one the next
+        forward gathers first (GradientLandings.next picks it)."""
+        if previous is not None:
+            previous.join()  # the last call's units: its forward waited for each
+        by_unit = {task.unit: task for task in tasks}
+        names = dict(self._names)
+        failure = self._failure
+        while failure is None:
+            try:
+                landed = landings.next(self._in_backward.timeout_s)
+            except BaseException as error:  # noqa: BLE001 (the step failed, and the call raises why)
+                failure = f"(no gradients): {error}"
+                break
+            if landed is None:
+                break
+            unit, grads = landed
+            task = by_unit[unit]
+            try:
+                for fqn, param in names[unit]:
+                    self._in_backward.attach_grad(fqn, param, grads[fqn])
+            except BaseException as error:  # noqa: BLE001 (reported at the gather and every wait)
+                failure = f"{unit}: {type(error).__name__}: {error}"
+                task.failed = True
+                task.update.fail(f"its gradients could not be attached: {type(error).__name__}: {error}")
+                break
+            failure = self._step_unit(task)
+        for task in tasks:
+            if not task.stepped and not task.failed:
+                task.update.fail(f"not stepped: the host optimizer failed at unit @{failure}")
+        self._twin.param_groups = []
+        if failure is not None:
+            self._failure = failure
+
+    def _step_unit(self, task: _UnitTask) -> str | None:
+        """Steps one unit's parameters; returns the failure, if it raised."""
+        try:
+            self._twin.state = self.optimizer.state  # load_state_dict replaces the dictionary
+            self._twin.param_groups = task.groups
+            self._twin.step()
+        except BaseException as error:  # noqa: BLE001 (reported at the gather and every wait)
+            task.failed = True
+            task.update.fail(f"the optimizer step raised {type(error).__name__}: {error}")
+            return f"{task.unit}: {type(error).__name__}: {error}"
+        with self._lock:
+            task.stepped = True
+            clear = task.clear
+        if clear is not None:
+            _clear(task.params, clear)
+        task.update.finish()
+        return None
 
     def pending(self) -> dict[str, object]:
         """The updates a call must wait for, by unit."""
@@ -182,6 +298,16 @@ class HostOptimizer:
         if self._failure is not None:
             raise StepError(f"the overlapped host optimizer failed at unit @{self._failure}; the offloaded "
                             "units after it were not updated either")
+
+
+def _hyperparameters(group: dict) -> dict:
+    return {k: v for k, v in group.items() if k != "params"}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    return a == b
 
 
 def _clear(params: Sequence[nn.Parameter], set_to_none: bool) -> None:

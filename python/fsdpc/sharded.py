@@ -48,7 +48,7 @@ from fsdpc.capture import MixedPrecision
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.device import DeviceError, collective_backend, dtensor_where_it_is, job_device, seed_generators
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
-from fsdpc.host_optimizer import HostOptimizer
+from fsdpc.host_optimizer import HostOptimizer, InBackward
 from fsdpc.local_step import LocalStep
 from fsdpc.program import ParamSpec, Program, runtime_extension
 from fsdpc.runtime import (NO_SYNC_STEP, STEP, CompiledProgram, StepError, compile_program, on_every_rank,
@@ -395,6 +395,7 @@ class ShardedModule(nn.Module):
         options = config["options"]
         if not train:  # nothing to reduce, nothing to accumulate
             options = " ".join(o for o in options.split() if not o.startswith("gradient-accumulation"))
+        self.wait_for_host_optimizer()  # capture swaps the module's parameters, which the host thread steps
         try:
             with self._capture_view(train) as model:
                 shapes = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in batch]
@@ -453,21 +454,31 @@ class ShardedModule(nn.Module):
     def sharded_ir(self) -> str:
         return self._programs_any().sharded_ir
 
-    def overlap_host_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+    def overlap_host_optimizer(self, optimizer: torch.optim.Optimizer, *, in_backward: bool = False) -> None:
         """Runs `optimizer`'s steps of offloaded units on a host thread, beside
         the next call's forward: `optimizer.step()` steps the device's
         parameters and returns, and each offloaded unit's gather waits for
         its own update (python/fsdpc/host_optimizer.py says what else waits).
         Read offloaded parameters between `step()` and the next call only
-        after `wait_for_host_optimizer()`."""
+        after `wait_for_host_optimizer()`.
+
+        `in_backward=True` steps each offloaded unit as soon as a training
+        call lands its gradients in host memory, during the call's backward:
+        every training call must then be followed by `optimizer.step()`, with
+        hyperparameters changed only after it, and without clipping."""
         if self._host_optimizer is not None:
             raise StepError("this module already overlaps an optimizer's host steps")
         step = self._programs_any().program.functions.get(STEP)
         named = dict(self.named_parameters())
         order = list(step.host_units) if step else []
-        units = [(unit, [named[fqn] for fqn, spec in self.layout.items() if spec.unit == unit and spec.offloaded])
+        units = [(unit, [(fqn, named[fqn]) for fqn, spec in self.layout.items()
+                         if spec.unit == unit and spec.offloaded and spec.trainable])
                  for unit in order]
-        self._host_optimizer = HostOptimizer(optimizer, units, runtime_extension().HostUpdate)
+        landing = None
+        if in_backward:
+            landing = InBackward(runtime_extension().GradientLandings, self._attach_grad,
+                                 self._timeout.total_seconds())
+        self._host_optimizer = HostOptimizer(optimizer, units, runtime_extension().HostUpdate, landing)
 
     @staticmethod
     def _settle_host_optimizer(module: "ShardedModule", *_) -> None:
@@ -500,13 +511,15 @@ class ShardedModule(nn.Module):
             raise StepError(f"an earlier call failed mid-step ({self._failed}); collectives may be left "
                             "in flight: rebuild the sharded module (and load a checkpoint) to go on")
         started, caller = time.monotonic(), threading.get_ident()
+        train = torch.is_grad_enabled() and self.training
         try:
             self._check_ready()
             self._check_batch(batch)
+            if train and self._host_optimizer is not None and self._host_optimizer.in_backward:
+                self._host_optimizer.check_training_call()
             problem = None
         except StepError as error:
             problem = error
-        train = torch.is_grad_enabled() and self.training
         if torch.is_grad_enabled() and not self.training and not self._warned_eval:
             self._warned_eval = True
             warnings.warn("the sharded module is in eval mode: calls run forward only and leave no gradients "
@@ -534,6 +547,9 @@ class ShardedModule(nn.Module):
                            for fqn, spec in self.layout.items() if spec.trainable}
         buffers = {name: owner._buffers[leaf] for name, (owner, leaf) in self._buffer_slots.items()}
         updating = self._host_optimizer.pending() if self._host_optimizer else {}
+        landings = None  # in backward: the host thread steps each offloaded unit as its gradients land
+        if train and sync and self._host_optimizer is not None and self._host_optimizer.in_backward:
+            landings = self._host_optimizer.begin_training_call()
         waits = None
         if self.device.type != "cpu":  # collectives may outlive the call (NCCL): the watchdog holds them
             waits = runtime_extension().DeviceWaits()
@@ -545,9 +561,11 @@ class ShardedModule(nn.Module):
             out = compiled.runtime.run(name, params, buffers, accumulated, list(batch), self._groups,
                                        self._timeout.total_seconds(), trace=trace,
                                        check_reshard_frees=self._check_reshard_frees, host_updates=updating,
-                                       device_waits=waits)
+                                       device_waits=waits, gradient_landings=landings)
         except Exception as error:
-            if updating:
+            if landings is not None:
+                landings.close(_first_line(error))
+            if updating or landings is not None:
                 self._host_optimizer.join()
             failure = self._failure(_first_line(error))
             if failure is None:
@@ -555,7 +573,7 @@ class ShardedModule(nn.Module):
             raise failure from error
         if waits is not None:
             waits.seal()
-        if updating:
+        if updating and landings is None:
             self._host_optimizer.wait()  # every unit's update is done: each gather waited for its own
         del params, accumulated
         if out["reshard_leaks"]:
@@ -571,14 +589,22 @@ class ShardedModule(nn.Module):
                 self._accumulated[fqn] = self._accumulated[fqn] + grad if fqn in self._accumulated else grad
             return out["loss"]
         self._accumulated.clear()
+        stepping = self._host_optimizer.stepped_in_backward() if landings is not None else set()
         for fqn, grad in out["grads"].items():
-            param = named[fqn]
-            local = rows(grad, 0, self._local_rows[fqn])
-            if param.grad is None:
-                param.grad = _gradient_dtensor(param, local)
-            else:
-                param.grad._local_tensor.add_(local)
+            if fqn not in stepping:  # those the host thread attached as they landed
+                self._attach_grad(fqn, named[fqn], grad)
         return out["loss"]
+
+    def _attach_grad(self, fqn: str, param: nn.Parameter, grad: torch.Tensor) -> None:
+        """A step's gradient (this rank's padded shard of `fqn`) onto the
+        parameter's `.grad`, or added to the one there. The host thread
+        passes the parameter it holds: compiling another program swaps the
+        module's own for a while."""
+        local = rows(grad, 0, self._local_rows[fqn])
+        if param.grad is None:
+            param.grad = _gradient_dtensor(param, local)
+        else:
+            param.grad._local_tensor.add_(local)
 
     def _fail(self, reason: str) -> bool:
         """Marks the module failed: it refuses further calls, and the
@@ -741,6 +767,10 @@ class ShardedModule(nn.Module):
         `error_if_nonfinite=False` it is returned instead, nothing scaled
         either, and the host does not wait for the norm (clip.py: a fused
         norm and scale per device and dtype, one all-reduce per shard group)."""
+        if self._host_optimizer is not None and self._host_optimizer.in_backward:
+            raise StepError("clip_grad_norm_ with the host optimizer stepping in backward: offloaded units step as "
+                            "their gradients land, before the global norm is known (overlap_host_optimizer("
+                            "optimizer) without in_backward steps after clipping)")
         self.wait_for_host_optimizer()
         started, caller = time.monotonic(), threading.get_ident()
         p = float(norm_type)

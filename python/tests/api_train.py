@@ -701,6 +701,7 @@ def scenario_offload(args):
         sharded(*mine(data[0]))
     sharded.train()
     check_overlapped_host_optimizer(data, pin, args.save)
+    check_host_optimizer_in_backward(data, pin)
     if DEVICE.type == "cuda" and args.save:
         target = Path(args.save, "offload-ckpt")
         checkpoint.save(target, sharded, optimizer, extra={"step": 4})
@@ -786,15 +787,79 @@ def check_overlapped_host_optimizer(data, pin, save):
     partial = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, pipeline="offload=blocks.1")
     expect_error(lambda: partial.overlap_host_optimizer(torch.optim.SGD([nn.Parameter(torch.zeros(1))])),
                  "holds no parameter of an offloaded unit")
+    check_a_failed_host_step_raises(partial, data, in_backward=False)
+
+
+def check_a_failed_host_step_raises(partial, data, *, in_backward: bool) -> None:
+    """`partial` offloads blocks.1, whose host step raises: so does the next
+    call, at that unit's gather, and every wait after it."""
     failing = FailsOnTheHost(partial.parameters(), lr=1e-3)
     failing.on_the_device = True
-    partial.overlap_host_optimizer(failing)
+    partial.overlap_host_optimizer(failing, in_backward=in_backward)
     partial(*mine(data[0]))
     failing.step()
     message = ("the host update of unit @blocks.1's shards failed: the optimizer step raised RuntimeError: "
                "injected host optimizer failure")
     expect_error(lambda: partial(*mine(data[1])), re.escape(message))
     expect_error(partial.wait_for_host_optimizer, "failed at unit @blocks.1")
+
+
+class TimedAdamW(SlowAdamW):
+    """SlowAdamW that notes when each of its steps (the host thread's) begins."""
+    began: list[float] = []
+
+    def step(self, closure=None):
+        TimedAdamW.began.append(time.monotonic())
+        return super().step(closure)
+
+
+def check_host_optimizer_in_backward(data, pin):
+    """Offloaded units stepped as their gradients land, during the call's
+    backward (an optimizer slower than the backward, so the host thread is
+    still stepping when the call returns and the next forward waits unit by
+    unit): equal to eager with two parameter groups, an LR scheduler and an
+    eval call between steps; what the contract forbids is refused (clipping,
+    a second training call before step(), a hyperparameter changed between
+    the call and step()); a failed host step raises at its unit's gather."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
+                          offload_policy=CPUOffloadPolicy(pin_memory=pin))
+    optimizer = optimizer_for(sharded, TimedAdamW)
+    sharded.overlap_host_optimizer(optimizer, in_backward=True)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+    losses = []
+    for index, batch in enumerate(data):
+        TimedAdamW.began.clear()
+        losses.append(mean_over_ranks(sharded(*mine(batch))))
+        returned = time.monotonic()
+        assert TimedAdamW.began and TimedAdamW.began[0] < returned, \
+            f"call {index}: no offloaded unit began its step before the call returned"
+        if index == 1:
+            expect_error(lambda: sharded.clip_grad_norm_(1.0), "clip_grad_norm_ with the host optimizer stepping in "
+                                                                "backward")
+            expect_error(lambda: sharded(*mine(batch)), r"every training call must be followed by optimizer\.step\(\)")
+            lr = optimizer.param_groups[1]["lr"]
+            optimizer.param_groups[1]["lr"] = 1.0
+            expect_error(optimizer.step, "the optimizer's lr changed between the training call and optimizer.step")
+            optimizer.param_groups[1]["lr"] = lr
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+        scheduler.step()
+        if index == 2:
+            sharded.eval()
+            with torch.no_grad():
+                sharded(*mine(batch))
+            sharded.train()
+    reference = reference_model()
+    expected, _ = eager_losses(reference, data)
+    close(torch.tensor(losses), torch.tensor(expected), "losses, host optimizer in backward")
+    full = sharded.full_state_dict()
+    for name, value in reference.state_dict().items():
+        close(full[name], value, f"{name}, host optimizer in backward", atol=5e-6)
+
+    partial = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, pipeline="offload=blocks.1")
+    check_a_failed_host_step_raises(partial, data, in_backward=True)
 
 
 def scenario_overlap(args):

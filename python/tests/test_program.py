@@ -95,6 +95,58 @@ def test_an_offloaded_shard_is_read_only_by_its_units_host_gather():
         Program.parse(damaged, "cpu")
 
 
+def test_landed_gradients_are_named_and_end_their_units_gathers():
+    """A host reduction's wait names the parameter of each gradient it lands
+    in host memory, where the host optimizer may step it at once (in
+    backward): the names must be offloaded parameters of the reduction's
+    unit, each landed once, and no gather of the unit may follow."""
+    _, program = compile_program("mlp", "ranks=2 offload=*")
+    landings = re.findall(r'"grads_of":\[([^]]*)\]', program.text)
+    landed = [name for names in landings for name in json.loads(f"[{names}]")]
+    assert sorted(landed) == sorted(p.name for p in program.params if p.trainable), landed
+
+    def refused(damaged: str, message: str) -> None:
+        assert damaged != program.text
+        with pytest.raises(RuntimeError, match=message):
+            Program.parse(damaged, "cpu")
+
+    first = landings[0].split(",")[0]
+    refused(program.text.replace(f'"grads_of":[{first}', '"grads_of":["nowhere"', 1),
+            "lands a gradient of 'nowhere', which is not an offloaded parameter of unit")
+    refused(program.text.replace(f'"grads_of":[{landings[0]}]', f'"grads_of":[{landings[0]},""]', 1),
+            "lands 1 results in host memory but names 2 gradients|lands 2 results in host memory but names 3")
+    refused(program.text.replace(f'"grads_of":[{landings[1]}]', f'"grads_of":[{landings[0]}]', 1),
+            "not an offloaded parameter of unit|lands the gradient of .* a second time")
+    # The device program's waits name nothing they land.
+    _, device_program = compile_program("mlp", "ranks=2")
+    assert "grads_of" not in device_program.text
+    refused_device = device_program.text.replace('"op":"wait"', '"grads_of":["x"],"op":"wait"', 1)
+    with pytest.raises(RuntimeError, match="names the gradients it lands, but waits for a collective that does not"):
+        Program.parse(refused_device, "cpu")
+    # A gather of a unit after its gradients landed reads shards being stepped:
+    # the unit's gather again, with its shards read anew, right after the landing.
+    document = json.loads(program.text)
+    function = document["functions"][0]
+    instructions = function["instructions"]
+    landing = next(i for i, inst in enumerate(instructions) if "grads_of" in inst)
+    reduction = next(inst for inst in instructions[:landing] if inst["op"] == "reduce_scatter"
+                     and inst["future"] == instructions[landing]["future"])
+    gather = next(inst for inst in instructions if inst["op"] == "all_gather" and inst["unit"] == reduction["unit"])
+    shard_of = {inst["result"]: inst["name"] for inst in instructions if inst["op"] == "param"}
+    slots, future = function["slots"], function["futures"]
+    again = [{"name": shard_of[slot], "op": "param", "result": slots + k} for k, slot in enumerate(gather["inputs"])]
+    again.append(dict(gather, inputs=[slots + k for k in range(len(gather["inputs"]))], future=future))
+    again.append({"future": future, "op": "wait", "results": [-1] * len(gather["inputs"])})
+    instructions[landing + 1:landing + 1] = again
+    function["slots"], function["futures"] = slots + len(gather["inputs"]), future + 1
+    with pytest.raises(RuntimeError, match=f"gathers unit @{re.escape(reduction['unit'])}'s shards after its "
+                                           "gradients landed in host memory"):
+        Program.parse(json.dumps(document), "cpu")
+    del instructions[landing + 1:landing + 1 + len(again)]
+    function["slots"], function["futures"] = slots, future
+    Program.parse(json.dumps(document), "cpu")  # as compiled, it loads
+
+
 def test_a_host_gather_into_its_results_is_refused():
     """A host bucket's shards come in on the transfer stream through a
     receive buffer: `into_results` on it is refused at load, as the

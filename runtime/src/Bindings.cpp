@@ -27,7 +27,8 @@ using HostUpdateMap = std::map<std::string, std::shared_ptr<fsdp_rt::HostUpdate>
 py::dict run(const fsdp_rt::Program &program, const std::string &name, TensorMap params,
              TensorMap buffers, TensorMap accumulated, std::vector<at::Tensor> batch, GroupMap groups,
              double timeoutSeconds, bool trace, bool checkReshardFrees, const HostUpdateMap &hostUpdates,
-             std::shared_ptr<fsdp_rt::DeviceWaits> deviceWaits) {
+             std::shared_ptr<fsdp_rt::DeviceWaits> deviceWaits,
+             std::shared_ptr<fsdp_rt::GradientLandings> landings) {
   if (!(timeoutSeconds > 0))
     throw std::invalid_argument("timeout must be positive, got " + std::to_string(timeoutSeconds) + " s");
   fsdp_rt::StepInputs inputs;
@@ -42,6 +43,7 @@ py::dict run(const fsdp_rt::Program &program, const std::string &name, TensorMap
   inputs.trace = trace;
   inputs.checkReshardFrees = checkReshardFrees;
   inputs.deviceWaits = deviceWaits;
+  inputs.landings = landings;
   const fsdp_rt::Function &function = program.function(name);
   fsdp_rt::StepOutputs outputs;
   {
@@ -129,6 +131,21 @@ PYBIND11_MODULE(_fsdp_rt, m) {
            py::call_guard<py::gil_scoped_release>()) // event queries: the step's thread may need the GIL
       .def("seal", &fsdp_rt::DeviceWaits::seal, "The step returned: nothing is noted after this")
       .def("sealed", &fsdp_rt::DeviceWaits::sealed);
+  py::class_<fsdp_rt::GradientLandings, std::shared_ptr<fsdp_rt::GradientLandings>>(
+      m, "GradientLandings",
+      "Offloaded units' gradients as a step lands them in host memory, for a host optimizer stepping in backward")
+      .def(py::init<std::vector<std::pair<std::string, std::vector<std::string>>>>(), py::arg("units"),
+           "[(unit, [parameter, ...]), ...] in the order the host thread prefers them")
+      .def(
+          "next",
+          [](fsdp_rt::GradientLandings &landings, double timeoutSeconds) {
+            return landings.next(std::chrono::milliseconds(static_cast<int64_t>(std::ceil(timeoutSeconds * 1000))));
+          },
+          py::arg("timeout_seconds"), py::call_guard<py::gil_scoped_release>(),
+          "(unit, {parameter: gradient}) for the first unit in order whose gradients have all landed, once "
+          "copied; None once every unit was taken; raises if the step failed or ended without them")
+      .def("close", &fsdp_rt::GradientLandings::close, py::arg("failure"),
+           "The step ended (failure None) or failed before it ran or finished");
   py::class_<fsdp_rt::Program, std::shared_ptr<fsdp_rt::Program>>(m, "Program")
       .def(py::init([](const std::string &text, const std::optional<std::string> &device) {
              std::optional<c10::Device> runOn;
@@ -144,5 +161,6 @@ PYBIND11_MODULE(_fsdp_rt, m) {
            py::arg("accumulated"), py::arg("batch"), py::arg("groups"), py::arg("timeout_seconds"),
            py::arg("trace") = false, py::arg("check_reshard_frees") = false,
            py::arg("host_updates") = HostUpdateMap(), py::arg("device_waits") = nullptr,
-           "Runs one function (`host_updates`: {unit: HostUpdate} still running on offloaded shards); returns {loss, grads, returned, trace, reshard_leaks, collectives: [(c10d op, buffer bytes, group size)]}; `device_waits` notes the collectives whose waits leave the host running");
+           py::arg("gradient_landings") = nullptr,
+           "Runs one function (`host_updates`: {unit: HostUpdate} still running on offloaded shards); returns {loss, grads, returned, trace, reshard_leaks, collectives: [(c10d op, buffer bytes, group size)]}; `device_waits` notes the collectives whose waits leave the host running; `gradient_landings` receives offloaded units' gradients as they land in host memory");
 }

@@ -539,7 +539,7 @@ private:
     if (start.kind == Instruction::Kind::AllGather)
       copyOutGathered(start, pending, inst.results);
     else
-      takeReduced(start, pending, inst.results);
+      takeReduced(start, pending, inst);
     pending.held.clear(); // the compute stream now runs after the collective and its copy-in
     if (in.trace) {
       // Blocked time is exposed communication; the copy-out is compute.
@@ -625,7 +625,8 @@ private:
           .copy_(blocks.select(0, whole).narrow(0, 0, partial * rowElements));
   }
 
-  void takeReduced(const Instruction &start, InFlight &pending, const std::vector<int> &results) {
+  void takeReduced(const Instruction &start, InFlight &pending, const Instruction &wait) {
+    const std::vector<int> &results = wait.results;
     at::Tensor &reduced = pending.collective.result;
     double divide = start.postDivide * (start.reduction == Reduction::Average ? pending.ranks : 1);
     if (divide != 1.0)
@@ -640,9 +641,29 @@ private:
     }
     if (start.host && device.type() != c10::kCPU)
       values = copyToHost(values);
+    if (start.host && in.landings)
+      land(wait, values);
     for (size_t i = 0; i < values.size(); ++i)
       if (results[i] >= 0)
         slots[results[i]] = std::move(values[i]);
+  }
+
+  /// Hands a host reduction's gradients to the host optimizer stepping in
+  /// backward, with an event after their copies to host memory.
+  void land(const Instruction &wait, const std::vector<at::Tensor> &values) {
+    std::vector<std::string> params;
+    std::vector<at::Tensor> grads;
+    for (size_t i = 0; i < wait.params.size(); ++i)
+      if (!wait.params[i].empty()) {
+        params.push_back(wait.params[i]);
+        grads.push_back(values[i]);
+      }
+    std::shared_ptr<c10::Event> copied;
+    if (device.type() != c10::kCPU) {
+      copied = std::make_shared<c10::Event>(device.type());
+      copied->record(*transfer);
+    }
+    in.landings->land(params, grads, std::move(copied));
   }
 
   /// Copies device results to pinned host memory on the transfer stream;
@@ -757,8 +778,94 @@ void HostUpdate::wait(std::chrono::milliseconds timeout, const std::string &unit
     throw std::runtime_error("the host update of unit @" + unit + "'s shards failed: " + *failure);
 }
 
+GradientLandings::GradientLandings(std::vector<std::pair<std::string, std::vector<std::string>>> order) {
+  for (auto &[name, params] : order)
+    units.push_back({std::move(name), std::move(params)});
+}
+
+void GradientLandings::land(const std::vector<std::string> &params, const std::vector<at::Tensor> &grads,
+                            std::shared_ptr<c10::Event> copied) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (size_t i = 0; i < params.size(); ++i) {
+      landed[params[i]] = grads[i];
+      if (copied)
+        copies[params[i]] = copied;
+    }
+  }
+  changed.notify_all();
+}
+
+void GradientLandings::close(std::optional<std::string> why) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    closed = true;
+    if (why && !failure)
+      failure = std::move(why);
+  }
+  changed.notify_all();
+}
+
+std::optional<std::pair<std::string, GradientLandings::Grads>>
+GradientLandings::next(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex);
+  Unit *ready = nullptr;
+  auto settled = [&] {
+    if (failure)
+      return true;
+    ready = nullptr;
+    bool waiting = false;
+    for (Unit &unit : units) {
+      if (unit.taken)
+        continue;
+      waiting = true;
+      bool all = std::all_of(unit.params.begin(), unit.params.end(),
+                             [&](const std::string &param) { return landed.count(param) != 0; });
+      if (all) {
+        ready = &unit;
+        return true;
+      }
+    }
+    return !waiting || closed;
+  };
+  if (!changed.wait_for(lock, timeout, settled))
+    throw std::runtime_error("no offloaded unit's gradients landed in host memory within " +
+                             std::to_string(timeout.count() / 1000.0) + " s");
+  if (failure)
+    throw std::runtime_error("the step failed before the gradients landed: " + *failure);
+  if (!ready) {
+    for (const Unit &unit : units)
+      if (!unit.taken)
+        throw std::runtime_error("the step ended without landing the gradients of unit @" + unit.name);
+    return std::nullopt;
+  }
+  ready->taken = true;
+  Grads grads;
+  std::vector<std::shared_ptr<c10::Event>> pending;
+  for (const std::string &param : ready->params) {
+    grads[param] = landed.at(param);
+    if (auto copy = copies.find(param); copy != copies.end())
+      pending.push_back(copy->second);
+  }
+  std::string name = ready->name;
+  lock.unlock();
+  for (const std::shared_ptr<c10::Event> &copy : pending)
+    copy->synchronize();
+  return std::make_pair(std::move(name), std::move(grads));
+}
+
 StepOutputs execute(const Program &program, const Function &function, StepInputs inputs) {
-  return Executor(program, function, std::move(inputs)).run();
+  std::shared_ptr<GradientLandings> landings = inputs.landings;
+  try {
+    StepOutputs outputs = Executor(program, function, std::move(inputs)).run();
+    if (landings)
+      landings->close(std::nullopt);
+    return outputs;
+  } catch (const std::exception &error) {
+    if (landings)
+      landings->close(error.what());
+    throw;
+  }
 }
 
 } // namespace fsdp_rt

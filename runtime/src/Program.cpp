@@ -379,6 +379,9 @@ Instruction loadInstruction(const Value &json, c10::Device device) {
     inst.name = "wait";
     inst.future = index(json.at("future"));
     inst.results = slotList(json.at("results"));
+    if (const Value *gradsOf = json.find("grads_of"))
+      for (const Value &param : gradsOf->asArray())
+        inst.params.push_back(param.asString());
     break;
   case Instruction::Kind::Release:
   case Instruction::Kind::Reshard:

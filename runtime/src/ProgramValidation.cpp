@@ -274,6 +274,9 @@ private:
     group(inst.group);
     if (inst.intoResults && inst.host)
       fail("a host all_gather gathers through a receive buffer, not into its results");
+    if (inst.kind == Instruction::Kind::AllGather && inst.host && landedUnits.count(inst.unit))
+      fail("gathers unit @" + inst.unit + "'s shards after its gradients landed in host memory, where its "
+           "optimizer may already be stepping them");
     int64_t total = 0;
     for (size_t i = 0; i < inst.inputs.size(); ++i) {
       read(inst.inputs[i]);
@@ -305,6 +308,32 @@ private:
     startedBy[inst.future] = nullptr;
     for (int slot : inst.results)
       write(slot, "a result", /*mayDiscard=*/true);
+    checkLanding(inst, *start);
+  }
+
+  /// A host reduction's wait names the parameter of each gradient it lands
+  /// (the host optimizer may step them from there): offloaded parameters of
+  /// the reduction's unit, each landed once.
+  void checkLanding(const Instruction &wait, const Instruction &start) {
+    bool hostReduction = start.host && start.kind != Instruction::Kind::AllGather;
+    if (!hostReduction) {
+      if (!wait.params.empty())
+        fail("names the gradients it lands, but waits for a collective that does not deliver to host memory");
+      return;
+    }
+    if (wait.params.size() != wait.results.size())
+      fail("lands " + std::to_string(wait.results.size()) + " results in host memory but names " +
+           std::to_string(wait.params.size()) + " gradients");
+    landedUnits.insert(start.unit);
+    for (const std::string &name : wait.params) {
+      if (name.empty())
+        continue;
+      auto entry = offloaded.find(name);
+      if (entry == offloaded.end() || entry->second != start.unit)
+        fail("lands a gradient of '" + name + "', which is not an offloaded parameter of unit @" + start.unit);
+      if (!landedParams.insert(name).second)
+        fail("lands the gradient of '" + name + "' a second time");
+    }
   }
 
   const Function &function;
@@ -317,6 +346,7 @@ private:
   std::map<int, const std::pair<const std::string, std::string> *> hostShards; // slot -> offloaded parameter
   std::vector<bool> defined;
   std::vector<const Instruction *> startedBy;
+  std::set<std::string> landedUnits, landedParams; // gradients in host memory so far
 };
 
 } // namespace

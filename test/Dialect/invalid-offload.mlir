@@ -94,3 +94,21 @@ func.func @f() {
   %full = fsdp.wait %f : !fsdp.future<tensor<4xf32>>
   return
 }
+
+// -----
+
+shard.grid @dp(shape = 2)
+fsdp.unit @l0 offloaded
+fsdp.param @w : tensor<4xf32> unit @l0 sharded on @dp axes = [0] padding = 0
+func.func @f(%g: tensor<4xf32>) {
+  %l = fsdp.aten "aten::sum" (%g) : (tensor<4xf32>) -> tensor<f32>
+  fsdp.loss %l : tensor<f32>
+  // expected-error @+1 {{'fsdp.reduce_scatter_start' op delivers unit @l0's gradients to host memory, where its optimizer may step the shards at once, but the all-gather at}}
+  %r = fsdp.reduce_scatter_start %g on @dp axes = [0] reduction = average reduce_dtype = f32 unit @l0 host : tensor<4xf32> -> !fsdp.future<tensor<2xf32>>
+  %s = fsdp.wait %r : !fsdp.future<tensor<2xf32>>
+  %w = fsdp.get_param @w : tensor<2xf32>
+  %a = fsdp.all_gather_start %w on @dp axes = [0] unit @l0 host : tensor<2xf32> -> !fsdp.future<tensor<4xf32>>
+  %full = fsdp.wait %a : !fsdp.future<tensor<4xf32>>
+  fsdp.gradients [@w] %s : tensor<2xf32>
+  return
+}

@@ -17,7 +17,7 @@ func.func @two_swiglus(%a: tensor<8x64xbf16>, %b: tensor<8x64xbf16>) -> (tensor<
   return %g, %g2, %r : tensor<8x64xbf16>, tensor<8x64xbf16>, tensor<8x64xbf16>
 }
 }
-// CHECK:      {"format": "fsdpc.program", "version": 6, "device": "cuda",
+// CHECK:      {"format": "fsdpc.program", "version": 7, "device": "cuda",
 // CHECK:       "kernels": [
 // CHECK-NEXT:    {"inputs":2,"name":"fsdp_pointwise_0","outputs":1,"source":"inline float fsdp_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\ntemplate <typename T> void fsdp_pointwise_0(T in0, T in1, T& out0) {\n  const float a0 = static_cast<float>(in0);\n  const float a1 = static_cast<float>(in1);\n  const float v0 = (a0 * fsdp_sigmoid(a0));\n  const float v1 = (v0 * a1);\n  out0 = static_cast<T>(v1);\n}\n"},
 // CHECK-NEXT:    {"inputs":1,"name":"fsdp_pointwise_1","outputs":1,"source":"template <typename T> void fsdp_pointwise_1(T in0, T& out0) {\n  const float a0 = static_cast<float>(in0);\n  const float v0 = (a0 + 1e-05f);\n  const float v1 = rsqrtf(v0);\n  out0 = static_cast<T>(v1);\n}\n"}

@@ -9,7 +9,7 @@
 // layout (l0.w's 10 rows take 3 per rank, 2 rows of padding), then one
 // instruction per op: shard reads, bucketed collectives, ATen calls with
 // their source line, and the drops that fsdp-plan-lifetimes decided.
-// CHECK:      {"format": "fsdpc.program", "version": 6, "device": "cpu",
+// CHECK:      {"format": "fsdpc.program", "version": 7, "device": "cpu",
 // CHECK-NEXT:  "groups": [
 // CHECK-NEXT:    {"axes":[0],"grid":"fsdp_grid","grid_shape":[4],"key":"fsdp_grid:0","members":{{\[\[}}0,1,2,3{{\]\]}},"size":4}
 // CHECK:       "params": [
@@ -37,7 +37,11 @@
 // OFFLOAD:     {"dtype":"f32","group":"fsdp_grid:0","name":"l1.w","offloaded":false,
 // OFFLOAD:     "host":true,"inputs":[2,1],"into_results":false,"op":"all_gather","shapes":{{\[\[}}10,4],[10]],"unit":"l0"}
 // OFFLOAD:     "host":false,{{.*}}"op":"all_gather",{{.*}}"unit":"l1"}
-// OFFLOAD:     "host":true,{{.*}}"op":"reduce_scatter",{{.*}}"unit":"l0"}
+// OFFLOAD:     "future":[[FUTURE:[0-9]+]],"group":"fsdp_grid:0","host":true,{{.*}}"op":"reduce_scatter",{{.*}}"unit":"l0"}
+// The wait that lands the gradients names whose they are, for a host
+// optimizer stepping in backward; a device reduction's wait names none.
+// OFFLOAD:     {"future":[[FUTURE]],"grads_of":["l0.w","l0.b"],"op":"wait","results":
+// OFFLOAD-NOT: "grads_of"
 
 // Gathered into the results, but not an offloaded unit's bucket.
 // INTO:     "host":true,"inputs":[2,1],"into_results":false,"op":"all_gather",{{.*}}"unit":"l0"}

@@ -372,9 +372,14 @@ private:
     }
     if (isCollectiveStart(&op))
       return printCollective(op);
-    if (auto wait = dyn_cast<WaitOp>(op))
-      return Result(json::Object{{"op", opText(Kind::Wait)}, {"future", future(wait.getFuture())},
-                                 {"results", slotList(wait.getResults())}});
+    if (auto wait = dyn_cast<WaitOp>(op)) {
+      json::Object out{{"op", opText(Kind::Wait)}, {"future", future(wait.getFuture())},
+                       {"results", slotList(wait.getResults())}};
+      if (Operation *start = wait.getFuture().getDefiningOp(); start && start->hasAttr("host") &&
+                                                                !isa<AllGatherStartOp>(start))
+        out["grads_of"] = gradientParams(wait);
+      return Result(std::move(out));
+    }
     if (auto reshard = dyn_cast<ReshardOp>(op))
       return Result(json::Object{{"op", opText(Kind::Reshard)}, {"values", slotList(reshard.getBuffers())}});
     if (auto release = dyn_cast<ReleaseOp>(op))
@@ -392,6 +397,24 @@ private:
       return Result(json::Object{{"op", opText(Kind::Return)}, {"values", slotList(op.getOperands())}});
     }
     return op.emitOpError("fsdp-to-program: cannot lower this operation");
+  }
+
+  /// For a `host` reduction's wait: the parameter whose gradient each
+  /// result is (fsdp.gradients names it), or "" for one it does not hand
+  /// over. The runtime passes them to a host optimizer stepping in backward.
+  static json::Array gradientParams(WaitOp wait) {
+    json::Array names;
+    for (Value result : wait.getResults()) {
+      std::string name;
+      for (OpOperand &use : result.getUses())
+        if (auto gradients = dyn_cast<GradientsOp>(use.getOwner())) {
+          unsigned index = use.getOperandNumber() - gradients.getGrads().getBeginOperandIndex();
+          name = cast<FlatSymbolRefAttr>(gradients.getParams()[index]).getValue().str();
+          break;
+        }
+      names.push_back(std::move(name));
+    }
+    return names;
   }
 
   FailureOr<std::optional<json::Object>> printCollective(Operation &op) {

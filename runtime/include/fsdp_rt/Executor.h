@@ -15,6 +15,8 @@
 #include "fsdp_rt/Collectives.h"
 #include "fsdp_rt/Program.h"
 
+#include <c10/core/Event.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -45,6 +47,47 @@ private:
   std::optional<std::string> failure;
 };
 
+/// Offloaded units' gradients reaching host memory during a step, handed to
+/// a host optimizer that steps each unit from there, while the step's
+/// backward goes on (ShardedModule.overlap_host_optimizer(in_backward=True)).
+/// The executor lands each host reduction's gradients as it waits for it;
+/// the host thread takes whole units, the first landed in its own order.
+class GradientLandings {
+public:
+  using Grads = std::map<std::string, at::Tensor>;
+  /// `units`: each unit with the parameters whose gradients it waits for,
+  /// in the order the host thread prefers to step them.
+  explicit GradientLandings(std::vector<std::pair<std::string, std::vector<std::string>>> units);
+
+  /// The executor: these gradients are in host memory once `copied` has
+  /// completed (null: already).
+  void land(const std::vector<std::string> &params, const std::vector<at::Tensor> &grads,
+            std::shared_ptr<c10::Event> copied);
+  /// The executor: the step ended; `failure` says why it failed, if it did.
+  void close(std::optional<std::string> failure);
+
+  /// The host thread: the first unit, in the constructor's order, whose
+  /// gradients have all landed and been copied, and its gradients; blocks
+  /// until there is one, or returns nullopt once every unit was taken.
+  /// Throws if the step failed, or ended without landing a unit's
+  /// gradients, or after `timeout`.
+  std::optional<std::pair<std::string, Grads>> next(std::chrono::milliseconds timeout);
+
+private:
+  struct Unit {
+    std::string name;
+    std::vector<std::string> params;
+    bool taken = false;
+  };
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<Unit> units;
+  Grads landed;
+  std::map<std::string, std::shared_ptr<c10::Event>> copies;
+  bool closed = false;
+  std::optional<std::string> failure;
+};
+
 /// What one rank brings to a call.
 struct StepInputs {
   std::map<std::string, at::Tensor> params, buffers, accumulated;
@@ -61,6 +104,10 @@ struct StepInputs {
   /// step's deadline, and seals them once the step returned. Null: not
   /// noted.
   std::shared_ptr<DeviceWaits> deviceWaits;
+  /// Where host reductions land offloaded units' gradients for a host
+  /// optimizer stepping in backward; null: nobody takes them before the
+  /// step returns.
+  std::shared_ptr<GradientLandings> landings;
 };
 
 /// One instruction as it ran: wall-clock microseconds since the epoch.

@@ -57,7 +57,9 @@ struct Instruction {
   std::vector<AtenArgument> args;
   std::vector<int> inputs;        // slots read
   std::vector<int> results;       // slots written; -1 for a `none` result
-  std::vector<std::string> params; // gradients: the parameter of each input
+  /// gradients: the parameter of each input; a host reduction's wait: the
+  /// parameter whose gradient each result is ("" for none)
+  std::vector<std::string> params;
   std::string group;              // collectives and all_slice
   std::string unit;               // collectives: the wrap unit, for traces
   /// all_gather: the inputs are shards in host memory; reductions: the
