@@ -6,7 +6,7 @@ GPU host (repository root, after `make runtime`):
 
     PYTHONPATH=python python3 benchmarks/gpu.py --models gpt-23m llama-0.9b --repeats 2 --json $OUT/gpu.json
     PYTHONPATH=python python3 benchmarks/gpu.py --models llama-2.6b --systems fsdpc-offload \
-        fsdpc-offload-overlap fsdpc-fit-overlap fsdp2-offload --repeats 1 --json $OUT/offload.json
+        fsdpc-offload-overlap fsdpc-fit-overlap fsdpc-fit-inbackward fsdp2-offload --repeats 1 --json $OUT/offload.json
 
 Models (issue 16's sizes): llama-0.9b (dim 2048, 16 layers, 16/8 heads, ffn
 5632, vocab 32000; 4 x 2048 tokens), gpt-23m (32 x 128 tokens), llama-2.6b

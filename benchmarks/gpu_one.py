@@ -13,7 +13,9 @@ model under torch.compile and bf16 autocast); fsdpc-offload and
 fsdp2-offload (fsdpc and fsdp2 with CPUOffloadPolicy(): shards, gradients
 and AdamW state in pinned host memory, the optimizer on the host);
 fsdpc-offload-overlap (the same, the host optimizer beside the next
-forward: overlap_host_optimizer); fsdpc-fit-overlap (what `fsdpc plan
+forward: overlap_host_optimizer); fsdpc-fit-inbackward (the same fit, each
+offloaded unit stepped on the host as soon as its gradients land, during
+the backward: overlap_host_optimizer(in_backward=True)); fsdpc-fit-overlap (what `fsdpc plan
 --search --budget-gib 12.9 --overlap-host-optimizer` picks for the 2.6B
 Llama: every unit checkpointed and only what does not fit FSDP2 offload's
 12.9 GiB peak offloaded, `checkpoint=* offload-to-fit=13209`, overlapped);
@@ -122,9 +124,11 @@ def build(system: str, model: torch.nn.Module, example, block_class):
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     overlap = system.endswith("-overlap")
+    in_backward = system.endswith("-inbackward")
     unfused = system.endswith("-unfused")
     into_results = system.endswith("-into-results")
-    system = system.removesuffix("-overlap").removesuffix("-unfused").removesuffix("-into-results")
+    system = system.removesuffix("-overlap").removesuffix("-inbackward").removesuffix("-unfused") \
+        .removesuffix("-into-results")
     fit = system.endswith("-fit")  # issue 16's budget: FSDP2 offload's 12.9 GiB peak
     offload = CPUOffloadPolicy() if system.endswith("-offload") else None  # pinned host memory
     system = system.removesuffix("-offload").removesuffix("-fit")
@@ -136,8 +140,8 @@ def build(system: str, model: torch.nn.Module, example, block_class):
                               pipeline="checkpoint=* offload-to-fit=13209" if fit
                               else "fuse-pointwise=false" if unfused
                               else "gather-into-results=true" if into_results else "")
-        if overlap:
-            extras["overlap"] = sharded.overlap_host_optimizer
+        if overlap or in_backward:
+            extras["overlap"] = lambda optimizer: sharded.overlap_host_optimizer(optimizer, in_backward=in_backward)
         extras["compile_phases_s"] = sharded.compile_seconds
         extras["report_peak_above_start_gib"] = sharded.memory_report["train_step"]["peak"]["above_step_start"] / 2**30
         extras["sharded_ir"] = sharded.sharded_ir
@@ -226,6 +230,7 @@ def main() -> None:
     loss = forward_backward(data[-2])
     torch.cuda.synchronize()
     fwd_bwd_peak_above_start = torch.cuda.max_memory_allocated() - at_start
+    optimizer.step()  # the call's step (a host optimizer in backward has begun it)
     optimizer.zero_grad(set_to_none=True)
     from torch.profiler import ProfilerActivity, profile
 

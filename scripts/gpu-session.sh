@@ -8,7 +8,7 @@
 #   scripts/gpu-session.sh tests        # runtime build, make test-gpu (6 workers), the host's CPU time per step
 #   scripts/gpu-session.sh bench-llama  # Llama 0.9B: fsdpc (also gathering into the parameters), FSDP2, FSDP2 + compile, torch.compile; fsdpc's warm start
 #   scripts/gpu-session.sh bench-gpt    # GPT 23M: fsdpc, FSDP2, FSDP2 + compile, torch.compile, twice (cold and warm)
-#   scripts/gpu-session.sh offload      # host optimizer rate; Llama 2.6B offloaded: FSDP2, fsdpc (the plan's fit, every unit), overlapped
+#   scripts/gpu-session.sh offload      # host optimizer rate; Llama 2.6B offloaded: FSDP2, fsdpc (the plan's fit) stepped in backward and beside the next forward
 #
 # Each stage builds the runtime first (seconds when it is built). A failing
 # test or run is logged and the stage goes on to its next measurement.
@@ -51,7 +51,7 @@ case "$stage" in
   offload)
     timeout 60 python3 benchmarks/host_optimizer.py --threads 1 "$(nproc)" 2>&1 | tee "$OUT/host-optimizer.log" || true
     timeout 480 python3 benchmarks/gpu.py --models llama-2.6b --repeats 1 --steps 3 --warmup 2 --run-timeout 200 \
-      --json "$OUT/offload.json" --systems fsdp2-offload fsdpc-fit-overlap fsdpc-offload-overlap 2>&1 \
+      --json "$OUT/offload.json" --systems fsdp2-offload fsdpc-fit-inbackward fsdpc-fit-overlap 2>&1 \
       | tee "$OUT/offload.log" || true
     ;;
 esac

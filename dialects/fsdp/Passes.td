@@ -518,7 +518,11 @@ def StepTimePass : Pass<"fsdp-step-time", "::mlir::ModuleOp"> {
     the optimizer steps after the schedule, on the device or the host; with
     `overlap-host-optimizer` the host steps offloaded units during the next
     step instead, from its start, in the order of their gathers, and the
-    host waits at each unit's gather for its update.
+    host waits at each unit's gather for its update; with
+    `host-optimizer-in-backward` it steps each unit from when its gradients
+    land in host memory (their copy off the device ends), whenever free the
+    landed unit gathered first, and the next step inherits what is left
+    (the steady state: the step is replayed until that settles).
 
     Writes, per step function, the step time split into compute, exposed
     communication (compute waiting for a collective), host-bound time
@@ -537,6 +541,8 @@ def StepTimePass : Pass<"fsdp-step-time", "::mlir::ModuleOp"> {
     Option<"gpusPerNode", "gpus-per-node", "int64_t", "8", "GPUs that share a node's NVLink domain">,
     Option<"overlapHostOptimizer", "overlap-host-optimizer", "bool", "false",
            "Offloaded units' optimizer steps run beside the next step's forward">,
+    Option<"hostOptimizerInBackward", "host-optimizer-in-backward", "bool", "false",
+           "Offloaded units' optimizer steps start as their gradients land, during backward">,
     Option<"memoryGib", "memory-gib", "double", "0", "GPU memory (GiB)">,
     Option<"tensorTflops", "tensor-tflops", "double", "0", "Dense bf16/f16 peak (TFLOP/s)">,
     Option<"fp32Tflops", "fp32-tflops", "double", "0", "fp32 matmul peak (TFLOP/s)">,

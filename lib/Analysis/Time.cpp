@@ -293,8 +293,57 @@ llvm::StringMap<std::string> mlir::fsdp::kernelClasses(Step &step) {
   return classes;
 }
 
-StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &machine,
-                                 int64_t statesPerElement, bool overlapHostOptimizer) {
+namespace {
+
+/// Host optimizer work that a step inherits from the one before: offloaded
+/// units' updates still to run when it begins, in the order the thread runs
+/// them, each with the seconds it has left.
+using HostCarry = SmallVector<std::pair<std::string, double>>;
+
+/// The host thread's schedule in backward: each unit from when its
+/// gradients land (`landed`, seconds into the step), whenever the thread
+/// is free from `free` on, the landed unit the next forward gathers first
+/// (`gatherOrder`). Returns each unit's [begin, end).
+SmallVector<std::tuple<std::string, double, double>>
+stepAsLanded(const llvm::StringMap<double> &landed, ArrayRef<std::string> gatherOrder,
+             const llvm::StringMap<double> &work, double free) {
+  SmallVector<std::tuple<std::string, double, double>> schedule;
+  SmallVector<std::string> order(gatherOrder.begin(), gatherOrder.end());
+  for (const auto &unit : landed) // a unit no gather reads goes last
+    if (!llvm::is_contained(order, unit.getKey().str()))
+      order.push_back(unit.getKey().str());
+  llvm::StringSet<> done;
+  while (done.size() < landed.size()) {
+    const std::string *pick = nullptr;
+    double earliest = std::numeric_limits<double>::infinity();
+    for (const std::string &unit : order) {
+      auto it = landed.find(unit);
+      if (it == landed.end() || done.contains(unit))
+        continue;
+      if (it->second <= free) {
+        pick = &unit;
+        break;
+      }
+      earliest = std::min(earliest, it->second);
+    }
+    if (!pick) {
+      free = earliest;
+      continue;
+    }
+    double seconds = work.lookup(*pick);
+    schedule.emplace_back(*pick, free, free + seconds);
+    free += seconds;
+    done.insert(*pick);
+  }
+  return schedule;
+}
+
+/// One step from its start: `carry` is what the host thread still has to
+/// do then (stepped before each unit's gather); with `inBackward` the
+/// thread also steps each unit from when its gradients land, and `next`
+/// receives what is left when the step ends.
+StepTime walkStep(ModuleOp module, Step &step, const Machine &machine, int64_t statesPerElement,
+                  HostOptimizerTiming timing, const HostCarry &carry, HostCarry *next) {
   StepTime time;
   SymbolTableCollection tables;
   time.tracks.push_back("compute");
@@ -344,13 +393,18 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
       deviceBytes += bytes;
     }
   }
-  // Overlapped, the host thread steps the offloaded units from the step's
-  // start in the order their gathers come, and the runtime waits at each
-  // unit's gather for its update.
-  llvm::StringSet<> updating;
-  if (overlapHostOptimizer)
-    for (const auto &unit : hostBytesOf)
-      updating.insert(unit.getKey());
+  // Overlapped, the host thread steps what it carries from the step's
+  // start, in order, and the runtime waits at each unit's gather for its
+  // update.
+  llvm::StringMap<double> updated; // unit -> when its carried update ends
+  double carriedUntil = 0;
+  for (const auto &[unit, seconds] : carry) {
+    int thread = track("host optimizer");
+    record(nullptr, "host optimizer step @" + unit, thread, carriedUntil, seconds);
+    carriedUntil += seconds;
+    updated[unit] = carriedUntil;
+  }
+  llvm::StringMap<double> landed; // in backward: unit -> when its gradients are in host memory
 
   for (Operation &op : step.body()) {
     if (isa<AtenOp, PointwiseOp, CastOp, AllSliceOp>(op)) {
@@ -387,12 +441,9 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
       double ready;
       if (op.hasAttr("host") && isa<AllGatherStartOp>(op)) {
         auto unit = op.getAttrOfType<FlatSymbolRefAttr>("unit");
-        if (unit && updating.erase(unit.getValue())) {
-          int thread = track("host optimizer");
-          record(nullptr, "host optimizer step @" + unit.getValue().str(), thread, trackFree[thread],
-                 hostBytesOf.lookup(unit.getValue()) / machine.hostOptimizerBandwidth);
-          host = std::max(host, trackFree[thread]);
-        }
+        if (unit)
+          if (auto it = updated.find(unit.getValue()); it != updated.end())
+            host = std::max(host, it->second);
         // The shards cross the host link on the transfer stream, after the
         // compute stream's work so far, and are packed there.
         int transfer = track("transfer");
@@ -443,6 +494,8 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
         record(start, "device to host " + intervalName(start), transfer,
                std::max(end, trackFree[transfer]), copy, 0, bytes);
         time.transfer += copy;
+        if (auto unit = start->getAttrOfType<FlatSymbolRefAttr>("unit"))
+          landed[unit.getValue()] = std::max(landed.lookup(unit.getValue()), trackFree[transfer]);
       }
     }
   }
@@ -457,9 +510,79 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
   time.optimizer = deviceOptimizer + time.hostOptimizer;
   if (deviceOptimizer)
     record(nullptr, "optimizer step", kCompute, std::max(host, deviceEnd), deviceOptimizer);
-  if (time.hostOptimizer && !overlapHostOptimizer) // the step returns once the transfer stream is done
+  if (time.hostOptimizer && timing == HostOptimizerTiming::AfterStep) // once the transfer stream is done
     record(nullptr, "host optimizer step", track("host optimizer"), std::max(host, transferEnd),
            time.hostOptimizer);
-  time.step = std::max(host, *std::max_element(trackFree.begin(), trackFree.end()));
+  int thread = trackOf.count("host optimizer") ? int(trackOf.lookup("host optimizer")) : -1;
+  double deviceDone = host;
+  for (int onTrack = 0; onTrack < int(trackFree.size()); ++onTrack)
+    if (onTrack != thread || timing == HostOptimizerTiming::AfterStep)
+      deviceDone = std::max(deviceDone, trackFree[onTrack]);
+  time.step = deviceDone;
+  if (timing != HostOptimizerTiming::InBackward || !next)
+    return time;
+  // In backward the thread goes on past the step's end: what it has not
+  // done by then is the next step's carry, the unit it is in first, then
+  // the others in gather order (all have landed by then).
+  SmallVector<std::string> gatherOrder;
+  for (Operation &op : step.body())
+    if (auto gather = dyn_cast<AllGatherStartOp>(op); gather && gather.getHost() && gather.getUnitAttr())
+      if (!llvm::is_contained(gatherOrder, gather.getUnitAttr().getValue().str()))
+        gatherOrder.push_back(gather.getUnitAttr().getValue().str());
+  llvm::StringMap<double> work;
+  for (const auto &unit : hostBytesOf)
+    work[unit.getKey()] = unit.getValue() / machine.hostOptimizerBandwidth;
+  next->clear();
+  HostCarry later;
+  for (auto &[unit, begin, end] : stepAsLanded(landed, gatherOrder, work, carriedUntil)) {
+    if (begin < time.step)
+      record(nullptr, "host optimizer step @" + unit + " (in backward)", track("host optimizer"), begin,
+             std::min(end, time.step) - begin);
+    if (end > time.step)
+      (begin < time.step ? *next : later).emplace_back(unit, end - std::max(begin, time.step));
+  }
+  for (const std::string &unit : gatherOrder)
+    for (auto &[name, seconds] : later)
+      if (name == unit)
+        next->emplace_back(name, seconds);
+  return time;
+}
+
+} // namespace
+
+StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &machine,
+                                 int64_t statesPerElement, HostOptimizerTiming timing) {
+  // The host thread's carry in the steady state: beside the next forward,
+  // every offloaded unit in gather order; in backward, what the previous
+  // step left, found by repeating the step until that settles.
+  HostCarry carry;
+  if (timing != HostOptimizerTiming::AfterStep) {
+    SymbolTableCollection tables;
+    llvm::StringMap<double> bytes;
+    for (ParamOp param : module.getOps<ParamOp>()) {
+      ParamState state = paramState(param, tables, statesPerElement);
+      auto unit = tables.lookupNearestSymbolFrom<UnitOp>(param, param.getUnitAttr());
+      if (state.grad && unit && unit.getOffloaded())
+        bytes[unit.getSymName()] += 2 * state.shard + state.grad + 2 * state.optimizer;
+    }
+    for (Operation &op : step.body())
+      if (auto gather = dyn_cast<AllGatherStartOp>(op); gather && gather.getHost() && gather.getUnitAttr()) {
+        StringRef unit = gather.getUnitAttr().getValue();
+        if (bytes.count(unit) && llvm::none_of(carry, [&](auto &entry) { return entry.first == unit; }))
+          carry.emplace_back(unit.str(), bytes.lookup(unit) / machine.hostOptimizerBandwidth);
+      }
+  }
+  if (timing != HostOptimizerTiming::InBackward)
+    return walkStep(module, step, machine, statesPerElement, timing, carry, nullptr);
+  StepTime time;
+  for (int pass = 0; pass < 16; ++pass) {
+    HostCarry next;
+    StepTime now = walkStep(module, step, machine, statesPerElement, timing, carry, &next);
+    bool settled = pass > 0 && std::abs(now.step - time.step) <= 1e-9 * std::max(1.0, now.step);
+    time = std::move(now);
+    carry = std::move(next);
+    if (settled)
+      break;
+  }
   return time;
 }

@@ -160,7 +160,10 @@ struct StepTimePass : public fsdp::impl::StepTimePassBase<StepTimePass> {
     llvm::raw_string_ostream out(table);
     int64_t process = 0;
     for (Step &step : collectSteps(module)) {
-      StepTime time = predictStep(module, step, *model, *states, overlapHostOptimizer);
+      HostOptimizerTiming timing = hostOptimizerInBackward ? HostOptimizerTiming::InBackward
+                                   : overlapHostOptimizer  ? HostOptimizerTiming::NextForward
+                                                           : HostOptimizerTiming::AfterStep;
+      StepTime time = predictStep(module, step, *model, *states, timing);
       StringRef function = step.func.getSymName();
       double utilization = time.step > 0 ? time.modelFlops / time.step / model->gpu.tensorFlops : 0;
       llvm::json::Array firstInput;
@@ -204,7 +207,9 @@ struct StepTimePass : public fsdp::impl::StepTimePassBase<StepTimePass> {
         row("host <-> device copies", time.transfer, "offloaded units, on the transfer stream");
       row("optimizer step", time.optimizer,
           llvm::formatv("{0:F2} ms of it on the host{1}", time.hostOptimizer * 1e3,
-                        overlapHostOptimizer ? ", beside the next step" : "")
+                        timing == HostOptimizerTiming::InBackward    ? ", from when gradients land"
+                        : timing == HostOptimizerTiming::NextForward ? ", beside the next step"
+                                                                     : "")
               .str());
       out << llvm::format("  %-26s %10.1f %%\n", "model FLOPs utilization", utilization * 100);
       if (!trace.empty())

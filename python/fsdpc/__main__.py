@@ -47,7 +47,9 @@ def _plan(args: argparse.Namespace) -> int:
         gpus = args.nodes * args.gpus_per_node
     if gpus is None:
         raise PlanError("give --gpus, or --nodes (with --gpus-per-node)")
-    chosen = machine(args.gpu, args.gpus_per_node, overlap_host_optimizer=args.overlap_host_optimizer,
+    timing = "in-backward" if args.host_optimizer_in_backward else \
+        "next-forward" if args.overlap_host_optimizer else "after-step"
+    chosen = machine(args.gpu, args.gpus_per_node, host_optimizer=timing,
                      **{name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name in HARDWARE_OPTIONS})
     if args.mlir:
         if args.model or args.batch or args.seq or args.param_dtype:
@@ -63,7 +65,7 @@ def _plan(args: argparse.Namespace) -> int:
                              pipeline=args.pipeline)
         profile = Profile.read(args.profile, profiled.time.kernel_classes)
         numbers = calibrate(profile, profiled.time.ideal)
-        chosen = machine(chosen.kind, chosen.gpus_per_node, overlap_host_optimizer=chosen.overlap_host_optimizer,
+        chosen = machine(chosen.kind, chosen.gpus_per_node, host_optimizer=chosen.host_optimizer,
                          **{**dict(chosen.numbers), **numbers})
         print(f"calibrated from {args.profile} ({profile.ops} calls): "
               + ", ".join(f"{key} {value:.3g}" for key, value in numbers.items()))
@@ -181,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--overlap-host-optimizer", action="store_true",
                       help="offloaded units' optimizer steps run beside the next step's forward "
                            "(sharded.overlap_host_optimizer)")
+    plan.add_argument("--host-optimizer-in-backward", action="store_true",
+                      help="offloaded units' optimizer steps start as their gradients land in host memory, during "
+                           "backward (sharded.overlap_host_optimizer(optimizer, in_backward=True))")
     plan.add_argument("--trace", help="write the predicted step as a Perfetto trace here")
     plan.add_argument("--profile",
                       help="a PyTorch profiler Chrome trace of this step measured on the GPU kind: calibrates the "

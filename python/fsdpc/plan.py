@@ -46,6 +46,11 @@ class PlanError(ValueError):
 # `python -m fsdpc plan` gives them (--memory-gib, --tensor-tflops, ...).
 HARDWARE_OPTIONS = ("memory-gib", "tensor-tflops", "fp32-tflops", "memory-gbps", "intra-node-gbps",
                     "inter-node-gbps", "host-link-gbps", "host-optimizer-gbps")
+# When the host steps offloaded units (ShardedModule.overlap_host_optimizer),
+# as fsdp-step-time's options say it: after the step; beside the next step's
+# forward; from when each unit's gradients land, in backward.
+HOST_OPTIMIZER_TIMINGS = {"after-step": "", "next-forward": " overlap-host-optimizer=true",
+                          "in-backward": " host-optimizer-in-backward=true"}
 # The software's share of the hardware, which a measured profile calibrates.
 CALIBRATED_OPTIONS = ("matmul-efficiency", "attention-efficiency", "memory-efficiency", "issue-us")
 
@@ -55,18 +60,18 @@ class Machine:
     """The GPUs a plan is for: a kind from fsdp-opt's table
     (lib/Analysis/Time.cpp holds it: h100-sxm, h100-96gb, h200, a100-80gb)
     or `custom`, with any hardware number overridden, how many GPUs
-    share a node's NVLink, and whether offloaded units' optimizer steps run
-    beside the next step (ShardedModule.overlap_host_optimizer)."""
+    share a node's NVLink, and when offloaded units' optimizer steps run
+    (HOST_OPTIMIZER_TIMINGS; ShardedModule.overlap_host_optimizer)."""
 
     kind: str = "h100-sxm"
     gpus_per_node: int = 8
     numbers: tuple[tuple[str, float], ...] = ()  # (fsdp-step-time option, value)
-    overlap_host_optimizer: bool = False
+    host_optimizer: str = "after-step"
 
     def options(self) -> str:
         numbers = " ".join(f"{name}={value!r}" for name, value in self.numbers)
-        overlap = " overlap-host-optimizer=true" if self.overlap_host_optimizer else ""
-        return f"gpu={self.kind} gpus-per-node={self.gpus_per_node} {numbers}".strip() + overlap
+        return f"gpu={self.kind} gpus-per-node={self.gpus_per_node} {numbers}".strip() + \
+            HOST_OPTIMIZER_TIMINGS[self.host_optimizer]
 
     def step_time(self, optimizer: str, output: Path) -> str:
         """The fsdp-step-time pass for this machine, its JSON report to `output`."""
@@ -88,7 +93,7 @@ def _one_line(error: FsdpOptError) -> str:
     return str(error).splitlines()[0]
 
 
-def machine(kind: str = "h100-sxm", gpus_per_node: int = 8, *, overlap_host_optimizer: bool = False,
+def machine(kind: str = "h100-sxm", gpus_per_node: int = 8, *, host_optimizer: str = "after-step",
             **numbers: float | None) -> Machine:
     """A checked Machine; `numbers` by option name with `_` for `-`
     (memory_gib=80). fsdp-opt checks them, so a bad kind or number is caught
@@ -99,7 +104,9 @@ def machine(kind: str = "h100-sxm", gpus_per_node: int = 8, *, overlap_host_opti
     unknown = [name for name, _ in given if name not in HARDWARE_OPTIONS + CALIBRATED_OPTIONS]
     if unknown:
         raise PlanError(f"unknown GPU number {unknown[0]}; use {', '.join(HARDWARE_OPTIONS + CALIBRATED_OPTIONS)}")
-    chosen = Machine(kind, gpus_per_node, given, overlap_host_optimizer)
+    if host_optimizer not in HOST_OPTIMIZER_TIMINGS:
+        raise PlanError(f"unknown host optimizer timing {host_optimizer!r}; use {', '.join(HOST_OPTIMIZER_TIMINGS)}")
+    chosen = Machine(kind, gpus_per_node, given, host_optimizer)
     try:
         run_fsdp_opt("module {}", [f"--fsdp-step-time={chosen.options()} output=", "-o", "/dev/null"])
     except FsdpOptError as error:

@@ -68,13 +68,33 @@ def test_an_overlapped_host_optimizer_runs_beside_the_next_forward(gpt_ir):
     next step, before its gather, instead of after the step."""
     after = plan_step(gpt_ir, gpus=1, model="gpt", pipeline="offload=*")
     beside = plan_step(gpt_ir, gpus=1, model="gpt", pipeline="offload=*",
-                       machine=machine(overlap_host_optimizer=True))
+                       machine=machine(host_optimizer="next-forward"))
     assert beside.time.host_optimizer == after.time.host_optimizer > 0
     assert beside.time.compute == after.time.compute
     assert beside.time.step < after.time.step
     # Every unit is gathered after its update: the step cannot end before
     # the host has stepped them all.
     assert beside.time.step > beside.time.host_optimizer
+
+
+def test_a_host_optimizer_in_backward_starts_as_gradients_land(gpt_ir, tmp_path):
+    """Where the host's optimizer work bounds the step (a slow host), steps
+    that start as each unit's gradients land keep the host busy through the
+    backward too: a shorter step than beside the next forward alone, and in
+    the steady state never shorter than the host's work."""
+    slow = {"host_optimizer_gbps": 0.5}
+    beside = plan_step(gpt_ir, gpus=1, model="gpt", pipeline="offload=*",
+                       machine=machine(host_optimizer="next-forward", **slow))
+    trace = tmp_path / "in-backward.json"
+    landed = plan_step(gpt_ir, gpus=1, model="gpt", pipeline="offload=*",
+                       machine=machine(host_optimizer="in-backward", **slow), trace=str(trace))
+    assert landed.time.host_optimizer == beside.time.host_optimizer > 0
+    assert landed.time.compute == beside.time.compute
+    assert landed.time.host_optimizer <= landed.time.step < beside.time.step
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any("(in backward)" in event.get("name", "") for event in events)
+    with pytest.raises(PlanError, match="unknown host optimizer timing 'sometimes'"):
+        machine(host_optimizer="sometimes")
 
 
 def test_the_predicted_time_follows_the_schedule_and_the_links(gpt_ir, tmp_path):

@@ -110,12 +110,19 @@ struct StepTime {
   SmallVector<Interval> intervals;
 };
 
+/// When the host steps offloaded units (ShardedModule.overlap_host_optimizer).
+enum class HostOptimizerTiming {
+  AfterStep,   // once the step's transfers are done, before the next step
+  NextForward, // during the next step, each unit before its gather
+  InBackward,  // each unit from when its gradients land, the rest during the next step
+};
+
 /// Predicts `step` on `machine`; `statesPerElement` is the optimizer's state
-/// tensors per parameter element (optimizerStatesPerElement);
-/// `overlapHostOptimizer`: offloaded units are stepped on the host during
-/// the next step, each before its gather (ShardedModule.overlap_host_optimizer).
+/// tensors per parameter element (optimizerStatesPerElement). Overlapped
+/// timings predict the steady state: each step inherits what the host
+/// thread has left of the one before.
 StepTime predictStep(ModuleOp module, Step &step, const Machine &machine, int64_t statesPerElement,
-                     bool overlapHostOptimizer = false);
+                     HostOptimizerTiming timing = HostOptimizerTiming::AfterStep);
 
 } // namespace mlir::fsdp
 
