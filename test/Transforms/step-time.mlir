@@ -6,6 +6,9 @@
 // RUN: fsdp-opt %s --fsdp-step-time="%{machine} format=json" -o /dev/null | FileCheck %s --check-prefix=JSON
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 offload=l0" --fsdp-step-time="%{machine} overlap-host-optimizer=true host-optimizer-gbps=0.001 trace=%t.overlap.json" -o /dev/null | FileCheck %s --check-prefix=OVERLAP
 // RUN: FileCheck %s --check-prefix=OVERLAP-TRACE < %t.overlap.json
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 offload=*" --fsdp-step-time="%{machine} overlap-host-optimizer=true host-optimizer-gbps=0.001 issue-us=25" -o /dev/null | FileCheck %s --check-prefix=BESIDE
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 offload=*" --fsdp-step-time="%{machine} host-optimizer-in-backward=true host-optimizer-gbps=0.001 issue-us=25 trace=%t.landed.json" -o /dev/null | FileCheck %s --check-prefix=LANDED
+// RUN: FileCheck %s --check-prefix=LANDED-TRACE < %t.landed.json
 // RUN: not fsdp-opt %s --fsdp-step-time="gpu=b200" -o /dev/null 2>&1 | FileCheck %s --check-prefix=KIND
 // RUN: not fsdp-opt %s --fsdp-step-time="gpu=custom memory-gib=80" -o /dev/null 2>&1 | FileCheck %s --check-prefix=CUSTOM
 // RUN: not fsdp-opt %s --fsdp-step-time="memory-gbps=-5" -o /dev/null 2>&1 | FileCheck %s --check-prefix=NEGATIVE
@@ -115,3 +118,19 @@ module attributes {fsdp.device = "cuda"} {
     return %l : tensor<f32>
   }
 }
+
+// Both units offloaded, the host the bottleneck (1.26 ms of optimizer work,
+// 25 us to issue each instruction): beside the next forward the host
+// thread waits out the backward; stepping l1 from
+// when its gradients land (l1's backward comes first) keeps it busy then,
+// and the next step inherits what it has left of l1, before l0.
+// BESIDE:        step                             1.71 ms
+// LANDED:        step                             1.64 ms
+// LANDED:        optimizer step                   1.26 ms   1.26 ms of it on the host, from when gradients land
+// LANDED-TRACE:      "name": "host optimizer step @l1",
+// LANDED-TRACE-NEXT: "ph": "X",
+// LANDED-TRACE-NEXT: "pid": 1,
+// LANDED-TRACE-NEXT: "tid": {{[0-9]+}},
+// LANDED-TRACE-NEXT: "ts": 0
+// LANDED-TRACE:      "name": "host optimizer step @l0",
+// LANDED-TRACE:      "name": "host optimizer step @l1 (in backward)",
