@@ -111,7 +111,11 @@ void clearOffload(ModuleOp module) {
 /// Adds units to `chosen` until every step's device peak is within
 /// `budget` bytes: each round the smallest unit whose state covers the
 /// excess, else the largest, then the model is walked again (offloading
-/// also changes what the collectives stage).
+/// also changes what the collectives stage). Of units the same size, the
+/// one the forward gathers last: its gradients land first in backward, so
+/// the host optimizer starts early, and the next forward begins with units
+/// the host does not update (and the device peak, late in the forward and
+/// early in backward, loses the state of the units resident there).
 LogicalResult offloadToFit(ModuleOp module, int64_t budget, int64_t states, bool gloo,
                            llvm::StringSet<> &chosen) {
   if (hostIsDevice(module))
@@ -129,6 +133,12 @@ LogicalResult offloadToFit(ModuleOp module, int64_t budget, int64_t states, bool
     saving[unit] += paramState(param, tables, states).total();
   }
   SmallVector<Step> steps = collectSteps(module);
+  llvm::StringMap<int> gathered; // unit -> the position of its first gather in the first step
+  if (!steps.empty())
+    steps.front().func.walk([&](AllGatherStartOp gather) {
+      if (gather.getUnitAttr())
+        gathered.try_emplace(gather.getUnitAttr().getValue(), int(gathered.size()));
+    });
   auto peak = [&] {
     int64_t most = 0;
     for (Step &step : steps)
@@ -144,7 +154,9 @@ LogicalResult offloadToFit(ModuleOp module, int64_t budget, int64_t states, bool
         continue;
       int64_t bytes = saving.lookup(name), best = pick.empty() ? 0 : saving.lookup(pick);
       bool covers = bytes >= excess, bestCovers = !pick.empty() && best >= excess;
-      if (pick.empty() || (covers && (!bestCovers || bytes < best)) || (!covers && !bestCovers && bytes > best))
+      bool later = !pick.empty() && bytes == best && gathered.lookup(name) > gathered.lookup(pick);
+      if (pick.empty() || (covers && (!bestCovers || bytes < best)) || (!covers && !bestCovers && bytes > best) ||
+          (covers == bestCovers && later))
         pick = name;
     }
     if (pick.empty())

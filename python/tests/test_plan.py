@@ -6,7 +6,9 @@ import pytest
 from fsdpc.__main__ import main
 import dataclasses
 import json
+import re
 
+from fsdpc.compiler import run_fsdp_opt
 from fsdpc.plan import (PlanError, Profile, calibrate, capture_for_plan, each_setting, intermediate_replicas, machine,
                          plan_step, search, search_space, size, what_would_fit)
 from test_cli import BAD_MODELS
@@ -61,6 +63,14 @@ def test_offload_to_fit_brings_the_peak_within_the_budget(gpt_ir):
     # What leaves the device crosses the host link, and its optimizer steps on the host.
     assert fitted.time.transfer > 0 and whole.time.transfer == 0
     assert fitted.time.step > whole.time.step
+    # Just under the peak one block is enough, and of the equal blocks the
+    # one the forward gathers last goes: its gradients land first in
+    # backward, and the forward starts on units the host does not update.
+    just_under = whole.memory.peak // 2**20
+    sharded = run_fsdp_opt(gpt_ir, [f"--fsdp-sharding-pipeline=ranks=1 backend=nccl offload-to-fit={just_under}"])
+    units = re.findall(r'fsdp\.unit @"?([\w.]+)"?([^\n]*)', sharded)
+    offloaded = [name for name, rest in units if " offloaded" in rest]
+    assert offloaded == [[name for name, _ in units if name.startswith("blocks.")][-1]], units
 
 
 def test_an_overlapped_host_optimizer_runs_beside_the_next_forward(gpt_ir):
