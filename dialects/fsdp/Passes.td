@@ -329,7 +329,9 @@ def OffloadUnitsPass : Pass<"fsdp-offload-units", "::mlir::ModuleOp"> {
     `offload-to-fit` gives MiB): as long as a step's device peak (the memory
     report's model, for `optimizer` and `backend`) exceeds the budget, one
     more unit is offloaded, the smallest whose state
-    covers the excess, else the largest. Every byte left on the device
+    covers the excess, else the largest; of units the same size, the one
+    the forward gathers last (its gradients land first in backward, and the
+    next forward starts on units the host does not update). Every byte left on the device
     spares a host copy and host optimizer work. A budget that even full
     offload cannot meet is an error that says by how much. On a CPU target
     host memory is the device's, so there is nothing to fit.
