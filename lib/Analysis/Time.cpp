@@ -300,13 +300,49 @@ namespace {
 /// them, each with the seconds it has left.
 using HostCarry = SmallVector<std::pair<std::string, double>>;
 
+/// What the optimizer streams in a step: it reads the shard, the gradient
+/// and each state tensor and writes the shard and the states, on the device
+/// or, for offloaded units, on the host; those units in the order the step
+/// gathers them.
+struct OptimizerTraffic {
+  double deviceBytes = 0, hostBytes = 0;
+  llvm::StringMap<double> hostBytesOf;
+  SmallVector<std::string> hostGatherOrder;
+};
+
+OptimizerTraffic optimizerTraffic(ModuleOp module, Step &step, int64_t statesPerElement) {
+  OptimizerTraffic traffic;
+  SymbolTableCollection tables;
+  for (ParamOp param : module.getOps<ParamOp>()) {
+    ParamState state = paramState(param, tables, statesPerElement);
+    if (!state.grad)
+      continue;
+    double bytes = 2 * state.shard + state.grad + 2 * state.optimizer;
+    auto unit = tables.lookupNearestSymbolFrom<UnitOp>(param, param.getUnitAttr());
+    if (unit && unit.getOffloaded()) {
+      traffic.hostBytesOf[unit.getSymName()] += bytes;
+      traffic.hostBytes += bytes;
+    } else {
+      traffic.deviceBytes += bytes;
+    }
+  }
+  for (Operation &op : step.body())
+    if (auto gather = dyn_cast<AllGatherStartOp>(op); gather && gather.getHost() && gather.getUnitAttr()) {
+      std::string unit = gather.getUnitAttr().getValue().str();
+      if (traffic.hostBytesOf.count(unit) && !llvm::is_contained(traffic.hostGatherOrder, unit))
+        traffic.hostGatherOrder.push_back(unit);
+    }
+  return traffic;
+}
+
 /// The host thread's schedule in backward: each unit from when its
 /// gradients land (`landed`, seconds into the step), whenever the thread
 /// is free from `free` on, the landed unit the next forward gathers first
-/// (`gatherOrder`). Returns each unit's [begin, end).
+/// (`gatherOrder`); a unit takes `seconds(unit)`. Returns each unit's
+/// [begin, end).
 SmallVector<std::tuple<std::string, double, double>>
 stepAsLanded(const llvm::StringMap<double> &landed, ArrayRef<std::string> gatherOrder,
-             const llvm::StringMap<double> &work, double free) {
+             llvm::function_ref<double(StringRef)> seconds, double free) {
   SmallVector<std::tuple<std::string, double, double>> schedule;
   SmallVector<std::string> order(gatherOrder.begin(), gatherOrder.end());
   for (const auto &unit : landed) // a unit no gather reads goes last
@@ -330,9 +366,9 @@ stepAsLanded(const llvm::StringMap<double> &landed, ArrayRef<std::string> gather
       free = earliest;
       continue;
     }
-    double seconds = work.lookup(*pick);
-    schedule.emplace_back(*pick, free, free + seconds);
-    free += seconds;
+    double took = seconds(*pick);
+    schedule.emplace_back(*pick, free, free + took);
+    free += took;
     done.insert(*pick);
   }
   return schedule;
@@ -342,7 +378,7 @@ stepAsLanded(const llvm::StringMap<double> &landed, ArrayRef<std::string> gather
 /// do then (stepped before each unit's gather); with `inBackward` the
 /// thread also steps each unit from when its gradients land, and `next`
 /// receives what is left when the step ends.
-StepTime walkStep(ModuleOp module, Step &step, const Machine &machine, int64_t statesPerElement,
+StepTime walkStep(Step &step, const Machine &machine, const OptimizerTraffic &traffic,
                   HostOptimizerTiming timing, const HostCarry &carry, HostCarry *next) {
   StepTime time;
   SymbolTableCollection tables;
@@ -376,23 +412,6 @@ StepTime walkStep(ModuleOp module, Step &step, const Machine &machine, int64_t s
     return bytes / (machine.gpu.memoryBandwidth * machine.memoryEfficiency);
   };
 
-  // What the optimizer streams per parameter element: it reads the shard,
-  // the gradient and each state tensor and writes the shard and the states.
-  double deviceBytes = 0, hostBytes = 0;
-  llvm::StringMap<double> hostBytesOf; // offloaded units: stepped on the host
-  for (ParamOp param : module.getOps<ParamOp>()) {
-    ParamState state = paramState(param, tables, statesPerElement);
-    if (!state.grad)
-      continue;
-    double bytes = 2 * state.shard + state.grad + 2 * state.optimizer;
-    auto unit = tables.lookupNearestSymbolFrom<UnitOp>(param, param.getUnitAttr());
-    if (unit && unit.getOffloaded()) {
-      hostBytesOf[unit.getSymName()] += bytes;
-      hostBytes += bytes;
-    } else {
-      deviceBytes += bytes;
-    }
-  }
   // Overlapped, the host thread steps what it carries from the step's
   // start, in order, and the runtime waits at each unit's gather for its
   // update.
@@ -505,8 +524,8 @@ StepTime walkStep(ModuleOp module, Step &step, const Machine &machine, int64_t s
   // (or, overlapped, during the next step, above).
   double deviceEnd = *std::max_element(trackFree.begin(), trackFree.end());
   double transferEnd = trackOf.count("transfer") ? trackFree[trackOf.lookup("transfer")] : 0;
-  double deviceOptimizer = deviceBytes ? memorySeconds(deviceBytes) : 0;
-  time.hostOptimizer = hostBytes / machine.hostOptimizerBandwidth;
+  double deviceOptimizer = traffic.deviceBytes ? memorySeconds(traffic.deviceBytes) : 0;
+  time.hostOptimizer = traffic.hostBytes / machine.hostOptimizerBandwidth;
   time.optimizer = deviceOptimizer + time.hostOptimizer;
   if (deviceOptimizer)
     record(nullptr, "optimizer step", kCompute, std::max(host, deviceEnd), deviceOptimizer);
@@ -524,27 +543,20 @@ StepTime walkStep(ModuleOp module, Step &step, const Machine &machine, int64_t s
   // In backward the thread goes on past the step's end: what it has not
   // done by then is the next step's carry, the unit it is in first, then
   // the others in gather order (all have landed by then).
-  SmallVector<std::string> gatherOrder;
-  for (Operation &op : step.body())
-    if (auto gather = dyn_cast<AllGatherStartOp>(op); gather && gather.getHost() && gather.getUnitAttr())
-      if (!llvm::is_contained(gatherOrder, gather.getUnitAttr().getValue().str()))
-        gatherOrder.push_back(gather.getUnitAttr().getValue().str());
-  llvm::StringMap<double> work;
-  for (const auto &unit : hostBytesOf)
-    work[unit.getKey()] = unit.getValue() / machine.hostOptimizerBandwidth;
+  auto seconds = [&](StringRef unit) { return traffic.hostBytesOf.lookup(unit) / machine.hostOptimizerBandwidth; };
   next->clear();
   HostCarry later;
-  for (auto &[unit, begin, end] : stepAsLanded(landed, gatherOrder, work, carriedUntil)) {
+  for (auto &[unit, begin, end] : stepAsLanded(landed, traffic.hostGatherOrder, seconds, carriedUntil)) {
     if (begin < time.step)
       record(nullptr, "host optimizer step @" + unit + " (in backward)", track("host optimizer"), begin,
              std::min(end, time.step) - begin);
     if (end > time.step)
       (begin < time.step ? *next : later).emplace_back(unit, end - std::max(begin, time.step));
   }
-  for (const std::string &unit : gatherOrder)
-    for (auto &[name, seconds] : later)
+  for (const std::string &unit : traffic.hostGatherOrder)
+    for (auto &[name, left] : later)
       if (name == unit)
-        next->emplace_back(name, seconds);
+        next->emplace_back(name, left);
   return time;
 }
 
@@ -555,29 +567,17 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
   // The host thread's carry in the steady state: beside the next forward,
   // every offloaded unit in gather order; in backward, what the previous
   // step left, found by repeating the step until that settles.
+  OptimizerTraffic traffic = optimizerTraffic(module, step, statesPerElement);
   HostCarry carry;
-  if (timing != HostOptimizerTiming::AfterStep) {
-    SymbolTableCollection tables;
-    llvm::StringMap<double> bytes;
-    for (ParamOp param : module.getOps<ParamOp>()) {
-      ParamState state = paramState(param, tables, statesPerElement);
-      auto unit = tables.lookupNearestSymbolFrom<UnitOp>(param, param.getUnitAttr());
-      if (state.grad && unit && unit.getOffloaded())
-        bytes[unit.getSymName()] += 2 * state.shard + state.grad + 2 * state.optimizer;
-    }
-    for (Operation &op : step.body())
-      if (auto gather = dyn_cast<AllGatherStartOp>(op); gather && gather.getHost() && gather.getUnitAttr()) {
-        StringRef unit = gather.getUnitAttr().getValue();
-        if (bytes.count(unit) && llvm::none_of(carry, [&](auto &entry) { return entry.first == unit; }))
-          carry.emplace_back(unit.str(), bytes.lookup(unit) / machine.hostOptimizerBandwidth);
-      }
-  }
+  if (timing != HostOptimizerTiming::AfterStep)
+    for (const std::string &unit : traffic.hostGatherOrder)
+      carry.emplace_back(unit, traffic.hostBytesOf.lookup(unit) / machine.hostOptimizerBandwidth);
   if (timing != HostOptimizerTiming::InBackward)
-    return walkStep(module, step, machine, statesPerElement, timing, carry, nullptr);
+    return walkStep(step, machine, traffic, timing, carry, nullptr);
   StepTime time;
   for (int pass = 0; pass < 16; ++pass) {
     HostCarry next;
-    StepTime now = walkStep(module, step, machine, statesPerElement, timing, carry, &next);
+    StepTime now = walkStep(step, machine, traffic, timing, carry, &next);
     bool settled = pass > 0 && std::abs(now.step - time.step) <= 1e-9 * std::max(1.0, now.step);
     time = std::move(now);
     carry = std::move(next);
