@@ -282,8 +282,10 @@ def Fsdp_PointwiseOp : Fsdp_Op<"pointwise", [
     element by element (`fsdp/Dialect/Pointwise.h` lists them and their
     literals; none `random`) and ending with `fsdp.yield` of the results'
     types; every input and result has one floating element type (f32,
-    bf16 or f16), the results one shape, and the inputs' shapes broadcast
-    to exactly that shape; every value in the body broadcasts to it.
+    bf16 or f16: the jiterator reads an input of another dtype by dynamic
+    casting, several times slower, so a condition is a comparison computed
+    inside), the results one shape, and the inputs' shapes broadcast to
+    exactly that shape; every value in the body broadcasts to it.
   }];
   let arguments = (ins Variadic<Fsdp_StaticTensor>:$inputs, OptionalAttr<StrAttr>:$module);
   let results = (outs Variadic<Fsdp_StaticTensor>:$results);

@@ -30,7 +30,7 @@ enum class Param {
   Approximate,    ///< gelu's `approximate`: "none" or "tanh"
   Sizes,          ///< expand's sizes: a list of integers (the result type says them)
   Flag,           ///< a bool literal the element does not depend on
-  Condition,      ///< a bool operand (the kernel reads it as 0 or 1 of the float type)
+  Condition,      ///< a bool operand: a comparison's result in the same kernel, read as 0 or 1
 };
 
 /// One argument as the expression sees it.
@@ -47,6 +47,9 @@ struct Rule {
   /// missing; nullopt: required). Strings default to "none".
   SmallVector<std::optional<double>, 3> defaults;
   std::function<std::string(ArrayRef<Arg>)> print;
+  /// A comparison: its result is a bool tensor (read by a condition inside
+  /// the kernel as 0 or 1), its tensor operands any one kernel float type.
+  bool comparison = false;
 };
 
 std::string call(StringRef function, const Arg &a) { return (function + "(" + a.text + ")").str(); }
@@ -117,6 +120,8 @@ const std::vector<Rule> &rules() {
        [](ArrayRef<Arg> a) {
          return "(" + a[1].text + " <= " + a[2].text + " ? 0.0f : " + a[0].text + ")";
        }},
+      {"aten::ne.Scalar", {P::Tensor, P::Number}, {},
+       [](ArrayRef<Arg> a) { return "(" + a[0].text + " != " + a[1].text + " ? 1.0f : 0.0f)"; }, /*comparison=*/true},
       {"aten::where.self", {P::Condition, P::Tensor, P::Tensor}, {},
        [](ArrayRef<Arg> a) { return "(" + a[0].text + " != 0.0f ? " + a[1].text + " : " + a[2].text + ")"; }},
       // A broadcast: each element reads its input's element at the broadcast index.
@@ -223,10 +228,13 @@ std::variant<SmallVector<Arg>, std::string> argumentsOf(AtenOp op, const Rule &r
       }
       if (param != Param::Tensor && param != Param::TensorOrNumber)
         return where + " must be a literal";
-      if (!isKernelFloat(op.getInputs()[*index].getType()) ||
-          cast<RankedTensorType>(op.getInputs()[*index].getType()).getElementType() !=
-              cast<RankedTensorType>(op->getResult(0).getType()).getElementType())
-        return where + " is not a tensor of the result's element type";
+      Type operand = op.getInputs()[*index].getType();
+      if (rule.comparison ? !isKernelFloat(operand)
+                          : !isKernelFloat(operand) ||
+                                cast<RankedTensorType>(operand).getElementType() !=
+                                    cast<RankedTensorType>(op->getResult(0).getType()).getElementType())
+        return where + (rule.comparison ? " is not an f32, bf16 or f16 tensor"
+                                        : " is not a tensor of the result's element type");
       if (!operands.empty())
         arg.text = operands[*index];
     } else if (param == Param::Condition) {
@@ -287,16 +295,17 @@ std::string mlir::fsdp::pointwiseRefusal(AtenOp op) {
     return "'" + op.getCallee().str() + "' is not an elementwise operator a kernel can compute";
   if (op.getRandom())
     return "a random call";
-  if (op->getNumResults() != 1 || !isKernelFloat(op->getResult(0).getType()))
-    return "its result is not one f32, bf16 or f16 tensor";
+  auto result = op->getNumResults() == 1 ? dyn_cast<RankedTensorType>(op->getResult(0).getType()) : nullptr;
+  if (rule->comparison ? !result || !result.getElementType().isInteger(1) : !isKernelFloat(result))
+    return rule->comparison ? "its result is not one bool tensor" : "its result is not one f32, bf16 or f16 tensor";
   auto args = argumentsOf(op, *rule, {});
   if (auto *why = std::get_if<std::string>(&args))
     return *why;
-  ArrayRef<int64_t> result = cast<RankedTensorType>(op->getResult(0).getType()).getShape();
   for (Value input : op.getInputs()) {
     ArrayRef<int64_t> shape = cast<RankedTensorType>(input.getType()).getShape();
-    if (broadcastShape(shape, result) != SmallVector<int64_t>(result))
-      return "an operand of shape " + shapeText(shape) + " does not broadcast to the result's " + shapeText(result);
+    if (broadcastShape(shape, result.getShape()) != SmallVector<int64_t>(result.getShape()))
+      return "an operand of shape " + shapeText(shape) + " does not broadcast to the result's " +
+             shapeText(result.getShape());
   }
   return "";
 }

@@ -37,11 +37,13 @@
 // `cat(-x[..., h:], x[..., :h])`) join as well: such a kernel runs over the
 // split dimension as [2, h], reading whole inputs as split views and halves
 // as slices of them, and a concatenation becomes a choice by which half an
-// element is in (`aten::where.self` on a [2, 1] bool tensor):
+// element is in (`aten::where.self` on a [2, 1] half index, 0 or 1 in the
+// kernel's own element type: a bool input would make the jiterator cast
+// every input dynamically, 4.4x slower on an H100):
 //
 //   %k = fsdp.pointwise(%q2, %cos2, %q2hi, %q2lo, %sin2, %half) {
-//     %qc = mul(%q2, %cos2)  %n = neg(%q2hi)  %r = where(%half, %q2lo, %n)
-//     ... add(%qc, mul(%r, %sin2)) }
+//     %qc = mul(%q2, %cos2)  %n = neg(%q2hi)  %second = ne(%half, 0)
+//     %r = where(%second, %q2lo, %n)  ... add(%qc, mul(%r, %sin2)) }
 //   %out = fsdp.aten "aten::view"(%k) args [0 : index, [2, 2, 4, 8]]
 //
 // Only CUDA steps (`fsdp.device` = "cuda") fuse: the kernels are CUDA
@@ -482,10 +484,13 @@ private:
     auto [inputs, outputs] = boundary(members);
     if (inputs.empty() || outputs.empty() || outputs.size() > fsdp_rt::kMostKernelTensors)
       return false;
+    // One element type for the kernel's every tensor: the jiterator reads
+    // an input of another (a bool condition) by dynamic casting, slower
+    // than the calls unfused.
     Type element = cast<RankedTensorType>(members.front()->getResult(0).getType()).getElementType();
-    if (llvm::any_of(members, [&](AtenOp member) {
-          return cast<RankedTensorType>(member->getResult(0).getType()).getElementType() != element;
-        }))
+    auto elementOf = [](Value value) { return cast<RankedTensorType>(value.getType()).getElementType(); };
+    if (llvm::any_of(members, [&](AtenOp member) { return elementOf(member->getResult(0)) != element; }) ||
+        llvm::any_of(inputs, [&](Value input) { return elementOf(input) != element; }))
       return false;
     FailureOr<std::optional<HalfSplit>> split = splitOf(members);
     if (failed(split))
@@ -635,24 +640,25 @@ private:
     return true;
   }
 
-  /// The half index for `split`'s rank of trailing dimensions: made once
-  /// per function, at its start (an identity matrix's second column).
-  Value halfIndexFor(HalfSplit split) {
-    if (auto it = halfIndexes.find(split.fromEnd); it != halfIndexes.end())
+  /// The half index for `split`'s rank of trailing dimensions, 0 or 1 in
+  /// the kernel's element type: made once per function and type, at its
+  /// start (an identity matrix's second column).
+  Value halfIndexFor(HalfSplit split, Type element) {
+    if (auto it = halfIndexes.find({split.fromEnd, element}); it != halfIndexes.end())
       return it->second;
     OpBuilder builder(&body, body.begin());
     Location loc = body.getParentOp()->getLoc();
-    Type flag = builder.getI1Type();
     auto identity = AtenOp::create(
-        builder, loc, TypeRange{RankedTensorType::get({2, 2}, flag)}, builder.getStringAttr("aten::eye"), ValueRange{},
-        builder.getArrayAttr({builder.getI64IntegerAttr(2), TypeAttr::get(flag), builder.getStringAttr("strided"),
+        builder, loc, TypeRange{RankedTensorType::get({2, 2}, element)}, builder.getStringAttr("aten::eye"),
+        ValueRange{},
+        builder.getArrayAttr({builder.getI64IntegerAttr(2), TypeAttr::get(element), builder.getStringAttr("strided"),
                               builder.getStringAttr("<device>"), builder.getBoolAttr(false)}),
         UnitAttr(), StringAttr());
     Value index = sliceOf(builder, loc, identity->getResult(0), 1, 1, StringAttr());
     SmallVector<int64_t> shape = halfIndexShape(split);
     if (shapeOf(index) != ArrayRef<int64_t>(shape))
       index = createView(builder, loc, index, shape, StringAttr());
-    return halfIndexes[split.fromEnd] = index;
+    return halfIndexes[{split.fromEnd, element}] = index;
   }
 
   /// `value[..., start:start + 1, ...]` in dimension `dim`.
@@ -700,7 +706,8 @@ private:
   void rewriteSplit(Group &group, HalfSplit split) {
     SmallVector<Value> outputs = boundary(group.members).second;
     SplitReads plan = splitReads(group.members, outputs, split);
-    Value halfIndex = plan.halfIndex ? halfIndexFor(split) : Value();
+    Type element = cast<RankedTensorType>(outputs.front().getType()).getElementType();
+    Value halfIndex = plan.halfIndex ? halfIndexFor(split, element) : Value();
     OpBuilder builder(group.anchor);
     Location loc = locationOf(group);
     StringAttr module = group.members.front().getModuleAttr();
@@ -722,6 +729,19 @@ private:
     for (auto [read, input] : llvm::zip(plan.reads, kernelInputs))
       built[read] = kernel->addArgument(input.getType(), read.first.getLoc());
     Value halfIndexArg = halfIndex ? kernel->addArgument(halfIndex.getType(), loc) : Value();
+    Value secondHalf; // the condition of the concatenations: halfIndexArg != 0, computed once
+    auto inSecondHalf = [&]() {
+      if (!secondHalf) {
+        auto index = cast<RankedTensorType>(halfIndex.getType());
+        secondHalf = AtenOp::create(builder, loc, TypeRange{RankedTensorType::get(index.getShape(),
+                                                                                  builder.getI1Type())},
+                                    builder.getStringAttr("aten::ne.Scalar"), ValueRange{halfIndexArg},
+                                    builder.getArrayAttr({builder.getIndexAttr(0), builder.getI64IntegerAttr(0)}),
+                                    UnitAttr(), module)
+                         ->getResult(0);
+      }
+      return secondHalf;
+    };
     std::function<Value(Value, int)> build = [&](Value value, int half) -> Value {
       if (extentOf(value, split) != Extent::Whole)
         half = -1;
@@ -736,7 +756,7 @@ private:
       } else if (halfConcatenationOf(op)) {
         Value first = build(op.getInputs()[0], -1), second = build(op.getInputs()[1], -1);
         result = AtenOp::create(builder, op.getLoc(), TypeRange{splitType(value, false)},
-                                builder.getStringAttr("aten::where.self"), ValueRange{halfIndexArg, second, first},
+                                builder.getStringAttr("aten::where.self"), ValueRange{inSecondHalf(), second, first},
                                 ArrayAttr(), UnitAttr(), op.getModuleAttr())
                      ->getResult(0);
       } else {
@@ -809,7 +829,7 @@ private:
   SmallVector<int64_t> live; // bytes the step allocated, live after each call, with the groups' moves
   int64_t peak = 0;          // the most before fusion
   EagerStrides strides;
-  DenseMap<int64_t, Value> halfIndexes; // per trailing rank of a split, made at the function's start
+  DenseMap<std::pair<int64_t, Type>, Value> halfIndexes; // per trailing rank of a split and element type
   DenseMap<std::tuple<Value, int64_t, int>, Value> splitReads_; // (value, split's rank from the end, half)
   std::vector<std::unique_ptr<Group>> groups;
   DenseMap<Operation *, Group *> groupOf;

@@ -66,6 +66,11 @@ class CudaTarget:
         deprioritized = os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "").lower() in ("1", "true", "on", "yes")
         return not deprioritized and self.capability[0] in (9, 10) and self.cudnn() > 91500
 
+    def cudnn_head_dim_limit(self) -> int:
+        """cuDNN attention's largest head dim in PyTorch: 256 on sm90 (H100,
+        H200) from cuDNN 9.10 on, else 128."""
+        return 256 if self.capability == (9, 0) and self.cudnn() >= 91000 else 128
+
 
 _SDPA_PARAMETERS = inspect.Signature([
     inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
@@ -88,10 +93,8 @@ def cuda_attention_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.T
                           attn_mask: torch.Tensor | None, is_causal: bool, enable_gqa: bool,
                           target: CudaTarget = CudaTarget()) -> AttentionKernel:
     """The kernel eager PyTorch picks on `target` for dense 4-D inputs, in
-    its order: cuDNN (where preferred), flash, memory-efficient, math.
-    Where a kernel's limits differ between torch versions, the narrower
-    one is taken (cuDNN: head dim <= 128), so that every supported torch
-    runs what is chosen."""
+    its order: cuDNN (where preferred), flash, memory-efficient, math,
+    with the limits of the cuDNN that torch loads (`target.cudnn()`)."""
     dense = all(t.dim() == 4 and not t.is_nested and t.stride(-1) == 1 for t in (query, key, value))
     same_dtype = query.dtype == key.dtype == value.dtype
     batch, heads, seq_q, head_dim = query.shape
@@ -102,7 +105,8 @@ def cuda_attention_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.T
         return AttentionKernel.MATH
     low_precision = query.dtype in _LOW_PRECISION
     cudnn = (target.prefers_cudnn() and low_precision and not torch.are_deterministic_algorithms_enabled()
-             and head_dim == key.shape[-1] == value_dim and head_dim % 8 == 0 and head_dim <= 128
+             and head_dim == key.shape[-1] == value_dim and head_dim % 8 == 0
+             and head_dim <= target.cudnn_head_dim_limit()
              and seq_k != 1 and batch <= _GRID_LIMIT and heads <= _GRID_LIMIT
              and (attn_mask is None or (attn_mask.dim() in (2, 4) and not attn_mask.requires_grad)))
     if cudnn:

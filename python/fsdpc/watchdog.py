@@ -31,6 +31,7 @@ import ctypes
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -56,7 +57,7 @@ class _Watch:
     waits: Waits
     deadline: float  # time.monotonic()
     on_timeout: Callable[[str, str], None]
-    owner: object
+    owner: Callable[[], object | None]  # a weak reference: a dropped module is freed at once, not at the next poll
 
 
 class Watchdog:
@@ -65,13 +66,17 @@ class Watchdog:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def watch(self, waits: Waits, deadline: float, on_timeout: Callable[[str, str], None], owner: object) -> None:
+    def watch(self, waits: Waits, deadline: float, on_timeout: Callable[[str, str], None],
+              owner: object | None) -> None:
         """Holds `waits` against `deadline` (time.monotonic()) until they are
         sealed and complete; past the deadline with a collective noted and
         unfinished, calls `on_timeout(collective, group key)` on this
-        watchdog's thread, once."""
+        watchdog's thread, once. `owner` is held weakly, and `on_timeout`
+        must not hold it either: a module its user drops is freed then, by
+        reference counting, not when this thread next looks."""
         with self._changed:
-            self._watches.append(_Watch(waits, deadline, on_timeout, owner))
+            owner_ref = weakref.ref(owner) if owner is not None else lambda: None
+            self._watches.append(_Watch(waits, deadline, on_timeout, owner_ref))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="fsdpc-watchdog", daemon=True)
                 self._thread.start()
@@ -80,7 +85,7 @@ class Watchdog:
     def cancel(self, owner: object) -> None:
         """Forgets every step of `owner` (it failed another way)."""
         with self._changed:
-            self._watches = [watch for watch in self._watches if watch.owner is not owner]
+            self._watches = [watch for watch in self._watches if watch.owner() is not owner]
 
     def _run(self) -> None:
         while True:

@@ -84,9 +84,11 @@ def wide_ffn_llama() -> str:
 
 
 def half_index_bytes(ir: str) -> int:
-    """The [2, 2] bool identity kernels over halves read (rotary embeddings),
-    made once at the step's start: the one allocation fusion adds."""
-    return 4 * len(re.findall(r'"aten::eye"', ir))
+    """The [2, 2] identities (in the kernel's element type) that kernels over
+    halves read (rotary embeddings), made once at the step's start: the one
+    allocation fusion adds."""
+    element_bytes = {"f32": 4, "bf16": 2, "f16": 2}
+    return sum(4 * element_bytes[dtype] for dtype in re.findall(r'"aten::eye"\(\) args \[2, (\w+),', ir))
 
 
 def live_bytes(ir: str, frees: str) -> tuple[list[int], int]:
@@ -288,13 +290,14 @@ RMSNORM_TAIL = """func.func @rmsnorm_tail(%x: tensor<4x8xf32>, %ms: tensor<4x1xf
 # The rotary embeddings as a kernel over split halves (fsdp-fuse-pointwise's
 # rewrite of `q * cos + cat(-q[..., 4:], q[..., :4]) * sin`): the query split
 # [..., 2, 4], its halves, the tables split alike, and which half an element
-# is in (bool, read by aten::where.self).
-ROTARY_HALVES = """func.func @rotary_halves(%q: tensor<2x2x4x2x4xf32>, %c: tensor<4x2x4xf32>, %hi: tensor<2x2x4x1x4xf32>, %lo: tensor<2x2x4x1x4xf32>, %s: tensor<4x2x4xf32>, %h: tensor<2x1xi1>) -> tensor<2x2x4x2x4xf32> {
-  %y = fsdp.pointwise (%q, %c, %hi, %lo, %s, %h) : (tensor<2x2x4x2x4xf32>, tensor<4x2x4xf32>, tensor<2x2x4x1x4xf32>, tensor<2x2x4x1x4xf32>, tensor<4x2x4xf32>, tensor<2x1xi1>) -> tensor<2x2x4x2x4xf32> {
-  ^bb0(%a: tensor<2x2x4x2x4xf32>, %b: tensor<4x2x4xf32>, %d: tensor<2x2x4x1x4xf32>, %e: tensor<2x2x4x1x4xf32>, %f: tensor<4x2x4xf32>, %g: tensor<2x1xi1>):
+# is in (0 or 1 in the kernel's dtype, compared inside: no bool input).
+ROTARY_HALVES = """func.func @rotary_halves(%q: tensor<2x2x4x2x4xf32>, %c: tensor<4x2x4xf32>, %hi: tensor<2x2x4x1x4xf32>, %lo: tensor<2x2x4x1x4xf32>, %s: tensor<4x2x4xf32>, %h: tensor<2x1xf32>) -> tensor<2x2x4x2x4xf32> {
+  %y = fsdp.pointwise (%q, %c, %hi, %lo, %s, %h) : (tensor<2x2x4x2x4xf32>, tensor<4x2x4xf32>, tensor<2x2x4x1x4xf32>, tensor<2x2x4x1x4xf32>, tensor<4x2x4xf32>, tensor<2x1xf32>) -> tensor<2x2x4x2x4xf32> {
+  ^bb0(%a: tensor<2x2x4x2x4xf32>, %b: tensor<4x2x4xf32>, %d: tensor<2x2x4x1x4xf32>, %e: tensor<2x2x4x1x4xf32>, %f: tensor<4x2x4xf32>, %g: tensor<2x1xf32>):
     %qc = fsdp.aten "aten::mul.Tensor"(%a, %b) : (tensor<2x2x4x2x4xf32>, tensor<4x2x4xf32>) -> tensor<2x2x4x2x4xf32>
     %n = fsdp.aten "aten::neg"(%d) : (tensor<2x2x4x1x4xf32>) -> tensor<2x2x4x1x4xf32>
-    %r = fsdp.aten "aten::where.self"(%g, %e, %n) : (tensor<2x1xi1>, tensor<2x2x4x1x4xf32>, tensor<2x2x4x1x4xf32>) -> tensor<2x2x4x2x4xf32>
+    %second = fsdp.aten "aten::ne.Scalar"(%g) args [0 : index, 0] : (tensor<2x1xf32>) -> tensor<2x1xi1>
+    %r = fsdp.aten "aten::where.self"(%second, %e, %n) : (tensor<2x1xi1>, tensor<2x2x4x1x4xf32>, tensor<2x2x4x1x4xf32>) -> tensor<2x2x4x2x4xf32>
     %rs = fsdp.aten "aten::mul.Tensor"(%r, %f) : (tensor<2x2x4x2x4xf32>, tensor<4x2x4xf32>) -> tensor<2x2x4x2x4xf32>
     %o = fsdp.aten "aten::add.Tensor"(%qc, %rs) args [0 : index, 1 : index, 1] : (tensor<2x2x4x2x4xf32>, tensor<2x2x4x2x4xf32>) -> tensor<2x2x4x2x4xf32>
     fsdp.yield %o : tensor<2x2x4x2x4xf32>
@@ -308,7 +311,7 @@ def rotary_halves_inputs(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """The kernel's inputs for query `q` [2, 2, 4, 8] (any strides) and
     tables [4, 8], and what the calls it replaces compute, split alike."""
     q2 = q.view(2, 2, 4, 2, 4)
-    half = torch.tensor([[False], [True]], device=q.device)
+    half = torch.tensor([[0.0], [1.0]], device=q.device, dtype=q.dtype)
     inputs = [q2, cos.view(4, 2, 4), q2[..., 1:2, :], q2[..., 0:1, :], sin.view(4, 2, 4), half]
     qf, cf, sf = q.float(), cos.float(), sin.float()
     rotated = torch.cat([-qf[..., 4:], qf[..., :4]], dim=-1)
@@ -408,7 +411,7 @@ def test_a_kernel_over_halves_computes_what_aten_computes(host_kernels):
     generator = torch.Generator().manual_seed(0)
     q, cos, sin = (torch.randn(shape, generator=generator) for shape in ([2, 4, 2, 8], [4, 8], [4, 8]))
     inputs, expected = rotary_halves_inputs(q.transpose(1, 2), cos, sin)
-    # As the jiterator reads them at an output element: broadcast, the bool as 0 or 1.
+    # As the jiterator reads them at an output element: broadcast.
     inputs = [tensor.float().expand(2, 2, 4, 2, 4) for tensor in inputs]
     (got,) = run_on_host(binary, used["rotary_halves"], inputs, 1)
     torch.testing.assert_close(got, expected.reshape(-1), rtol=2e-6, atol=2e-6)
@@ -437,7 +440,7 @@ def test_the_runtime_launches_each_kernel_on_the_gpu(dtype, tolerance):
     (got,) = runtime.run("rmsnorm_tail", {}, {}, {}, [x, ms, w], {}, 60.0)["returned"]
     expected = (x.float() * torch.rsqrt(ms.float() + 1e-5) * w.float()).to(dtype)
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
-    # Strided halves of a permuted query, and a bool the kernel reads as 0 or 1.
+    # Strided halves of a permuted query, and the half index in the query's dtype.
     q = torch.randn(2, 4, 2, 8, device="cuda", dtype=dtype).transpose(1, 2)
     cos, sin = torch.randn(4, 8, device="cuda", dtype=dtype), torch.randn(4, 8, device="cuda", dtype=dtype)
     inputs, expected = rotary_halves_inputs(q, cos, sin)

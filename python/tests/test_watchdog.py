@@ -5,8 +5,10 @@ ranks on NCCL); here the watched steps are the runtime's own DeviceWaits
 where a CPU can make them, and a stand-in with a collective that never ends
 where it cannot."""
 
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -23,6 +25,10 @@ class NeverEnds:
 
     def sealed(self):
         return True
+
+
+class Owner:
+    """What owns watched steps (a sharded module): weakly referable."""
 
 
 class Timeouts:
@@ -50,6 +56,24 @@ def test_a_step_is_let_go_once_it_returned_and_its_collectives_completed():
     assert not timeouts.calls and not watchdog._watches
 
 
+def test_a_watched_steps_owner_is_freed_when_dropped():
+    """The watchdog holds a step's owner (the sharded module) weakly: a
+    module dropped while its last step is still watched is freed at once,
+    by reference counting, not at the next poll (seen on a GPU: api_train's
+    check_freed_when_dropped failed before)."""
+    watchdog, timeouts, module = Watchdog(), Timeouts(), Owner()
+    watchdog.watch(NeverEnds(), time.monotonic() + 60, timeouts, owner=module)
+    gone = weakref.ref(module)
+    gc.disable()
+    try:
+        del module
+        assert gone() is None
+    finally:
+        gc.enable()
+    watchdog.cancel(Owner())  # another owner: the dropped one's watch stays until it ends
+    assert len(watchdog._watches) == 1
+
+
 def test_a_collective_unfinished_at_the_deadline_is_named_once():
     watchdog, timeouts = Watchdog(), Timeouts()
     deadline = time.monotonic() + 0.5
@@ -64,7 +88,7 @@ def test_a_collective_unfinished_at_the_deadline_is_named_once():
 
 def test_a_cancelled_owner_is_not_called():
     watchdog, timeouts = Watchdog(), Timeouts()
-    owner, other = object(), object()
+    owner, other = Owner(), Owner()
     watchdog.watch(NeverEnds(), time.monotonic() + 0.3, timeouts, owner=owner)
     watchdog.watch(NeverEnds(), time.monotonic() + 0.3, timeouts, owner=other)
     watchdog.cancel(owner)

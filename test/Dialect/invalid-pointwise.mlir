@@ -63,7 +63,7 @@ func.func @result_shapes(%x: tensor<4x4xf32>, %r: tensor<4x1xf32>) -> tensor<4x4
 // -----
 
 func.func @element_types(%x: tensor<4xf32>) -> tensor<4xbf16> {
-  // expected-error @+1 {{'fsdp.pointwise' op inputs and results must share one element type, f32, bf16 or f16 (an input may also be a bool condition); got 'tensor<4xf32>' with results of 'tensor<4xbf16>'}}
+  // expected-error @+1 {{'fsdp.pointwise' op inputs and results must share one element type, f32, bf16 or f16; got 'tensor<4xf32>' with results of 'tensor<4xbf16>'}}
   %y = fsdp.pointwise (%x) : (tensor<4xf32>) -> tensor<4xbf16> {
   ^bb0(%a: tensor<4xf32>):
     %n = fsdp.aten "aten::neg"(%a) : (tensor<4xf32>) -> tensor<4xbf16>
@@ -75,7 +75,7 @@ func.func @element_types(%x: tensor<4xf32>) -> tensor<4xbf16> {
 // -----
 
 func.func @double(%x: tensor<4xf64>) -> tensor<4xf64> {
-  // expected-error @+1 {{'fsdp.pointwise' op inputs and results must share one element type, f32, bf16 or f16 (an input may also be a bool condition); got 'tensor<4xf64>' with results of 'tensor<4xf64>'}}
+  // expected-error @+1 {{'fsdp.pointwise' op inputs and results must share one element type, f32, bf16 or f16; got 'tensor<4xf64>' with results of 'tensor<4xf64>'}}
   %y = fsdp.pointwise (%x) : (tensor<4xf64>) -> tensor<4xf64> {
   ^bb0(%a: tensor<4xf64>):
     %n = fsdp.aten "aten::neg"(%a) : (tensor<4xf64>) -> tensor<4xf64>
@@ -183,7 +183,7 @@ func.func @random(%x: tensor<4xf32>) -> tensor<4xf32> {
 // -----
 
 func.func @operand_type(%x: tensor<4xf32>, %h: tensor<4xf16>) -> tensor<4xf32> {
-  // expected-error @+1 {{'fsdp.pointwise' op inputs and results must share one element type, f32, bf16 or f16 (an input may also be a bool condition); got 'tensor<4xf16>' with results of 'tensor<4xf32>'}}
+  // expected-error @+1 {{'fsdp.pointwise' op inputs and results must share one element type, f32, bf16 or f16; got 'tensor<4xf16>' with results of 'tensor<4xf32>'}}
   %y = fsdp.pointwise (%x, %h) : (tensor<4xf32>, tensor<4xf16>) -> tensor<4xf32> {
   ^bb0(%a: tensor<4xf32>, %b: tensor<4xf16>):
     %m = fsdp.aten "aten::mul.Tensor"(%a, %b) : (tensor<4xf32>, tensor<4xf16>) -> tensor<4xf32>
@@ -227,24 +227,12 @@ func.func @yield_outside(%x: tensor<4xf32>) {
 
 // -----
 
-// A bool input is read only as a condition.
-func.func @bool_read_as_number(%c: tensor<4xi1>, %x: tensor<4xf32>) -> tensor<4xf32> {
+// A bool input would make the jiterator cast every input dynamically.
+func.func @bool_input(%c: tensor<4xi1>, %x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'fsdp.pointwise' op inputs and results must share one element type, f32, bf16 or f16; got 'tensor<4xi1>' with results of 'tensor<4xf32>'}}
   %y = fsdp.pointwise (%c, %x) : (tensor<4xi1>, tensor<4xf32>) -> tensor<4xf32> {
   ^bb0(%a: tensor<4xi1>, %b: tensor<4xf32>):
-    // expected-error @+1 {{'fsdp.aten' op cannot be computed element by element: argument 0 is not a tensor of the result's element type}}
-    %m = fsdp.aten "aten::mul.Tensor"(%a, %b) : (tensor<4xi1>, tensor<4xf32>) -> tensor<4xf32>
-    fsdp.yield %m : tensor<4xf32>
-  }
-  return %y : tensor<4xf32>
-}
-
-// -----
-
-func.func @condition_not_bool(%c: tensor<4xf32>, %x: tensor<4xf32>) -> tensor<4xf32> {
-  %y = fsdp.pointwise (%c, %x) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32> {
-  ^bb0(%a: tensor<4xf32>, %b: tensor<4xf32>):
-    // expected-error @+1 {{'fsdp.aten' op cannot be computed element by element: argument 0 is not a bool tensor}}
-    %w = fsdp.aten "aten::where.self"(%a, %b, %b) : (tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+    %w = fsdp.aten "aten::where.self"(%a, %b, %b) : (tensor<4xi1>, tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
     fsdp.yield %w : tensor<4xf32>
   }
   return %y : tensor<4xf32>
@@ -252,12 +240,39 @@ func.func @condition_not_bool(%c: tensor<4xf32>, %x: tensor<4xf32>) -> tensor<4x
 
 // -----
 
-func.func @bool_result(%c: tensor<4xi1>, %x: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xi1>) {
-  // expected-error @+1 {{'fsdp.pointwise' op inputs and results must share one element type, f32, bf16 or f16 (an input may also be a bool condition); got 'tensor<4xi1>' with results of 'tensor<4xf32>'}}
-  %y:2 = fsdp.pointwise (%c, %x) : (tensor<4xi1>, tensor<4xf32>) -> (tensor<4xf32>, tensor<4xi1>) {
-  ^bb0(%a: tensor<4xi1>, %b: tensor<4xf32>):
-    %w = fsdp.aten "aten::where.self"(%a, %b, %b) : (tensor<4xi1>, tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
-    fsdp.yield %w, %a : tensor<4xf32>, tensor<4xi1>
+// A comparison's result is read only as a condition.
+func.func @comparison_read_as_number(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %y = fsdp.pointwise (%x) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    %n = fsdp.aten "aten::ne.Scalar"(%a) args [0 : index, 0] : (tensor<4xf32>) -> tensor<4xi1>
+    // expected-error @+1 {{'fsdp.aten' op cannot be computed element by element: argument 0 is not a tensor of the result's element type}}
+    %m = fsdp.aten "aten::mul.Tensor"(%n, %a) : (tensor<4xi1>, tensor<4xf32>) -> tensor<4xf32>
+    fsdp.yield %m : tensor<4xf32>
+  }
+  return %y : tensor<4xf32>
+}
+
+// -----
+
+func.func @comparison_not_bool(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %y = fsdp.pointwise (%x) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    // expected-error @+1 {{'fsdp.aten' op cannot be computed element by element: its result is not one bool tensor}}
+    %n = fsdp.aten "aten::ne.Scalar"(%a) args [0 : index, 0] : (tensor<4xf32>) -> tensor<4xf32>
+    fsdp.yield %n : tensor<4xf32>
+  }
+  return %y : tensor<4xf32>
+}
+
+// -----
+
+func.func @bool_result(%x: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xi1>) {
+  // expected-error @+1 {{'fsdp.pointwise' op inputs and results must share one element type, f32, bf16 or f16; got 'tensor<4xi1>' with results of 'tensor<4xf32>'}}
+  %y:2 = fsdp.pointwise (%x) : (tensor<4xf32>) -> (tensor<4xf32>, tensor<4xi1>) {
+  ^bb0(%a: tensor<4xf32>):
+    %n = fsdp.aten "aten::ne.Scalar"(%a) args [0 : index, 0] : (tensor<4xf32>) -> tensor<4xi1>
+    %w = fsdp.aten "aten::where.self"(%n, %a, %a) : (tensor<4xi1>, tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+    fsdp.yield %w, %n : tensor<4xf32>, tensor<4xi1>
   }
   return %y#0, %y#1 : tensor<4xf32>, tensor<4xi1>
 }

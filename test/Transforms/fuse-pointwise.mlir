@@ -242,19 +242,21 @@ func.func @rotary(%x: tensor<16x8xf32>, %cos: tensor<4x8xf32>, %sin: tensor<4x8x
   return %out : tensor<2x2x4x8xf32>
 }
 }
-// CHECK:      %[[EYE:.*]] = fsdp.aten "aten::eye"() args [2, i1, "strided", "<device>", false] : () -> tensor<2x2xi1>
-// CHECK-NEXT: %[[HALF:.*]] = fsdp.aten "aten::slice.Tensor"(%[[EYE]]) args [0 : index, 1, 1, 2, 1] : (tensor<2x2xi1>) -> tensor<2x1xi1>
+// The half index is 0 or 1 in the kernel's element type: no bool input.
+// CHECK:      %[[EYE:.*]] = fsdp.aten "aten::eye"() args [2, f32, "strided", "<device>", false] : () -> tensor<2x2xf32>
+// CHECK-NEXT: %[[HALF:.*]] = fsdp.aten "aten::slice.Tensor"(%[[EYE]]) args [0 : index, 1, 1, 2, 1] : (tensor<2x2xf32>) -> tensor<2x1xf32>
 // CHECK:      %[[COS:.*]] = fsdp.aten "aten::view"(%{{.*}}) args [0 : index, [4, 2, 4]]
 // CHECK:      %[[SIN:.*]] = fsdp.aten "aten::view"(%{{.*}}) args [0 : index, [4, 2, 4]]
 // CHECK:      %[[Q:.*]] = fsdp.aten "aten::permute"
 // CHECK-NEXT: %[[Q2:.*]] = fsdp.aten "aten::view"(%[[Q]]) args [0 : index, [2, 2, 4, 2, 4]]
 // CHECK-NEXT: %[[Q2LO:.*]] = fsdp.aten "aten::slice.Tensor"(%[[Q2]]) args [0 : index, 3, 0, 1, 1] : (tensor<2x2x4x2x4xf32>) -> tensor<2x2x4x1x4xf32>
 // CHECK-NEXT: %[[Q2HI:.*]] = fsdp.aten "aten::slice.Tensor"(%[[Q2]]) args [0 : index, 3, 1, 2, 1] : (tensor<2x2x4x2x4xf32>) -> tensor<2x2x4x1x4xf32>
-// CHECK-NEXT: %[[K:.*]] = fsdp.pointwise(%[[Q2]], %[[COS]], %[[Q2HI]], %[[Q2LO]], %[[SIN]], %[[HALF]]) : (tensor<2x2x4x2x4xf32>, tensor<4x2x4xf32>, tensor<2x2x4x1x4xf32>, tensor<2x2x4x1x4xf32>, tensor<4x2x4xf32>, tensor<2x1xi1>) -> tensor<2x2x4x2x4xf32> {
-// CHECK-NEXT: ^bb0(%[[A:.*]]: tensor<2x2x4x2x4xf32>, %[[B:.*]]: tensor<4x2x4xf32>, %[[C:.*]]: tensor<2x2x4x1x4xf32>, %[[D:.*]]: tensor<2x2x4x1x4xf32>, %[[E:.*]]: tensor<4x2x4xf32>, %[[F:.*]]: tensor<2x1xi1>):
+// CHECK-NEXT: %[[K:.*]] = fsdp.pointwise(%[[Q2]], %[[COS]], %[[Q2HI]], %[[Q2LO]], %[[SIN]], %[[HALF]]) : (tensor<2x2x4x2x4xf32>, tensor<4x2x4xf32>, tensor<2x2x4x1x4xf32>, tensor<2x2x4x1x4xf32>, tensor<4x2x4xf32>, tensor<2x1xf32>) -> tensor<2x2x4x2x4xf32> {
+// CHECK-NEXT: ^bb0(%[[A:.*]]: tensor<2x2x4x2x4xf32>, %[[B:.*]]: tensor<4x2x4xf32>, %[[C:.*]]: tensor<2x2x4x1x4xf32>, %[[D:.*]]: tensor<2x2x4x1x4xf32>, %[[E:.*]]: tensor<4x2x4xf32>, %[[F:.*]]: tensor<2x1xf32>):
 // CHECK-NEXT:   %[[QC:.*]] = fsdp.aten "aten::mul.Tensor"(%[[A]], %[[B]])
 // CHECK-NEXT:   %[[N:.*]] = fsdp.aten "aten::neg"(%[[C]]) : (tensor<2x2x4x1x4xf32>) -> tensor<2x2x4x1x4xf32>
-// CHECK-NEXT:   %[[R:.*]] = fsdp.aten "aten::where.self"(%[[F]], %[[D]], %[[N]]) : (tensor<2x1xi1>, tensor<2x2x4x1x4xf32>, tensor<2x2x4x1x4xf32>) -> tensor<2x2x4x2x4xf32>
+// CHECK-NEXT:   %[[SECOND:.*]] = fsdp.aten "aten::ne.Scalar"(%[[F]]) args [0 : index, 0] : (tensor<2x1xf32>) -> tensor<2x1xi1>
+// CHECK-NEXT:   %[[R:.*]] = fsdp.aten "aten::where.self"(%[[SECOND]], %[[D]], %[[N]]) : (tensor<2x1xi1>, tensor<2x2x4x1x4xf32>, tensor<2x2x4x1x4xf32>) -> tensor<2x2x4x2x4xf32>
 // CHECK-NEXT:   %[[RS:.*]] = fsdp.aten "aten::mul.Tensor"(%[[R]], %[[E]])
 // CHECK-NEXT:   %[[O:.*]] = fsdp.aten "aten::add.Tensor"(%[[QC]], %[[RS]])
 // CHECK-NEXT:   fsdp.yield %[[O]] : tensor<2x2x4x2x4xf32>
@@ -286,13 +288,38 @@ func.func @rotary_backward(%x: tensor<16x8xf32>, %cos: tensor<4x8xf32>, %sin: te
   return %out : tensor<2x2x4x8xf32>
 }
 }
-// CHECK:      %[[K:.*]] = fsdp.pointwise(%[[G2:.*]], %[[COS:.*]], %[[G2HI:.*]], %[[SINHI:.*]], %[[G2LO:.*]], %[[SINLO:.*]], %[[HALF:.*]]) : (tensor<2x2x4x2x4xf32>, tensor<4x2x4xf32>, tensor<2x2x4x1x4xf32>, tensor<4x1x4xf32>, tensor<2x2x4x1x4xf32>, tensor<4x1x4xf32>, tensor<2x1xi1>) -> tensor<2x2x4x2x4xf32> {
-// CHECK-NEXT: ^bb0(%[[A:.*]]: {{.*}}, %[[B:.*]]: {{.*}}, %[[C:.*]]: {{.*}}, %[[D:.*]]: {{.*}}, %[[E:.*]]: {{.*}}, %[[F:.*]]: {{.*}}, %[[H:.*]]: tensor<2x1xi1>):
+// CHECK:      %[[K:.*]] = fsdp.pointwise(%[[G2:.*]], %[[COS:.*]], %[[G2HI:.*]], %[[SINHI:.*]], %[[G2LO:.*]], %[[SINLO:.*]], %[[HALF:.*]]) : (tensor<2x2x4x2x4xf32>, tensor<4x2x4xf32>, tensor<2x2x4x1x4xf32>, tensor<4x1x4xf32>, tensor<2x2x4x1x4xf32>, tensor<4x1x4xf32>, tensor<2x1xf32>) -> tensor<2x2x4x2x4xf32> {
+// CHECK-NEXT: ^bb0(%[[A:.*]]: {{.*}}, %[[B:.*]]: {{.*}}, %[[C:.*]]: {{.*}}, %[[D:.*]]: {{.*}}, %[[E:.*]]: {{.*}}, %[[F:.*]]: {{.*}}, %[[H:.*]]: tensor<2x1xf32>):
 // CHECK-NEXT:   %[[GC:.*]] = fsdp.aten "aten::mul.Tensor"(%[[A]], %[[B]])
 // CHECK-NEXT:   %[[YHI:.*]] = fsdp.aten "aten::mul.Tensor"(%[[C]], %[[D]]) : (tensor<2x2x4x1x4xf32>, tensor<4x1x4xf32>) -> tensor<2x2x4x1x4xf32>
 // CHECK-NEXT:   %[[YLO:.*]] = fsdp.aten "aten::mul.Tensor"(%[[E]], %[[F]]) : (tensor<2x2x4x1x4xf32>, tensor<4x1x4xf32>) -> tensor<2x2x4x1x4xf32>
 // CHECK-NEXT:   %[[N:.*]] = fsdp.aten "aten::neg"(%[[YLO]])
-// CHECK-NEXT:   %[[R:.*]] = fsdp.aten "aten::where.self"(%[[H]], %[[N]], %[[YHI]])
+// CHECK-NEXT:   %[[SECOND:.*]] = fsdp.aten "aten::ne.Scalar"(%[[H]])
+// CHECK-NEXT:   %[[R:.*]] = fsdp.aten "aten::where.self"(%[[SECOND]], %[[N]], %[[YHI]])
 // CHECK-NEXT:   %[[O:.*]] = fsdp.aten "aten::add.Tensor"(%[[GC]], %[[R]])
 // CHECK:      fsdp.aten "aten::view"(%[[K]]) args [0 : index, [2, 2, 4, 8]]
 // CHECK-NOT:  fsdp.aten "aten::cat"
+
+// -----
+
+// Not fused: a choice by a bool mask made outside. A kernel reading a bool
+// input would go through the jiterator's dynamic casting, slower than the
+// two calls (benchmarks/pointwise_paths.py); the mask's own comparison is
+// a call too, its result a bool.
+module attributes {fsdp.device = "cuda"} {
+// CHECK-LABEL: func.func @bool_mask_from_outside
+func.func @bool_mask_from_outside(%x: tensor<8x8xbf16>, %m: tensor<8x8xi1>) -> tensor<8x8xbf16> {
+  %xd = fsdp.aten "aten::clone"(%x) args [0 : index, "contiguous_format"] : (tensor<8x8xbf16>) -> tensor<8x8xbf16>
+  %n = fsdp.aten "aten::neg"(%xd) : (tensor<8x8xbf16>) -> tensor<8x8xbf16>
+  %w = fsdp.aten "aten::where.self"(%m, %n, %xd) : (tensor<8x8xi1>, tensor<8x8xbf16>, tensor<8x8xbf16>) -> tensor<8x8xbf16>
+  %c = fsdp.aten "aten::ne.Scalar"(%w) args [0 : index, 0] : (tensor<8x8xbf16>) -> tensor<8x8xi1>
+  %y = fsdp.aten "aten::where.self"(%c, %w, %xd) : (tensor<8x8xi1>, tensor<8x8xbf16>, tensor<8x8xbf16>) -> tensor<8x8xbf16>
+  return %y : tensor<8x8xbf16>
+}
+}
+// CHECK-NOT:  fsdp.pointwise
+// CHECK:      fsdp.aten "aten::neg"
+// CHECK:      fsdp.aten "aten::where.self"
+// CHECK:      fsdp.aten "aten::ne.Scalar"
+// CHECK:      fsdp.aten "aten::where.self"
+// CHECK-NOT:  fsdp.pointwise

@@ -20,8 +20,9 @@ namespace mlir::fsdp {
 
 /// Why `op` cannot be computed element by element in a generated kernel
 /// ("" when it can): an operator outside the table, a literal of the wrong
-/// kind or not finite, a result that is not one f32/bf16/f16 tensor, an
-/// operand of another element type, or a `random` call.
+/// kind or not finite, a result that is not one f32/bf16/f16 tensor (one
+/// bool tensor for a comparison, whose operands may be any of the three),
+/// an operand of another element type, or a `random` call.
 std::string pointwiseRefusal(AtenOp op);
 
 /// The C++ expression of one element of `op`'s result, given the
