@@ -40,6 +40,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import statistics
 import time
 from pathlib import Path
@@ -100,20 +101,27 @@ def exposed_communication(trace_path: Path) -> dict:
             "collective_busy_us": sum(e - b for b, e in other), "step_span_us": span}
 
 
-def predicted_times(sharded_ir: str, device_name: str, trace: Path) -> dict:
+def predicted_times(sharded_ir: str, device_name: str, trace: Path, host_optimizer: str) -> dict:
     """fsdpc's time model on the program this run measured: as it stands,
     and calibrated from this run's own profiled step (what is left between
     that and the measured step is what the model's structure misses:
-    overlap, host, ordering)."""
+    overlap, host, ordering). A program that offloads is predicted with the
+    host optimizer's timing the run used and this host's measured rate."""
     from fsdpc.plan import Profile, calibrate, gpu_kind_of, machine, predict_program
 
     kind = gpu_kind_of(device_name)
     if kind is None:
         return {}
-    before = predict_program(sharded_ir, machine(kind))
+    host = {}
+    if re.search(r"fsdp\.unit @\S+ .*\boffloaded\b", sharded_ir):
+        from host_optimizer import rate  # benchmarks/host_optimizer.py: the number the model calls host-optimizer-gbps
+
+        host = {"host_optimizer_gbps": rate(50 * 10**6, fused=True) / 1e9}
+    before = predict_program(sharded_ir, machine(kind, host_optimizer=host_optimizer, **host))
     numbers = calibrate(Profile.read(trace, before["kernel_classes"]), before["ideal_s"])
-    after = predict_program(sharded_ir, machine(kind, **numbers))
+    after = predict_program(sharded_ir, machine(kind, host_optimizer=host_optimizer, **host, **numbers))
     return {"predicted_step_s": before["step_s"], "calibrated_step_s": after["step_s"], "calibration": numbers,
+            **host,
             "predicted_split_s": {key: before[key] for key in ("compute_s", "exposed_communication_s",
                                                                 "host_bound_s", "transfer_s", "optimizer_s")}}
 
@@ -142,6 +150,7 @@ def build(system: str, model: torch.nn.Module, example, block_class):
                               else "gather-into-results=true" if into_results else "")
         if overlap or in_backward:
             extras["overlap"] = lambda optimizer: sharded.overlap_host_optimizer(optimizer, in_backward=in_backward)
+        extras["host_optimizer"] = "in-backward" if in_backward else "next-forward" if overlap else "after-step"
         extras["compile_phases_s"] = sharded.compile_seconds
         extras["report_peak_above_start_gib"] = sharded.memory_report["train_step"]["peak"]["above_step_start"] / 2**30
         extras["sharded_ir"] = sharded.sharded_ir
@@ -242,6 +251,7 @@ def main() -> None:
     step = statistics.median(times)
     tokens = local_batch * seq
     sharded_ir = extras.pop("sharded_ir", None)
+    host_optimizer = extras.pop("host_optimizer", "after-step")
     result = {"model": args.model, "system": args.system, "device": torch.cuda.get_device_name(device),
               "torch": torch.__version__, "compile_s": compile_s, "step_s": step, "step_times_s": times,
               "tokens_per_s": tokens / step, "mfu": flops * tokens / step / H100_BF16_DENSE,
@@ -250,7 +260,8 @@ def main() -> None:
     # What is derived from the run must not lose the run: a failure here is recorded beside the measurements.
     analyses = [lambda: exposed_communication(trace)]
     if sharded_ir is not None:
-        analyses.append(lambda: predicted_times(sharded_ir, torch.cuda.get_device_name(device), trace))
+        analyses.append(lambda: predicted_times(sharded_ir, torch.cuda.get_device_name(device), trace,
+                                                host_optimizer))
     for analysis in analyses:
         try:
             result.update(analysis())
