@@ -9,14 +9,15 @@
 #   scripts/gpu-session.sh bench-llama  # Llama 0.9B: fsdpc (also gathering into the parameters), FSDP2, FSDP2 + compile, torch.compile; fsdpc's warm start
 #   scripts/gpu-session.sh bench-gpt    # GPT 23M: fsdpc, FSDP2, FSDP2 + compile, torch.compile, twice (cold and warm)
 #   scripts/gpu-session.sh offload      # host optimizer rate; Llama 2.6B offloaded: FSDP2, fsdpc (the plan's fit) stepped in backward and beside the next forward
+#   scripts/gpu-session.sh profile      # Llama 0.9B: one profiled step of fsdpc and of FSDP2 + compile, where their time went; the rotary kernel's paths
 #
 # Each stage builds the runtime first (seconds when it is built). A failing
 # test or run is logged and the stage goes on to its next measurement.
 set -euo pipefail
-stage=${1:?"usage: scripts/gpu-session.sh tests|bench-llama|bench-gpt|offload"}
+stage=${1:?"usage: scripts/gpu-session.sh tests|bench-llama|bench-gpt|offload|profile"}
 case "$stage" in
-  tests|bench-llama|bench-gpt|offload) ;;
-  *) echo "unknown stage '$stage': use tests, bench-llama, bench-gpt or offload" >&2; exit 2 ;;
+  tests|bench-llama|bench-gpt|offload|profile) ;;
+  *) echo "unknown stage '$stage': use tests, bench-llama, bench-gpt, offload or profile" >&2; exit 2 ;;
 esac
 if [ ! -x build-portable/bin/fsdp-opt ] || [ ! -x build-portable/bin/fsdp-translate ]; then
   echo "build-portable/bin/fsdp-opt and fsdp-translate are missing: run 'make portable-tools' on the build" \
@@ -53,5 +54,17 @@ case "$stage" in
     timeout 480 python3 benchmarks/gpu.py --models llama-2.6b --repeats 1 --steps 3 --warmup 2 --run-timeout 200 \
       --json "$OUT/offload.json" --systems fsdp2-offload fsdpc-fit-inbackward fsdpc-fit-overlap 2>&1 \
       | tee "$OUT/offload.log" || true
+    ;;
+  profile)
+    # One rank started directly (gpu.py does the same), its rendezvous here.
+    export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29811
+    for system in fsdpc fsdp2-compile; do
+      timeout 150 python3 benchmarks/gpu_one.py --model llama-0.9b --system "$system" --steps 4 --warmup 3 \
+        --out "$OUT/profile-$system.json" --trace "/tmp/profile-$system.trace.json" > "/tmp/profile-$system.log" 2>&1 \
+        || tail -20 "/tmp/profile-$system.log" > "$OUT/profile-$system.txt"  # at most 8 files come back
+      python3 benchmarks/trace_summary.py "/tmp/profile-$system.trace.json" --top 40 2>&1 | tee -a "$OUT/profile-$system.txt" || true
+    done
+    tar czf "$OUT/profile-traces.tgz" -C /tmp profile-fsdpc.trace.json profile-fsdp2-compile.trace.json || true
+    timeout 60 python3 benchmarks/pointwise_paths.py 2>&1 | tee "$OUT/pointwise-paths.log" || true
     ;;
 esac
