@@ -21,8 +21,9 @@ Llama: every unit checkpointed and only what does not fit FSDP2 offload's
 12.9 GiB peak offloaded, `checkpoint=* offload-to-fit=13209`, overlapped);
 fsdpc-unfused (fsdpc without generated kernels, `fuse-pointwise=false`:
 every elementwise call an ATen kernel, as before 2026-11-24);
-fsdpc-into-results (fsdpc with `gather-into-results=true`: NCCL gathers
-each parameter straight into its tensor, no receive buffer, no copy-out).
+fsdpc-staged (fsdpc with `gather-into-results=false`: NCCL gathers into a
+receive buffer and copies out, as before gathering each parameter straight
+into its tensor became NCCL's default on 2026-11-25).
 
 Measured: compile (model built to the end of the first step), median step
 time over the timed steps (forward, backward and optimizer, synchronized),
@@ -134,9 +135,9 @@ def build(system: str, model: torch.nn.Module, example, block_class):
     overlap = system.endswith("-overlap")
     in_backward = system.endswith("-inbackward")
     unfused = system.endswith("-unfused")
-    into_results = system.endswith("-into-results")
+    staged = system.endswith("-staged")
     system = system.removesuffix("-overlap").removesuffix("-inbackward").removesuffix("-unfused") \
-        .removesuffix("-into-results")
+        .removesuffix("-staged")
     fit = system.endswith("-fit")  # issue 16's budget: FSDP2 offload's 12.9 GiB peak
     offload = CPUOffloadPolicy() if system.endswith("-offload") else None  # pinned host memory
     system = system.removesuffix("-offload").removesuffix("-fit")
@@ -147,7 +148,7 @@ def build(system: str, model: torch.nn.Module, example, block_class):
         sharded = fsdpc.shard(model, example, next_token_loss, mp_policy=policy, offload_policy=offload,
                               pipeline="checkpoint=* offload-to-fit=13209" if fit
                               else "fuse-pointwise=false" if unfused
-                              else "gather-into-results=true" if into_results else "")
+                              else "gather-into-results=false" if staged else "")
         if overlap or in_backward:
             extras["overlap"] = lambda optimizer: sharded.overlap_host_optimizer(optimizer, in_backward=in_backward)
         extras["host_optimizer"] = "in-backward" if in_backward else "next-forward" if overlap else "after-step"

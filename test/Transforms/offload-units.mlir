@@ -2,10 +2,10 @@
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 replicas=2 strategy=hybrid-shard offload=*" | FileCheck %s --check-prefix=HYBRID
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4 reshard-after-forward=2 offload=l1" | FileCheck %s --check-prefix=INNER
 // RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4 offload=l7" 2>&1 | FileCheck %s --check-prefix=UNKNOWN
-// RUN: sed -e '1i module attributes {fsdp.device = "cuda"} {' -e '$a }' %S/Inputs/step.mlir | fsdp-opt --fsdp-sharding-pipeline="ranks=4 backend=nccl" --fsdp-offload-units="fit-bytes=891 backend=nccl" | FileCheck %s --check-prefix=FIT-ONE
-// RUN: sed -e '1i module attributes {fsdp.device = "cuda"} {' -e '$a }' %S/Inputs/step.mlir | fsdp-opt --fsdp-sharding-pipeline="ranks=4 backend=nccl offload-to-fit=0" --fsdp-offload-units="fit-bytes=600 backend=nccl" | FileCheck %s --check-prefix=FIT-TWO
+// RUN: sed -e '1i module attributes {fsdp.device = "cuda"} {' -e '$a }' %S/Inputs/step.mlir | fsdp-opt --fsdp-sharding-pipeline="ranks=4 backend=nccl gather-into-results=false" --fsdp-offload-units="fit-bytes=891 backend=nccl" | FileCheck %s --check-prefix=FIT-ONE
+// RUN: sed -e '1i module attributes {fsdp.device = "cuda"} {' -e '$a }' %S/Inputs/step.mlir | fsdp-opt --fsdp-sharding-pipeline="ranks=4 backend=nccl gather-into-results=false offload-to-fit=0" --fsdp-offload-units="fit-bytes=600 backend=nccl" | FileCheck %s --check-prefix=FIT-TWO
 // RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4" --fsdp-offload-units="fit-bytes=100" 2>&1 | FileCheck %s --check-prefix=FIT-CPU
-// RUN: sed -e '1i module attributes {fsdp.device = "cuda"} {' -e '$a }' %S/Inputs/step.mlir | not fsdp-opt --fsdp-sharding-pipeline="ranks=4 backend=nccl" --fsdp-offload-units="fit-bytes=100 backend=nccl" 2>&1 | FileCheck %s --check-prefix=FIT-NEVER
+// RUN: sed -e '1i module attributes {fsdp.device = "cuda"} {' -e '$a }' %S/Inputs/step.mlir | not fsdp-opt --fsdp-sharding-pipeline="ranks=4 backend=nccl gather-into-results=false" --fsdp-offload-units="fit-bytes=100 backend=nccl" 2>&1 | FileCheck %s --check-prefix=FIT-NEVER
 // RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4 strategy=no-shard offload=l0" 2>&1 | FileCheck %s --check-prefix=NOSHARD
 
 // One unit: its all-gather reads shards from the host and its

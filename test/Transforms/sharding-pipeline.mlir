@@ -3,6 +3,10 @@
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 replicas=2 strategy=hybrid-shard reshard-root=true checkpoint=l0 gradient-accumulation=true reduce-dtype=bf16" | FileCheck %s --check-prefix=ALL
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4 memory-report=- comm-report=- report-format=json" -o /dev/null | FileCheck %s --check-prefix=REPORTS
 // RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4 reshard-after-forward=maybe" 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4 backend=nccl" | FileCheck %s --check-prefix=NCCL
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4 backend=gloo" | FileCheck %s --check-prefix=GLOO
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4 backend=nccl gather-into-results=false" | FileCheck %s --check-prefix=STAGED
+// RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4 gather-into-results=maybe" 2>&1 | FileCheck %s --check-prefix=BAD-INTO
 
 // The default: FULL_SHARD, one bucket per unit and phase, depth-1 prefetch,
 // verified and hashed.
@@ -37,3 +41,11 @@
 // REPORTS: "collectives": {
 
 // BAD: error: reshard-after-forward mode must be true, false or a positive integer, got 'maybe'
+
+// On NCCL the all-gathers write into their results unless told otherwise
+// (gather-into-results=default); on Gloo they do not.
+// GLOO-NOT:  into_results
+// NCCL:      fsdp.all_gather_start {{.*}} into_results
+// STAGED-NOT: into_results
+
+// BAD-INTO: Cannot find option named 'maybe'!
