@@ -325,6 +325,11 @@ struct OptimizerTraffic {
   double deviceBytes = 0, hostBytes = 0;
   llvm::StringMap<double> hostBytesOf;
   SmallVector<std::string> hostGatherOrder;
+
+  /// How long the host optimizer takes over offloaded `unit`.
+  double hostSeconds(StringRef unit, const Machine &machine) const {
+    return hostBytesOf.lookup(unit) / machine.hostOptimizerBandwidth;
+  }
 };
 
 OptimizerTraffic optimizerTraffic(ModuleOp module, Step &step, int64_t statesPerElement) {
@@ -560,7 +565,7 @@ StepTime walkStep(Step &step, const Machine &machine, const OptimizerTraffic &tr
   // In backward the thread goes on past the step's end: what it has not
   // done by then is the next step's carry, the unit it is in first, then
   // the others in gather order (all have landed by then).
-  auto seconds = [&](StringRef unit) { return traffic.hostBytesOf.lookup(unit) / machine.hostOptimizerBandwidth; };
+  auto seconds = [&](StringRef unit) { return traffic.hostSeconds(unit, machine); };
   next->clear();
   HostCarry later;
   for (auto &[unit, begin, end] : stepAsLanded(landed, traffic.hostGatherOrder, seconds, carriedUntil)) {
@@ -588,7 +593,7 @@ StepTime mlir::fsdp::predictStep(ModuleOp module, Step &step, const Machine &mac
   HostCarry carry;
   if (timing != HostOptimizerTiming::AfterStep)
     for (const std::string &unit : traffic.hostGatherOrder)
-      carry.emplace_back(unit, traffic.hostBytesOf.lookup(unit) / machine.hostOptimizerBandwidth);
+      carry.emplace_back(unit, traffic.hostSeconds(unit, machine));
   if (timing != HostOptimizerTiming::InBackward)
     return walkStep(step, machine, traffic, timing, carry, nullptr);
   StepTime time;

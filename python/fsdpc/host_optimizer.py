@@ -95,13 +95,12 @@ class HostOptimizer:
         if getattr(optimizer, "_fsdpc_host_optimizer", None) is not None:
             raise StepError("this optimizer's host steps are already overlapped")
         held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        self._names = [(unit, [(fqn, p) for fqn, p in named if id(p) in held]) for unit, named in units]
-        self._names = [(unit, named) for unit, named in self._names if named]
-        self.units = [(unit, [p for _, p in named]) for unit, named in self._names]
-        if not self.units:
+        held_by_unit = [(unit, [(fqn, p) for fqn, p in named if id(p) in held]) for unit, named in units]
+        self._names = [(unit, named) for unit, named in held_by_unit if named]
+        if not self._names:
             raise StepError("the optimizer holds no parameter of an offloaded unit: nothing steps on the host "
                             "(offload units with offload_policy=CPUOffloadPolicy() or the pipeline's offload options)")
-        self._on_host = {id(p) for _, params in self.units for p in params}
+        self._on_host = {id(p) for _, named in self._names for _, p in named}
         self.optimizer = optimizer
         self._host_update = host_update
         self._in_backward = in_backward
@@ -163,8 +162,7 @@ class HostOptimizer:
         """In backward: a synchronizing training call begins. Starts the
         thread that steps each offloaded unit once the call lands its
         gradients; returns the GradientLandings the call passes to the
-        runtime."""
-        self.check_training_call()
+        runtime. The call has passed check_training_call."""
         groups = self.optimizer.param_groups
         self._uncommitted = [copy.deepcopy(_hyperparameters(group)) for group in groups]
         tasks = self._tasks_for(groups)
@@ -184,7 +182,8 @@ class HostOptimizer:
         hyperparameters as they are now."""
         hyperparameters = [copy.deepcopy(_hyperparameters(group)) for group in groups]
         tasks = []
-        for unit, params in self.units:
+        for unit, named in self._names:
+            params = [p for _, p in named]
             members = {id(p) for p in params}
             unit_groups = [dict(settings, params=[p for p in group["params"] if id(p) in members])
                            for settings, group in zip(hyperparameters, groups)]

@@ -553,10 +553,9 @@ class ShardedModule(nn.Module):
         waits = None
         if self.device.type != "cpu":  # collectives may outlive the call (NCCL): the watchdog holds them
             waits = runtime_extension().DeviceWaits()
-            timed_out = weakref.WeakMethod(self._collective_timed_out)
             WATCHDOG.watch(waits, started + self._timeout.total_seconds(),
-                           lambda collective, group, function=name, call=self._calls: _if_alive(timed_out)(
-                               function, call, caller, collective),
+                           lambda module, collective, group, function=name, call=self._calls:
+                           module._collective_timed_out(function, call, caller, collective),
                            owner=self)
         try:
             out = compiled.runtime.run(name, params, buffers, accumulated, list(batch), self._groups,
@@ -798,9 +797,8 @@ class ShardedModule(nn.Module):
                 raise  # the watchdog's error, raised in this thread
             raise failure from error
         if reduced and self.device.type != "cpu":
-            timed_out, call = weakref.WeakMethod(self._collective_timed_out), self._calls
             WATCHDOG.watch(_StreamPoint(self.device, collective, reduced[0]), started + self._timeout.total_seconds(),
-                           lambda what, group: _if_alive(timed_out)(
+                           lambda module, what, group, call=self._calls: module._collective_timed_out(
                                "clip_grad_norm_", call, caller, what, since="the clipping's start"),
                            owner=self)
         total = clip.global_norm(list(terms.values()), p)
@@ -890,12 +888,6 @@ def rows(tensor: torch.Tensor, begin: int, count: int) -> torch.Tensor:
 
 class _Flag:
     on = False
-
-
-def _if_alive(method: weakref.WeakMethod) -> Callable:
-    """The watchdog's callback into a module, or nothing once the module is
-    gone (a dropped module's collectives have no caller left to raise in)."""
-    return method() or (lambda *args, **kwargs: None)
 
 
 class _StreamPoint:

@@ -56,8 +56,8 @@ class Waits(Protocol):
 class _Watch:
     waits: Waits
     deadline: float  # time.monotonic()
-    on_timeout: Callable[[str, str], None]
-    owner: Callable[[], object | None]  # a weak reference: a dropped module is freed at once, not at the next poll
+    on_timeout: Callable[[object | None, str, str], None]
+    owner: weakref.ref | None  # weak: a dropped module is freed at once, not at the next poll
 
 
 class Watchdog:
@@ -66,16 +66,17 @@ class Watchdog:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def watch(self, waits: Waits, deadline: float, on_timeout: Callable[[str, str], None],
+    def watch(self, waits: Waits, deadline: float, on_timeout: Callable[[object | None, str, str], None],
               owner: object | None) -> None:
         """Holds `waits` against `deadline` (time.monotonic()) until they are
         sealed and complete; past the deadline with a collective noted and
-        unfinished, calls `on_timeout(collective, group key)` on this
-        watchdog's thread, once. `owner` is held weakly, and `on_timeout`
-        must not hold it either: a module its user drops is freed then, by
-        reference counting, not when this thread next looks."""
+        unfinished, calls `on_timeout(owner, collective, group key)` on this
+        watchdog's thread, once. `owner` is held weakly and handed to
+        `on_timeout` then, which therefore need not hold it: a module its
+        user drops is freed at once, by reference counting, not when this
+        thread next looks, and its steps time out silently."""
         with self._changed:
-            owner_ref = weakref.ref(owner) if owner is not None else lambda: None
+            owner_ref = weakref.ref(owner) if owner is not None else None
             self._watches.append(_Watch(waits, deadline, on_timeout, owner_ref))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="fsdpc-watchdog", daemon=True)
@@ -85,7 +86,8 @@ class Watchdog:
     def cancel(self, owner: object) -> None:
         """Forgets every step of `owner` (it failed another way)."""
         with self._changed:
-            self._watches = [watch for watch in self._watches if watch.owner() is not owner]
+            self._watches = [watch for watch in self._watches
+                             if watch.owner is None or watch.owner() is not owner]
 
     def _run(self) -> None:
         while True:
@@ -103,8 +105,9 @@ class Watchdog:
                     if watch not in self._watches:
                         continue  # cancelled meanwhile
                     self._watches.remove(watch)
-                if unfinished is not None:
-                    watch.on_timeout(*unfinished)
+                owner = watch.owner() if watch.owner is not None else None
+                if unfinished is not None and (owner is not None or watch.owner is None):
+                    watch.on_timeout(owner, *unfinished)
             time.sleep(POLL_SECONDS)
 
 

@@ -35,7 +35,7 @@ class Timeouts:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, collective, group):
+    def __call__(self, owner, collective, group):
         self.calls.append((time.monotonic(), collective, group))
 
 
