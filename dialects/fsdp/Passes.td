@@ -511,9 +511,9 @@ def StepTimePass : Pass<"fsdp-step-time", "::mlir::ModuleOp"> {
     `issue-us`; compute kernels take their roofline time (FLOPs of matrix
     products, convolutions and fused attention over the peak times an
     efficiency, bytes read and written over the memory bandwidth times an
-    efficiency, at least `shortest-kernel-us`; a generated kernel with a
-    broadcast input streams at 0.23 of that, the jiterator's strided path
-    as measured on an H100); collectives run on one
+    efficiency, at least `shortest-kernel-us`; generated kernels stream
+    like any other, their loops vectorized over broadcast inputs too);
+    collectives run on one
     stream per communication group, as NCCL keeps one per communicator,
     after their copy-in, and take a ring's time over the link their group
     crosses (NVLink inside a node of `gpus-per-node` GPUs, the network

@@ -244,7 +244,7 @@ std::optional<Strides> EagerStrides::preserved(Value input) {
 std::optional<Strides> EagerStrides::compute(Value value) {
   Operation *op = value.getDefiningOp();
   if (!op)
-    return std::nullopt; // the batch: the caller's layout
+    return contiguousStrides(shapeOf(value)); // the batch: the runtime hands it over row-major
   ArrayRef<int64_t> shape = shapeOf(value);
   if (isa<GetParamOp, GetBufferOp, GetAccumulatedGradOp, WaitOp, AllSliceOp>(op))
     return contiguousStrides(shape); // allocated by the runtime, row-major
@@ -391,7 +391,7 @@ std::optional<Strides> EagerStrides::compute(Value value) {
     return preserved(inputs[1 + cast<OpResult>(value).getResultNumber()]);
   }
   bool rowMajor = llvm::StringSwitch<bool>(callee)
-                      .Cases({"aten::mm", "aten::bmm", "aten::addmm", "aten::embedding", "aten::full",
+                      .Cases({"aten::mm", "aten::bmm", "aten::addmm", "aten::embedding", "aten::full", "aten::eye",
                               "aten::native_layer_norm", "aten::_softmax", "aten::_log_softmax",
                               "aten::_fused_rms_norm", "aten::_fused_rms_norm_backward"},
                              true)

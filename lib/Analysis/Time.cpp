@@ -18,15 +18,6 @@ namespace {
 
 constexpr int64_t kMiB = 1 << 20;
 
-// The jiterator's strided path streams at this share of the bandwidth its
-// vectorized path reaches: the Llama 0.9B's rotary kernel (a broadcast
-// table, 102 MB) took 139.4 us where vectorized kernels ran at 3.2 TB/s
-// (benchmarks/pointwise_paths.py and trace_summary.py on an H100,
-// 2026-11-25, benchmarks/gpu-results.md). It is in the kernel's ideal time
-// too, so that a profile's calibration of memory-efficiency does not count
-// it twice.
-constexpr double kStridedKernelShare = 0.23;
-
 // Memory totals are nvidia-smi's (H100 SXM 80GB 81,559 MiB and A100 80GB
 // 81,920 MiB as seen in modal-labs/modal-client#2797 and NVIDIA/nccl#1264;
 // H200 143,771 MiB; 96 GB HBM modules 97,871 MiB, as GH200 96GB reports).
@@ -212,7 +203,7 @@ OpWork atenWork(AtenOp op) {
 /// bandwidth (everything else): its class's share of `StepTime`'s ideal.
 double idealSeconds(const OpWork &work, const GpuKind &gpu) {
   if (work.kind == OpWork::Memory)
-    return work.bytes / (gpu.memoryBandwidth * (work.stridedKernel ? kStridedKernelShare : 1.0));
+    return work.bytes / gpu.memoryBandwidth;
   return work.flops / (work.tensorCores ? gpu.tensorFlops : gpu.fp32Flops);
 }
 
@@ -279,12 +270,6 @@ OpWork mlir::fsdp::workOf(Operation *op) {
     work.bytes += tensorBytes(input.getType());
   for (Type result : op->getResultTypes())
     work.bytes += tensorBytes(result);
-  if (auto kernel = dyn_cast<PointwiseOp>(op)) {
-    ArrayRef<int64_t> shape = cast<RankedTensorType>(kernel.getResults().front().getType()).getShape();
-    work.stridedKernel = llvm::any_of(kernel.getInputs().getTypes(), [&](Type input) {
-      return cast<RankedTensorType>(input).getShape() != shape;
-    });
-  }
   return work;
 }
 

@@ -147,13 +147,28 @@ PYBIND11_MODULE(_fsdp_rt, m) {
       .def("close", &fsdp_rt::GradientLandings::close, py::arg("failure"),
            "The step ended (failure None) or failed before it ran or finished");
   py::class_<fsdp_rt::Program, std::shared_ptr<fsdp_rt::Program>>(m, "Program")
-      .def(py::init([](const std::string &text, const std::optional<std::string> &device) {
+      .def(py::init([](const std::string &text, const std::optional<std::string> &device,
+                       const std::string &kernelCache) {
              std::optional<c10::Device> runOn;
              if (device)
                runOn = c10::Device(*device);
-             return std::make_shared<fsdp_rt::Program>(fsdp_rt::Program::load(text, runOn));
+             return std::make_shared<fsdp_rt::Program>(fsdp_rt::Program::load(text, runOn, kernelCache));
            }),
-           py::arg("text"), py::arg("device") = py::none())
+           py::arg("text"), py::arg("device") = py::none(), py::arg("kernel_cache") = "",
+           "Loads `text` for `device` (its GPU kernels compiled and loaded there, their cubins cached in the "
+           "folder `kernel_cache` when given)")
+      .def("kernel_source", [](const fsdp_rt::Program &program, size_t index) {
+             return fsdp_rt::kernelSource(program.kernels().at(index));
+           }, py::arg("index"), "The CUDA source the runtime compiles for kernel `index`")
+      .def("compile_kernel", [](const fsdp_rt::Program &program, size_t index, int arch) {
+             std::string cubin;
+             {
+               py::gil_scoped_release released;
+               cubin = fsdp_rt::compileKernel(program.kernels().at(index), arch);
+             }
+             return py::bytes(cubin);
+           }, py::arg("index"), py::arg("arch"),
+           "Kernel `index` compiled by NVRTC for compute capability `arch` (90: sm_90): the cubin")
       .def("manifest", &manifest,
            "The manifest as plain data: {device, groups, params, buffers, functions}, the lists of dicts "
            "with the program's own field names (docs/program.md)")

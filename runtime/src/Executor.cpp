@@ -114,7 +114,7 @@ struct InFlight {
 class Executor {
 public:
   Executor(const Program &program, const Function &function, StepInputs inputs)
-      : device(program.device()), kernels(program.kernels()), function(function), in(std::move(inputs)),
+      : device(program.device()), kernels(program.loadedKernels()), function(function), in(std::move(inputs)),
         slots(function.slots), futures(function.futures) {
     std::set<std::string> offloadedUnits;
     for (const ParamSpec &param : program.params())
@@ -135,7 +135,7 @@ public:
     at::AutoDispatchBelowADInplaceOrView belowAutograd;
     checkInputs();
     for (size_t i = 0; i < function.inputs.size(); ++i)
-      slots[function.inputs[i]] = in.batch[i];
+      slots[function.inputs[i]] = in.batch[i].contiguous(); // row-major, as the compiler laid out its reads
     for (size_t index = 0; index < function.instructions.size(); ++index) {
       const Instruction &inst = function.instructions[index];
       int64_t start = in.trace ? nowUs() : 0;
@@ -317,7 +317,9 @@ private:
     std::vector<at::Tensor> inputs;
     for (int slot : inst.inputs)
       inputs.push_back(tensor(slot));
-    std::vector<at::Tensor> outputs = launchKernel(kernels[inst.kernel], inputs);
+    if (!kernels)
+      throw std::runtime_error("the program calls generated kernels and was loaded without a GPU");
+    std::vector<at::Tensor> outputs = kernels->launch(static_cast<size_t>(inst.kernel), inputs);
     for (size_t i = 0; i < outputs.size(); ++i)
       slots[inst.results[i]] = std::move(outputs[i]);
   }
@@ -735,7 +737,7 @@ private:
   }
 
   c10::Device device;
-  const std::vector<KernelSpec> &kernels;
+  const LoadedKernels *kernels;
   const Function &function;
   StepInputs in;
   std::set<std::string> offloaded;      // parameters whose shards are in host memory

@@ -1,6 +1,7 @@
 //===- Program.cpp - load a program: resolve operators, convert literals --===//
 
 #include "fsdp_rt/Program.h"
+#include "fsdp_rt/Kernels.h"
 #include "fsdp_rt/ElementTypes.h"
 #include "fsdp_rt/ProgramFormat.h"
 
@@ -446,9 +447,24 @@ BufferSpec loadBuffer(const Value &json) {
   return {json.at("name").asString(), intList(json.at("shape")), json.at("dtype").asString()};
 }
 
+KernelOperand loadKernelOperand(const Value &json) {
+  return {intList(json.at("shape")), intList(json.at("strides")), intList(json.at("steps"))};
+}
+
 KernelSpec loadKernel(const Value &json) {
-  return {json.at("name").asString(), json.at("source").asString(), count(json.at("inputs"), "inputs"),
-          count(json.at("outputs"), "outputs")};
+  KernelSpec kernel;
+  kernel.name = json.at("name").asString();
+  kernel.source = json.at("source").asString();
+  kernel.dtype = scalarTypeOf(json.at("element_type").asString());
+  kernel.extents = intList(json.at("extents"));
+  for (const Value &operand : json.at("inputs").asArray())
+    kernel.inputs.push_back(loadKernelOperand(operand));
+  for (const Value &operand : json.at("outputs").asArray())
+    kernel.outputs.push_back(loadKernelOperand(operand));
+  kernel.vector = json.at("vector").asInt();
+  kernel.block = json.at("block").asInt();
+  kernel.grid = json.at("grid").asInt();
+  return kernel;
 }
 
 /// Runs `load` on each entry of the manifest list `key`, naming the entry
@@ -469,7 +485,7 @@ std::vector<T> loadList(const Value &root, const char *key, Load load) {
 
 } // namespace
 
-Program Program::load(const std::string &text, std::optional<c10::Device> runOn) {
+Program Program::load(const std::string &text, std::optional<c10::Device> runOn, const std::string &kernelCache) {
   Value root;
   std::string deviceKind;
   try {
@@ -535,6 +551,13 @@ Program Program::load(const std::string &text, std::optional<c10::Device> runOn)
     program.functions_.push_back(std::move(function));
   }
   validateProgram(program);
+  if (runOn && runOn->is_cuda() && !program.kernels_.empty()) {
+    try {
+      program.loadedKernels_ = std::make_shared<const LoadedKernels>(program.kernels_, program.device(), kernelCache);
+    } catch (const std::exception &error) {
+      throw std::runtime_error(std::string("fsdp_rt: cannot load the program's kernels: ") + error.what());
+    }
+  }
   return program;
 }
 

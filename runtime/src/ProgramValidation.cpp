@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <limits>
 #include <set>
 #include <stdexcept>
 
@@ -76,9 +77,61 @@ void checkGroup(const GroupSpec &group) {
       fail(what + ": axis " + std::to_string(axis) + " is not an axis of the grid");
 }
 
-/// A generated kernel: CUDA source under an identifier, with the number of
-/// tensors it takes and makes within PyTorch's jiterator limits (1 to
-/// kMostKernelTensors).
+/// The furthest element (in elements from the first) that `extents` with
+/// per-dimension `steps` reach; an error when it overflows int64.
+int64_t furthestElement(const std::vector<int64_t> &extents, const std::vector<int64_t> &steps,
+                        const std::string &what) {
+  int64_t furthest = 0, term = 0;
+  for (size_t d = 0; d < extents.size(); ++d)
+    if (steps[d] < 0 || __builtin_mul_overflow(extents[d] - 1, steps[d], &term) ||
+        __builtin_add_overflow(furthest, term, &furthest))
+      fail(what + ": a negative step or stride, or an offset past 2^63");
+  return furthest;
+}
+
+/// Whether `steps` walk `extents` densely, each element once (sorted by
+/// step, each dimension longer than 1 starts where the inner ones end).
+bool dense(const std::vector<int64_t> &extents, const std::vector<int64_t> &steps) {
+  std::vector<size_t> order;
+  for (size_t d = 0; d < extents.size(); ++d)
+    if (extents[d] != 1)
+      order.push_back(d);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return steps[a] < steps[b]; });
+  int64_t expected = 1;
+  for (size_t d : order) {
+    if (steps[d] != expected)
+      return false;
+    expected *= extents[d];
+  }
+  return true;
+}
+
+/// One tensor of a kernel: its steps stay inside its sizes and strides (so
+/// the loop reads or writes nothing outside the tensor the launch checks or
+/// allocates); an output is dense and written whole, each element once.
+void checkKernelOperand(const KernelOperand &operand, const KernelSpec &kernel, int64_t elements,
+                        const std::string &what) {
+  if (operand.strides.size() != operand.shape.size())
+    fail(what + ": " + std::to_string(operand.shape.size()) + " sizes and " + std::to_string(operand.strides.size()) +
+         " strides");
+  if (operand.steps.size() != kernel.extents.size())
+    fail(what + ": " + std::to_string(operand.steps.size()) + " steps for " + std::to_string(kernel.extents.size()) +
+         " loop dimensions");
+  int64_t tensorElements = elementsOf(operand.shape, what);
+  if (tensorElements == 0 || elements == 0)
+    fail(what + ": a kernel over no elements");
+  int64_t reach = furthestElement(kernel.extents, operand.steps, what);
+  int64_t extent = furthestElement(operand.shape, operand.strides, what);
+  if (reach > extent)
+    fail(what + ": the loop reaches element " + std::to_string(reach) + ", past the tensor's last (" +
+         std::to_string(extent) + ")");
+}
+
+/// A generated kernel: the element function under an identifier, 1 to
+/// kMostKernelTensors tensors of one kernel element type in and out, a
+/// loop that stays inside every tensor and writes each output element once,
+/// a vector width that divides the innermost dimension and fits 16 bytes,
+/// and a launch CUDA accepts.
 void checkKernel(const KernelSpec &kernel, const std::string &deviceKind, std::set<std::string> &names) {
   std::string what = "kernel '" + kernel.name + "'";
   if (deviceKind != "cuda")
@@ -91,12 +144,39 @@ void checkKernel(const KernelSpec &kernel, const std::string &deviceKind, std::s
     fail(what + ": the name is not a C++ identifier");
   if (!names.insert(kernel.name).second)
     fail(what + " is listed twice");
-  constexpr int most = static_cast<int>(kMostKernelTensors);
-  if (kernel.inputs < 1 || kernel.inputs > most || kernel.outputs < 1 || kernel.outputs > most)
-    fail(what + " takes " + std::to_string(kernel.inputs) + " tensors and makes " +
-         std::to_string(kernel.outputs) + "; a kernel takes and makes 1 to 8");
+  constexpr size_t most = kMostKernelTensors;
+  if (kernel.inputs.empty() || kernel.inputs.size() > most || kernel.outputs.empty() || kernel.outputs.size() > most)
+    fail(what + " takes " + std::to_string(kernel.inputs.size()) + " tensors and makes " +
+         std::to_string(kernel.outputs.size()) + "; a kernel takes and makes 1 to 8");
   if (kernel.source.find(kernel.name) == std::string::npos)
     fail(what + ": the source does not define it");
+  if (kernel.dtype != c10::ScalarType::Float && kernel.dtype != c10::ScalarType::BFloat16 &&
+      kernel.dtype != c10::ScalarType::Half)
+    fail(what + ": computes in " + elementTypeOf(kernel.dtype) + "; kernels compute f32, bf16 or f16");
+  if (kernel.extents.empty() || kernel.extents.size() > kMostKernelDimensions)
+    fail(what + ": " + std::to_string(kernel.extents.size()) + " loop dimensions; a kernel has 1 to " +
+         std::to_string(kMostKernelDimensions));
+  int64_t elements = elementsOf(kernel.extents, what);
+  int64_t bytes = static_cast<int64_t>(c10::elementSize(kernel.dtype));
+  bool power = kernel.vector > 0 && (kernel.vector & (kernel.vector - 1)) == 0;
+  if (!power || kernel.vector * bytes > 16 || kernel.extents.front() % kernel.vector != 0)
+    fail(what + ": vector width " + std::to_string(kernel.vector) +
+         " is not a power of two of at most 16 bytes that divides the innermost loop dimension (" +
+         std::to_string(kernel.extents.front()) + ")");
+  if (kernel.block < 32 || kernel.block > 1024 || kernel.block % 32 != 0 || kernel.grid < 1 ||
+      kernel.grid > std::numeric_limits<int32_t>::max())
+    fail(what + ": launches " + std::to_string(kernel.grid) + " blocks of " + std::to_string(kernel.block) +
+         " threads; a block is 32 to 1024 threads in whole warps, a grid 1 to 2^31-1 blocks");
+  for (size_t i = 0; i < kernel.inputs.size(); ++i)
+    checkKernelOperand(kernel.inputs[i], kernel, elements, what + " input " + std::to_string(i));
+  for (size_t i = 0; i < kernel.outputs.size(); ++i) {
+    const KernelOperand &output = kernel.outputs[i];
+    std::string where = what + " output " + std::to_string(i);
+    checkKernelOperand(output, kernel, elements, where);
+    if (elementsOf(output.shape, where) != elements || !dense(kernel.extents, output.steps) ||
+        !dense(output.shape, output.strides))
+      fail(where + ": not written densely, each of its elements once");
+  }
 }
 
 class FunctionValidator {
@@ -247,7 +327,7 @@ private:
         fail("kernel " + std::to_string(inst.kernel) + " is outside the program's " +
              std::to_string(kernels.size()));
       const KernelSpec &kernel = kernels[inst.kernel];
-      arity(inst, kernel.inputs, kernel.outputs);
+      arity(inst, static_cast<int>(kernel.inputs.size()), static_cast<int>(kernel.outputs.size()));
       for (int slot : inst.inputs)
         read(slot);
       for (int slot : inst.results)

@@ -1,9 +1,13 @@
 // RUN: fsdp-opt %s --fsdp-fuse-pointwise --fsdp-plan-lifetimes | fsdp-translate --fsdp-to-program | FileCheck %s
 
-// Fused chains lower to `kernels`, each source once (the two identical
-// SwiGLU chains share fsdp_pointwise_0), and `pointwise` instructions that name
-// their kernel, inputs and results. The source is the jiterator's form: a
-// template over T computing in float, the helpers it calls first.
+// Fused chains lower to `kernels`, each once (the two identical SwiGLU
+// chains share fsdp_pointwise_0), and `pointwise` instructions that name
+// their kernel, inputs and results. A kernel is its element function in
+// float (the helpers it calls first) and its loop's layout: contiguous
+// tensors make one dimension of 16-byte vectors (8 bf16); a row broadcast
+// along the inner dimension has step 0 there; a transposed input orders
+// the loop (the output follows it, as TensorIterator's would) and the
+// other input is read with a step of 64 there.
 module attributes {fsdp.device = "cuda"} {
 func.func @two_swiglus(%a: tensor<8x64xbf16>, %b: tensor<8x64xbf16>) -> (tensor<8x64xbf16>, tensor<8x64xbf16>, tensor<8x64xbf16>) {
   %ad = fsdp.aten "aten::clone"(%a) args [0 : index, "contiguous_format"] : (tensor<8x64xbf16>) -> tensor<8x64xbf16>
@@ -16,11 +20,24 @@ func.func @two_swiglus(%a: tensor<8x64xbf16>, %b: tensor<8x64xbf16>) -> (tensor<
   %r = fsdp.aten "aten::rsqrt"(%n) : (tensor<8x64xbf16>) -> tensor<8x64xbf16>
   return %g, %g2, %r : tensor<8x64xbf16>, tensor<8x64xbf16>, tensor<8x64xbf16>
 }
+func.func @layouts(%a: tensor<8x64xbf16>, %b: tensor<8x1xbf16>, %c: tensor<64x8xbf16>) -> (tensor<8x64xbf16>, tensor<8x64xbf16>) {
+  %ad = fsdp.aten "aten::clone"(%a) args [0 : index, "contiguous_format"] : (tensor<8x64xbf16>) -> tensor<8x64xbf16>
+  %bd = fsdp.aten "aten::clone"(%b) args [0 : index, "contiguous_format"] : (tensor<8x1xbf16>) -> tensor<8x1xbf16>
+  %cd = fsdp.aten "aten::clone"(%c) args [0 : index, "contiguous_format"] : (tensor<64x8xbf16>) -> tensor<64x8xbf16>
+  %m = fsdp.aten "aten::mul.Tensor"(%ad, %bd) : (tensor<8x64xbf16>, tensor<8x1xbf16>) -> tensor<8x64xbf16>
+  %e = fsdp.aten "aten::exp"(%m) : (tensor<8x64xbf16>) -> tensor<8x64xbf16>
+  %t = fsdp.aten "aten::t"(%cd) : (tensor<64x8xbf16>) -> tensor<8x64xbf16>
+  %p = fsdp.aten "aten::mul.Tensor"(%t, %ad) : (tensor<8x64xbf16>, tensor<8x64xbf16>) -> tensor<8x64xbf16>
+  %q = fsdp.aten "aten::neg"(%p) : (tensor<8x64xbf16>) -> tensor<8x64xbf16>
+  return %e, %q : tensor<8x64xbf16>, tensor<8x64xbf16>
 }
-// CHECK:      {"format": "fsdpc.program", "version": 7, "device": "cuda",
+}
+// CHECK:      {"format": "fsdpc.program", "version": 8, "device": "cuda",
 // CHECK:       "kernels": [
-// CHECK-NEXT:    {"inputs":2,"name":"fsdp_pointwise_0","outputs":1,"source":"inline float fsdp_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\ntemplate <typename T> void fsdp_pointwise_0(T in0, T in1, T& out0) {\n  const float a0 = static_cast<float>(in0);\n  const float a1 = static_cast<float>(in1);\n  const float v0 = (a0 * fsdp_sigmoid(a0));\n  const float v1 = (v0 * a1);\n  out0 = static_cast<T>(v1);\n}\n"},
-// CHECK-NEXT:    {"inputs":1,"name":"fsdp_pointwise_1","outputs":1,"source":"template <typename T> void fsdp_pointwise_1(T in0, T& out0) {\n  const float a0 = static_cast<float>(in0);\n  const float v0 = (a0 + 1e-05f);\n  const float v1 = rsqrtf(v0);\n  out0 = static_cast<T>(v1);\n}\n"}
+// CHECK-NEXT:  {"block":256,"element_type":"bf16","extents":[512],"grid":1,"inputs":[{"shape":[8,64],"steps":[1],"strides":[64,1]},{"shape":[8,64],"steps":[1],"strides":[64,1]}],"name":"fsdp_pointwise_0","outputs":[{"shape":[8,64],"steps":[1],"strides":[64,1]}],"source":"__device__ inline float fsdp_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\n__device__ __forceinline__ void fsdp_pointwise_0(float in0, float in1, float& out0) {\n  const float a0 = in0;\n  const float a1 = in1;\n  const float v0 = (a0 * fsdp_sigmoid(a0));\n  const float v1 = (v0 * a1);\n  out0 = v1;\n}\n","vector":8},
+// CHECK-NEXT:  {"block":256,"element_type":"bf16","extents":[512],"grid":1,"inputs":[{"shape":[8,64],"steps":[1],"strides":[64,1]}],"name":"fsdp_pointwise_1","outputs":[{"shape":[8,64],"steps":[1],"strides":[64,1]}],"source":"__device__ __forceinline__ void fsdp_pointwise_1(float in0, float& out0) {\n  const float a0 = in0;\n  const float v0 = (a0 + 1e-05f);\n  const float v1 = rsqrtf(v0);\n  out0 = v1;\n}\n","vector":8},
+// CHECK-NEXT:  {"block":256,"element_type":"bf16","extents":[64,8],"grid":1,"inputs":[{"shape":[8,64],"steps":[1,64],"strides":[64,1]},{"shape":[8,1],"steps":[0,1],"strides":[1,1]}],"name":"fsdp_pointwise_2","outputs":[{"shape":[8,64],"steps":[1,64],"strides":[64,1]}],"source":"__device__ __forceinline__ void fsdp_pointwise_2(float in0, float in1, float& out0) {\n  const float a0 = in0;\n  const float a1 = in1;\n  const float v0 = (a0 * a1);\n  const float v1 = expf(v0);\n  out0 = v1;\n}\n","vector":8},
+// CHECK-NEXT:  {"block":256,"element_type":"bf16","extents":[8,64],"grid":1,"inputs":[{"shape":[8,64],"steps":[1,8],"strides":[1,8]},{"shape":[8,64],"steps":[64,1],"strides":[64,1]}],"name":"fsdp_pointwise_3","outputs":[{"shape":[8,64],"steps":[1,8],"strides":[1,8]}],"source":"__device__ __forceinline__ void fsdp_pointwise_3(float in0, float in1, float& out0) {\n  const float a0 = in0;\n  const float a1 = in1;\n  const float v0 = (a0 * a1);\n  const float v1 = (-v0);\n  out0 = v1;\n}\n","vector":8}
 // CHECK-NEXT:  ],
 // CHECK:         {"args":[{"tensor":1},{"string":"contiguous_format"}],{{.*}}"results":[3]},
 // CHECK-NEXT:    {"op":"release","values":[1]},
@@ -30,3 +47,5 @@ func.func @two_swiglus(%a: tensor<8x64xbf16>, %b: tensor<8x64xbf16>) -> (tensor<
 // CHECK-NEXT:    {"inputs":[2],"kernel":1,{{.*}}"op":"pointwise","results":[6]},
 // CHECK-NEXT:    {"op":"release","values":[2]},
 // CHECK-NEXT:    {"op":"return","values":[4,5,6]}
+// CHECK:         {"inputs":[3,4],"kernel":2,{{.*}}"op":"pointwise","results":[6]},
+// CHECK:         {"inputs":[7,3],"kernel":3,{{.*}}"op":"pointwise","results":[8]},

@@ -44,13 +44,14 @@ Strides elementwiseResultStrides(ArrayRef<int64_t> shape, ArrayRef<StridedOperan
 bool sameLayout(ArrayRef<int64_t> shape, ArrayRef<int64_t> a, ArrayRef<int64_t> b);
 
 /// The strides each tensor value of a step has when eager PyTorch runs it,
-/// from the ops that make it: tensors the runtime allocates are row-major;
+/// from the ops that make it: tensors the runtime allocates or hands a
+/// function (its batch) are row-major;
 /// views follow their input; elementwise calls and `preserve_format` copies
 /// (and comparisons) follow TensorIterator; matrix products,
-/// concatenations, contiguous copies, layer norms and the fused RMSNorm are
+/// concatenations, contiguous copies, identities, layer norms and the fused RMSNorm are
 /// row-major; cuDNN attention lays its output out in the query's order of
 /// strides and its gradients like their inputs. nullopt where no rule says
-/// (the batch, other attention kernels, operators not listed).
+/// (other attention kernels, operators not listed).
 class EagerStrides {
 public:
   std::optional<Strides> of(Value value);

@@ -71,10 +71,6 @@ struct OpWork {
   /// size first copies it into the result (ATen, CPU and CUDA alike), then
   /// the GEMM accumulates onto it.
   double copyBytes = 0;
-  /// A generated kernel with a broadcast input: PyTorch's jiterator runs it
-  /// on its strided path, one element per thread with every operand's
-  /// offset computed, not on the 16-byte vectorized one.
-  bool stridedKernel = false;
 };
 OpWork workOf(Operation *op);
 

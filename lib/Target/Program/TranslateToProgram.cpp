@@ -148,21 +148,46 @@ private:
   llvm::MapVector<std::string, json::Object, std::map<std::string, unsigned>> groups;
 };
 
-/// Generated kernels, each source once: fused chains that compute the same
-/// (80 identical layers' RMSNorm tails) share one entry.
+/// Generated kernels, each once: fused chains that compute the same over
+/// tensors laid out alike (80 identical layers' RMSNorm tails) share one
+/// entry.
 class KernelTable {
 public:
-  int64_t index(PointwiseOp op) {
+  FailureOr<int64_t> index(PointwiseOp op) {
+    FailureOr<KernelLayout> layout = pointwiseKernelLayout(op, strides);
+    if (failed(layout))
+      return failure();
+    FailureOr<std::string> dtype =
+        elementTypeName(cast<RankedTensorType>(op.getResults().front().getType()).getElementType(), op);
+    if (failed(dtype))
+      return failure();
+    auto operands = [](ArrayRef<KernelOperandLayout> list) {
+      json::Array out;
+      for (const KernelOperandLayout &operand : list)
+        out.push_back(json::Object{{"shape", json::Array(operand.shape)},
+                                   {"strides", json::Array(operand.strides)},
+                                   {"steps", json::Array(operand.steps)}});
+      return out;
+    };
     constexpr llvm::StringLiteral kNamePlaceholder = "@FSDP_KERNEL@";
-    std::string source = pointwiseKernelSource(op, kNamePlaceholder);
-    auto [it, added] = indexOf.try_emplace(source, kernels.size());
+    json::Object entry{{"source", pointwiseElementSource(op, kNamePlaceholder)},
+                       {"element_type", *dtype},
+                       {"extents", json::Array(layout->extents)},
+                       {"inputs", operands(layout->inputs)},
+                       {"outputs", operands(layout->outputs)},
+                       {"vector", layout->vector},
+                       {"block", layout->block},
+                       {"grid", layout->grid}};
+    std::string key;
+    llvm::raw_string_ostream(key) << json::Value(json::Object(entry));
+    auto [it, added] = indexOf.try_emplace(key, kernels.size());
     if (added) {
       std::string name = "fsdp_pointwise_" + std::to_string(kernels.size());
+      std::string source = entry.getString("source")->str();
       source.replace(source.find(kNamePlaceholder), kNamePlaceholder.size(), name);
-      kernels.push_back(json::Object{{"name", name},
-                                     {"source", source},
-                                     {"inputs", static_cast<int64_t>(op.getInputs().size())},
-                                     {"outputs", static_cast<int64_t>(op.getNumResults())}});
+      entry["source"] = source;
+      entry["name"] = name;
+      kernels.push_back(std::move(entry));
     }
     return it->second;
   }
@@ -172,6 +197,7 @@ public:
 private:
   std::map<std::string, int64_t> indexOf;
   json::Array kernels;
+  EagerStrides strides;
 };
 
 class FunctionPrinter {
@@ -346,8 +372,11 @@ private:
     if (auto aten = dyn_cast<AtenOp>(op))
       return printAten(aten);
     if (auto kernel = dyn_cast<PointwiseOp>(op)) {
+      FailureOr<int64_t> index = kernels.index(kernel);
+      if (failed(index))
+        return failure();
       json::Object out{{"op", opText(Kind::Pointwise)},
-                       {"kernel", kernels.index(kernel)},
+                       {"kernel", *index},
                        {"inputs", slotList(kernel.getInputs())},
                        {"results", slotList(kernel.getResults())}};
       if (std::string loc = locationText(op.getLoc()); !loc.empty())

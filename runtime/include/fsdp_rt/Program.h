@@ -26,11 +26,14 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace fsdp_rt {
+
+class LoadedKernels;
 
 enum class Reduction { Sum, Average, Max, Min, Product };
 
@@ -78,11 +81,26 @@ struct Instruction {
   int kernel = -1;                // pointwise: the index in Program::kernels()
 };
 
-/// A generated elementwise kernel (fsdp.pointwise): CUDA source in
-/// PyTorch's jiterator form, `name<T>(T in0, ..., T& out0, ...)`.
+/// One tensor a generated kernel reads or writes: the sizes and strides it
+/// has (checked at each launch for an input, allocated so for an output)
+/// and its step in elements along each of the kernel's loop dimensions (0:
+/// broadcast there).
+struct KernelOperand {
+  std::vector<int64_t> shape, strides, steps;
+};
+
+/// A generated elementwise kernel (fsdp.pointwise), as the compiler laid it
+/// out: `source` defines the element function `name(float in0, ...,
+/// float& out0, ...)`; the runtime prints the loop around it from the rest
+/// (Kernels.h): loop dimensions innermost first (`extents`), each operand's
+/// steps, `vector` elements per thread and iteration, `block` threads,
+/// `grid` blocks.
 struct KernelSpec {
   std::string name, source;
-  int inputs = 0, outputs = 0;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<int64_t> extents;
+  std::vector<KernelOperand> inputs, outputs;
+  int64_t vector = 1, block = 0, grid = 0;
 };
 
 struct TensorSpec {
@@ -131,7 +149,10 @@ public:
   /// Throws std::runtime_error naming the instruction and its source line.
   /// Without a device: the program's own device kind (to validate a program
   /// for another machine; nothing is allocated at load).
-  static Program load(const std::string &text, std::optional<c10::Device> device);
+  /// For a GPU, the program's kernels are compiled and loaded there (cubins
+  /// cached in `kernelCache` when it is not empty).
+  static Program load(const std::string &text, std::optional<c10::Device> device,
+                      const std::string &kernelCache = "");
 
   const Function &function(const std::string &name) const;
   const std::vector<Function> &functions() const { return functions_; }
@@ -139,6 +160,9 @@ public:
   const std::vector<ParamSpec> &params() const { return params_; }
   const std::vector<BufferSpec> &buffers() const { return buffers_; }
   const std::vector<KernelSpec> &kernels() const { return kernels_; }
+  /// The kernels loaded on the program's GPU (null on a CPU, or where the
+  /// program was loaded for no device).
+  const LoadedKernels *loadedKernels() const { return loadedKernels_.get(); }
   c10::Device device() const { return device_; }
   /// The device kind the step was compiled for ("cpu", "cuda").
   const std::string &deviceKind() const { return deviceKind_; }
@@ -150,6 +174,7 @@ private:
   std::vector<ParamSpec> params_;
   std::vector<BufferSpec> buffers_;
   std::vector<KernelSpec> kernels_;
+  std::shared_ptr<const LoadedKernels> loadedKernels_;
   std::vector<Function> functions_;
   c10::Device device_;
   std::string deviceKind_;

@@ -19,7 +19,7 @@
 namespace fsdp_rt {
 
 /// Bump on any change to the program's JSON schema (docs/program.md).
-inline constexpr int64_t kProgramVersion = 7;
+inline constexpr int64_t kProgramVersion = 8;
 inline constexpr std::string_view kProgramFormat = "fsdpc.program";
 
 /// The device kinds a step is captured for and runs on (the module's
@@ -35,9 +35,12 @@ inline bool isDeviceKind(std::string_view name) {
   return false;
 }
 
-/// The most tensors a generated kernel takes, and makes (PyTorch's
-/// jiterator's limit): the compiler fuses within it, the loader checks it.
+/// The most tensors a generated kernel takes, and makes (a launch's
+/// arguments stay small): the compiler fuses within it, the loader checks it.
 inline constexpr size_t kMostKernelTensors = 8;
+/// The most loop dimensions a generated kernel has after merging those that
+/// every tensor steps through alike.
+inline constexpr size_t kMostKernelDimensions = 8;
 
 enum class InstructionKind {
   Param, Buffer, AccumulatedGrad, Aten, Cast, Loss, Gradients, AllGather, ReduceScatter,

@@ -1,6 +1,5 @@
-// A CUDA step with two generated kernels of the same bytes but for the
-// broadcast row: one the jiterator vectorizes (same-shape inputs), one it
-// runs on its strided path (a broadcast input). step-time.mlir's STRIDED.
+// A CUDA step with two generated kernels, one over same-shape inputs and
+// one with a broadcast row. step-time.mlir's KERNELS.
 module attributes {fsdp.device = "cuda"} {
 fsdp.unit @root root class "Net"
 fsdp.param @w : tensor<1000x1000xf32> unit @root
