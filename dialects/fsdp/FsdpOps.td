@@ -257,9 +257,10 @@ def Fsdp_PointwiseOp : Fsdp_Op<"pointwise", [
     results are written to memory. The intermediate tensors of the chain
     are never allocated, and one kernel launch replaces one per call.
     `fsdp-fuse-pointwise` makes these ops for CUDA steps; the lowering
-    prints the body as the kernel's source (`kernels` in the program),
-    which the runtime compiles once per process with NVRTC (through
-    PyTorch's jiterator) and launches on the compute stream.
+    prints the body as the kernel's element function and lays out its loop
+    from the inputs' strides (`kernels` in the program); the runtime prints
+    the loop around it, compiles it with NVRTC when it loads the program
+    and launches it on the compute stream.
 
     The body's block arguments are the inputs; its `fsdp.aten` calls are
     the chain, in order; `fsdp.yield` names the values the op returns.
@@ -276,15 +277,13 @@ def Fsdp_PointwiseOp : Fsdp_Op<"pointwise", [
     }
     ```
 
-    Rules: inside a function; 1 to 8 inputs and 1 to 8 results (the
-    jiterator's limits); the body is one block whose arguments have the
+    Rules: inside a function; 1 to 8 inputs and 1 to 8 results; the body is one block whose arguments have the
     inputs' types, holding only `fsdp.aten` calls that a kernel can compute
     element by element (`fsdp/Dialect/Pointwise.h` lists them and their
     literals; none `random`) and ending with `fsdp.yield` of the results'
     types; every input and result has one floating element type (f32,
-    bf16 or f16: the jiterator reads an input of another dtype by dynamic
-    casting, several times slower, so a condition is a comparison computed
-    inside), the results one shape, and the inputs' shapes broadcast to
+    bf16 or f16: the kernel loads and stores one storage type, so a
+    condition is a comparison computed inside), the results one shape, and the inputs' shapes broadcast to
     exactly that shape; every value in the body broadcasts to it.
   }];
   let arguments = (ins Variadic<Fsdp_StaticTensor>:$inputs, OptionalAttr<StrAttr>:$module);

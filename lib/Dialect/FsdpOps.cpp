@@ -504,9 +504,8 @@ LogicalResult PointwiseOp::verify() {
   for (Type result : getResults().getTypes())
     if (cast<RankedTensorType>(result).getShape() != type.getShape())
       return emitOpError() << "results must share one shape, got " << type << " and " << result;
-  // One element type for every tensor: the jiterator reads an input of
-  // another dtype by dynamic casting, a 4.4x slower kernel on an H100
-  // (benchmarks/pointwise_paths.py). A condition is a comparison inside.
+  // One element type for every tensor: a kernel loads and stores one
+  // storage type. A condition is a comparison inside.
   Type element = type.getElementType();
   for (Type t : llvm::concat<const Type>(getInputs().getTypes(), getResults().getTypes()))
     if (cast<RankedTensorType>(t).getElementType() != element || !isKernelElementType(element))

@@ -88,7 +88,7 @@ class Program:
         was compiled for; the runtime validates all of it, and refuses a
         device of another kind) and reads the manifest from there."""
         try:
-            loaded = runtime_extension().Program(text, device)
+            loaded = runtime_extension().Program(text, device, kernel_cache(device))
         except RuntimeError as error:
             raise ProgramError(str(error)) from None
         doc = loaded.manifest()
@@ -109,7 +109,18 @@ class Program:
 
     def load(self, device: str = "cpu"):
         """The runtime's loaded program (operators resolved, literals converted)."""
-        return self.loaded if device == self.device else runtime_extension().Program(self.text, device)
+        if device == self.device:
+            return self.loaded
+        return runtime_extension().Program(self.text, device, kernel_cache(device))
+
+
+def kernel_cache(device: str | None) -> str:
+    """Where the runtime keeps the cubins of a GPU program's kernels: the
+    fsdpc cache's `kernels` folder ("" with the cache off, or off a GPU)."""
+    from fsdpc import cache
+
+    folder = cache.directory() if device and device.startswith("cuda") else None
+    return str(folder / "kernels") if folder else ""
 
 
 def find_fsdp_translate() -> Path:

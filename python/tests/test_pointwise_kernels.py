@@ -4,23 +4,29 @@
   instructions, kernels deduplicated across layers; a CPU step keeps ATen's
   calls. Fusion never raises the step's peak (the default Llama and one of
   the 70B's proportions, at 1 to 8 ranks, with recomputation or without).
-- Every kernel of that program compiles with NVRTC (the torch wheel's) the
-  way PyTorch's jiterator compiles it: `-default-device`, C++17, called with
-  float, its compute type for f32, bf16 and f16.
+- Every kernel of that program compiles, as the runtime prints it around
+  the element function, with the runtime's NVRTC for sm_90; a source NVRTC
+  refuses is an error with its log. The loader refuses kernels whose loop
+  would leave a tensor, write an output element twice or not at all, or
+  launch what CUDA refuses.
 - Every operator of the table (fsdp/Dialect/Pointwise.h) computes what ATen
-  computes: its kernel's source, compiled for the host with g++, runs on
-  random inputs against the ATen operator on CPU; so does a broadcasting
-  chain (RMSNorm's tail).
+  computes, f32 and bf16: the runtime's whole kernel, compiled for the host
+  with g++ and run over its grid one thread at a time, against the ATen
+  operator on CPU; so do a broadcasting chain (RMSNorm's tail), the rotary
+  embeddings over halves and a kernel over a transposed input, aligned and
+  not (the loop then goes one element at a time).
 - Where a GPU is present (`make test-gpu` runs this file too), the runtime
-  launches the same kernels, f32 and bf16, against ATen on the GPU.
+  compiles, loads and launches the same kernels, f32 and bf16, against ATen
+  on the GPU.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
+import math
 import re
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -135,9 +141,9 @@ def damaged(text: str, how: str) -> str:
     if how == "cpu program":
         program["device"] = "cpu"
     elif how == "arity":
-        kernel["inputs"] += 1
+        kernel["inputs"].append(kernel["inputs"][0])
     elif how == "too many":
-        kernel["outputs"] = 9
+        kernel["outputs"] = kernel["outputs"] * 9
     elif how == "index":
         call["kernel"] = len(program["kernels"])
     elif how == "name":
@@ -146,6 +152,22 @@ def damaged(text: str, how: str) -> str:
         program["kernels"].append(dict(kernel))
     elif how == "undefined":
         kernel["source"] = kernel["source"].replace(kernel["name"], "other")
+    elif how == "dtype":
+        kernel["element_type"] = "i64"
+    elif how == "past the input":
+        kernel["inputs"][0]["steps"][-1] += 1
+    elif how == "past the output":
+        kernel["outputs"][0]["shape"][0] -= 1
+    elif how == "overlapping output":
+        kernel["outputs"][0]["steps"][0] = 0
+    elif how == "steps":
+        kernel["inputs"][0]["steps"].append(0)
+    elif how == "vector":
+        kernel["vector"] = 3
+    elif how == "wide vector":
+        kernel["vector"] = 16
+    elif how == "block":
+        kernel["block"] = 2048
     return json.dumps(program)
 
 
@@ -157,6 +179,14 @@ def damaged(text: str, how: str) -> str:
     ("name", "the name is not a C++ identifier"),
     ("twice", "is listed twice"),
     ("undefined", "the source does not define it"),
+    ("dtype", "kernels compute f32, bf16 or f16"),
+    ("past the input", "past the tensor's last"),
+    ("past the output", "past the tensor's last"),
+    ("overlapping output", "not written densely, each of its elements once"),
+    ("steps", "steps for"),
+    ("vector", "vector width 3 is not a power of two"),
+    ("wide vector", "vector width 16 is not a power of two of at most 16 bytes"),
+    ("block", "a block is 32 to 1024 threads"),
 ])
 def test_the_loader_refuses_damaged_kernels(llama_bf16, how, message):
     text = translate(sharded(llama_bf16, "")).text
@@ -165,50 +195,27 @@ def test_the_loader_refuses_damaged_kernels(llama_bf16, how, message):
         Program.parse(damaged(text, how))
 
 
-def nvrtc_library() -> ctypes.CDLL | None:
-    """The NVRTC that torch's jiterator loads: the wheel's, else the toolkit's."""
-    wheels = Path(torch.__file__).parents[1] / "nvidia"
-    candidates = [*sorted(wheels.glob("*/lib/libnvrtc.so.*[0-9]")), Path("/usr/local/cuda/lib64/libnvrtc.so")]
-    for path in candidates:
-        if path.exists():
-            return ctypes.CDLL(str(path))
-    return None
-
-
-def nvrtc_compile(library: ctypes.CDLL, source: str) -> tuple[int, str]:
-    program = ctypes.c_void_p()
-    assert library.nvrtcCreateProgram(ctypes.byref(program), source.encode(), b"kernel.cu", 0, None, None) == 0
-    options = [b"--std=c++17", b"--gpu-architecture=compute_90", b"-default-device"]
-    result = library.nvrtcCompileProgram(program, len(options), (ctypes.c_char_p * len(options))(*options))
-    size = ctypes.c_size_t()
-    library.nvrtcGetProgramLogSize(program, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    library.nvrtcGetProgramLog(program, log)
-    library.nvrtcDestroyProgram(ctypes.byref(program))
-    return result, log.value.decode(errors="replace")
-
-
-def calling_kernel(kernel: dict) -> str:
-    """A __global__ function that calls the kernel's entry as the jiterator
-    does: inputs and outputs by element, T = float."""
-    ins = ", ".join(f"in[{i} * n + i]" for i in range(kernel["inputs"]))
-    outs = ", ".join(f"out[{i} * n + i]" for i in range(kernel["outputs"]))
-    return (f'{kernel["source"]}\nextern "C" __global__ void check(const float* in, float* out, int n) {{\n'
-            f"  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
-            f'  if (i < n) {kernel["name"]}<float>({ins}, {outs});\n}}\n')
+def compiles(program: Program, index: int) -> bytes:
+    """Kernel `index` compiled by the runtime with NVRTC for an H100 (sm_90)."""
+    try:
+        return program.loaded.compile_kernel(index, 90)
+    except RuntimeError as error:
+        if "built against a torch without CUDA" in str(error):
+            pytest.skip("this torch has no CUDA: the runtime compiles no kernels")
+        raise
 
 
 def test_every_llama_kernel_compiles_with_nvrtc(llama_bf16):
-    library = nvrtc_library()
-    if library is None:
-        pytest.skip("no NVRTC: neither the torch wheel's nor /usr/local/cuda's")
-    kernels = json.loads(translate(sharded(llama_bf16, "")).text)["kernels"]
+    program = translate(sharded(llama_bf16, ""))
+    kernels = json.loads(program.text)["kernels"]
     assert kernels
-    for kernel in kernels:
-        result, log = nvrtc_compile(library, calling_kernel(kernel))
-        assert result == 0, f"{kernel['name']} does not compile:\n{kernel['source']}\n{log}"
-    broken = dict(kernels[0], source=kernels[0]["source"].replace(";", "", 1))
-    assert nvrtc_compile(library, calling_kernel(broken))[0] != 0  # the check can fail
+    for index, kernel in enumerate(kernels):
+        assert compiles(program, index).startswith(b"\x7fELF"), kernel["name"]
+    # The check can fail: a source NVRTC refuses is an error naming the kernel, with NVRTC's log.
+    text = json.loads(program.text)
+    text["kernels"][0]["source"] = text["kernels"][0]["source"].replace(";", "", 1)
+    with pytest.raises(RuntimeError, match=r"kernel fsdp_pointwise_0 does not compile for sm_90(.|\n)*error"):
+        compiles(Program.parse(json.dumps(text)), 0)
 
 
 def mlir_type(shape: tuple[int, ...]) -> str:
@@ -318,103 +325,188 @@ def rotary_halves_inputs(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     return inputs, (qf * cf + rotated * sf).view(2, 2, 4, 2, 4)
 
 
-# CUDA's device math that the host's libm lacks under that name.
-HOST_PRELUDE = """#include <math.h>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+# A transposed input (it orders the loop: its inner dimension is the
+# output's), a row-major one read across that (one element at a time) and a
+# column broadcast along the outer dimension.
+STRIDED = """func.func @strided(%a: tensor<8x64xf32>, %b: tensor<8x1xf32>, %c: tensor<64x8xf32>) -> tensor<8x64xf32> {
+  %t = fsdp.aten "aten::t"(%c) : (tensor<64x8xf32>) -> tensor<8x64xf32>
+  %y = fsdp.pointwise (%t, %a, %b) : (tensor<8x64xf32>, tensor<8x64xf32>, tensor<8x1xf32>) -> tensor<8x64xf32> {
+  ^bb0(%x: tensor<8x64xf32>, %z: tensor<8x64xf32>, %w: tensor<8x1xf32>):
+    %m = fsdp.aten "aten::mul.Tensor"(%x, %z) : (tensor<8x64xf32>, tensor<8x64xf32>) -> tensor<8x64xf32>
+    %s = fsdp.aten "aten::sub.Tensor"(%m, %w) args [0 : index, 1 : index, 1] : (tensor<8x64xf32>, tensor<8x1xf32>) -> tensor<8x64xf32>
+    fsdp.yield %s : tensor<8x64xf32>
+  }
+  return %y : tensor<8x64xf32>
+}
 """
 
 
-def host_program(kernels: list[dict], used: dict[str, int]) -> str:
-    """One host program with every kernel in a namespace of its own; it runs
-    kernel argv[1] over n = argv[2] elements of each input (read from
-    stdin, already broadcast) and writes its outputs to stdout."""
-    parts = [HOST_PRELUDE]
-    for index, kernel in enumerate(kernels):
-        parts.append(f"namespace k{index} {{\n{kernel['source']}}}\n")
-    parts.append("int main(int argc, char** argv) {\n  int which = std::atoi(argv[1]), n = std::atoi(argv[2]);\n"
-                 "  std::vector<float> in(8 * n), out(8 * n);\n"
-                 "  std::fread(in.data(), sizeof(float), in.size(), stdin);\n  switch (which) {\n")
-    for index in sorted(set(used.values())):
-        kernel = kernels[index]
-        ins = ", ".join(f"in[{i} * n + i]" for i in range(kernel["inputs"]))
-        outs = ", ".join(f"out[{i} * n + i]" for i in range(kernel["outputs"]))
-        parts.append(f"  case {index}: for (int i = 0; i < n; ++i) k{index}::{kernel['name']}<float>({ins}, {outs}); "
-                     f"break;\n")
-    parts.append("  }\n  std::fwrite(out.data(), sizeof(float), out.size(), stdout);\n}\n")
-    return "".join(parts)
-
-
 def table_module(dtype: str = "f32") -> str:
-    """A CUDA module of one function per table operator, plus RMSNorm's tail."""
+    """A CUDA module of one function per table operator, RMSNorm's tail, the
+    rotary embeddings over halves and the strided kernel."""
     functions = "".join(single_call(name, callee, shapes, args) for name, callee, shapes, args, _, _ in CASES)
-    return (f'module attributes {{fsdp.device = "cuda"}} {{\n{functions}{RMSNORM_TAIL}{ROTARY_HALVES}}}\n'
+    return (f'module attributes {{fsdp.device = "cuda"}} {{\n{functions}{RMSNORM_TAIL}{ROTARY_HALVES}{STRIDED}}}\n'
             .replace("f32>", f"{dtype}>"))
 
 
-@pytest.fixture(scope="module")
-def host_kernels(tmp_path_factory):
-    """The table's operators and the RMSNorm tail, lowered and compiled for
-    the host: (binary, function name -> kernel index)."""
+# The CUDA built-ins the runtime's kernels use, for the host: one thread at a
+# time runs the kernel's body over the launch's grid.
+HOST_PRELUDE = """#include <math.h>
+#include <string.h>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+struct fsdp_dim { unsigned x; };
+static fsdp_dim blockIdx, threadIdx, blockDim, gridDim;
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(threads)
+#define __restrict__
+"""
+
+
+def host_program(program: Program) -> str:
+    """The program's kernels as the runtime compiles them (each in a
+    namespace of its own) and a main that launches kernel argv[1]: stdin
+    holds, per tensor, its byte size, its first element's byte offset and
+    (inputs) its bytes; stdout gets the outputs' bytes."""
+    kernels = json.loads(program.text)["kernels"]
+    parts = [HOST_PRELUDE]
+    for index in range(len(kernels)):
+        parts.append(f"namespace k{index} {{\n{program.loaded.kernel_source(index)}}}\n")
+    parts.append("int main(int argc, char** argv) {\n  int which = std::atoi(argv[1]);\n"
+                 "  std::vector<std::vector<unsigned char>> data(16);\n  std::vector<uint64_t> offset(16);\n"
+                 "  auto take = [&](int i, bool input) {\n    uint64_t size = 0;\n"
+                 "    if (std::fread(&size, 8, 1, stdin) != 1 || std::fread(&offset[i], 8, 1, stdin) != 1) std::abort();\n"
+                 "    data[i].resize(size);\n"
+                 "    if (input && size && std::fread(data[i].data(), 1, size, stdin) != size) std::abort();\n"
+                 "  };\n  switch (which) {\n")
+    for index, kernel in enumerate(kernels):
+        ins, outs = len(kernel["inputs"]), len(kernel["outputs"])
+        pointers = [f"(const k{index}::fsdp_storage*)(data[{i}].data() + offset[{i}])" for i in range(ins)]
+        pointers += [f"(k{index}::fsdp_storage*)(data[{ins + i}].data() + offset[{ins + i}])" for i in range(outs)]
+        parts.append(f"  case {index}:\n    for (int i = 0; i < {ins}; ++i) take(i, true);\n"
+                     f"    for (int i = {ins}; i < {ins + outs}; ++i) take(i, false);\n"
+                     f"    blockDim.x = {kernel['block']}; gridDim.x = {kernel['grid']};\n"
+                     f"    for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x)\n"
+                     f"      for (threadIdx.x = 0; threadIdx.x < blockDim.x; ++threadIdx.x)\n"
+                     f"        k{index}::{kernel['name']}_kernel({', '.join(pointers)});\n"
+                     f"    for (int i = {ins}; i < {ins + outs}; ++i) std::fwrite(data[i].data(), 1, data[i].size(), stdout);\n"
+                     f"    break;\n")
+    parts.append("  }\n}\n")
+    return "".join(parts)
+
+
+class HostKernels:
+    """A program's kernels compiled for the host with g++."""
+
+    def __init__(self, program: Program, folder: Path):
+        self.program = program
+        self.kernels = json.loads(program.text)["kernels"]
+        self.used = {}
+        for function in json.loads(program.text)["functions"]:
+            (call,) = [inst for inst in function["instructions"] if inst["op"] == "pointwise"]
+            self.used[function["name"]] = call["kernel"]
+        source, self.binary = folder / "kernels.cpp", folder / "kernels"
+        source.write_text(host_program(program))
+        subprocess.run(["g++", "-std=c++17", "-O1", "-w", "-o", str(self.binary), str(source)], check=True)
+
+    def run(self, function: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Launches `function`'s kernel over `inputs` (each laid out as the
+        kernel's layout says: its sizes and strides)."""
+        index = self.used[function]
+        kernel = self.kernels[index]
+        packed = bytearray()
+        for tensor, spec in zip(inputs, kernel["inputs"], strict=True):
+            assert list(tensor.shape) == spec["shape"]
+            assert all(size == 1 or stride == want
+                       for size, stride, want in zip(tensor.shape, tensor.stride(), spec["strides"]))
+            storage = bytes(tensor.untyped_storage())
+            packed += struct.pack("<QQ", len(storage), tensor.storage_offset() * tensor.element_size()) + storage
+        dtype = inputs[0].dtype
+        sizes = []
+        for spec in kernel["outputs"]:
+            sizes.append(math.prod(spec["shape"]) * inputs[0].element_size())
+            packed += struct.pack("<QQ", sizes[-1], 0)
+        done = subprocess.run([str(self.binary), str(index)], input=bytes(packed), capture_output=True, check=True)
+        outputs, at = [], 0
+        for spec, size in zip(kernel["outputs"], sizes):
+            flat = torch.frombuffer(bytearray(done.stdout[at:at + size]), dtype=dtype)
+            outputs.append(flat.as_strided(spec["shape"], spec["strides"]))
+            at += size
+        assert at == len(done.stdout)
+        return outputs
+
+
+@pytest.fixture(scope="module", params=["f32", "bf16"])
+def host_kernels(request, tmp_path_factory) -> HostKernels:
     if shutil.which("g++") is None:
         pytest.skip("no g++ to compile the kernels for the host")
-    program = json.loads(translate(table_module()).text)
-    used = {}
-    for function in program["functions"]:
-        (call,) = [inst for inst in function["instructions"] if inst["op"] == "pointwise"]
-        used[function["name"]] = call["kernel"]
-    folder = tmp_path_factory.mktemp("host-kernels")
-    source, binary = folder / "kernels.cpp", folder / "kernels"
-    source.write_text(host_program(program["kernels"], used))
-    subprocess.run(["g++", "-std=c++17", "-O1", "-o", str(binary), str(source)], check=True)
-    return binary, used
+    return HostKernels(translate(table_module(request.param)), tmp_path_factory.mktemp(f"host-{request.param}"))
 
 
-def run_on_host(binary: Path, kernel: int, inputs: list[torch.Tensor], outputs: int) -> list[torch.Tensor]:
-    n = inputs[0].numel()
-    packed = torch.zeros(8 * n, dtype=torch.float32)
-    for i, tensor in enumerate(inputs):
-        packed[i * n:(i + 1) * n] = tensor.reshape(-1)
-    done = subprocess.run([str(binary), str(kernel), str(n)], input=packed.numpy().tobytes(),
-                          capture_output=True, check=True)
-    result = torch.frombuffer(bytearray(done.stdout), dtype=torch.float32)
-    return [result[i * n:(i + 1) * n] for i in range(outputs)]
+def dtype_of(host: HostKernels) -> torch.dtype:
+    return {"f32": torch.float32, "bf16": torch.bfloat16}[host.kernels[0]["element_type"]]
+
+
+def check(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    """f32 to float rounding; bf16 as ATen rounds the float result once."""
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, expected, rtol=2e-6, atol=2e-6)
+    else:
+        torch.testing.assert_close(got.float(), expected.to(dtype).float(), rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("name, callee, shapes, args, reference, positive", CASES, ids=[case[0] for case in CASES])
 def test_each_operator_computes_what_aten_computes(host_kernels, name, callee, shapes, args, reference, positive):
-    binary, used = host_kernels
+    dtype = dtype_of(host_kernels)
     generator = torch.Generator().manual_seed(len(name))
     inputs = [torch.randn(shape, generator=generator) * 2 for shape in shapes]
     if positive:
         inputs = [tensor.abs() + 0.1 for tensor in inputs]
-    (got,) = run_on_host(binary, used[name], inputs, 1)
-    expected = reference(*inputs)
-    torch.testing.assert_close(got, expected.reshape(-1), rtol=2e-6, atol=2e-6)
+    inputs = [tensor.to(dtype) for tensor in inputs]
+    (got,) = host_kernels.run(name, inputs)
+    check(got, reference(*[tensor.float() for tensor in inputs]), dtype)
 
 
 def test_a_broadcasting_chain_computes_what_aten_computes(host_kernels):
-    binary, used = host_kernels
+    dtype = dtype_of(host_kernels)
     generator = torch.Generator().manual_seed(0)
-    x, w = torch.randn(4, 8, generator=generator), torch.randn(8, generator=generator)
-    ms = x.pow(2).mean(-1, keepdim=True)
-    # Each input as the jiterator reads it at an output element: broadcast.
-    inputs = [x, ms.expand(4, 8), w.expand(4, 8)]
-    (got,) = run_on_host(binary, used["rmsnorm_tail"], inputs, 1)
-    torch.testing.assert_close(got, (x * torch.rsqrt(ms + 1e-5) * w).reshape(-1), rtol=2e-6, atol=2e-6)
+    x, w = torch.randn(4, 8, generator=generator).to(dtype), torch.randn(8, generator=generator).to(dtype)
+    ms = x.float().pow(2).mean(-1, keepdim=True).to(dtype)
+    (got,) = host_kernels.run("rmsnorm_tail", [x, ms, w])
+    check(got, x.float() * torch.rsqrt(ms.float() + 1e-5) * w.float(), dtype)
 
 
 def test_a_kernel_over_halves_computes_what_aten_computes(host_kernels):
-    binary, used = host_kernels
+    dtype = dtype_of(host_kernels)
     generator = torch.Generator().manual_seed(0)
-    q, cos, sin = (torch.randn(shape, generator=generator) for shape in ([2, 4, 2, 8], [4, 8], [4, 8]))
+    q, cos, sin = (torch.randn(shape, generator=generator).to(dtype) for shape in ([2, 4, 2, 8], [4, 8], [4, 8]))
     inputs, expected = rotary_halves_inputs(q.transpose(1, 2), cos, sin)
-    # As the jiterator reads them at an output element: broadcast.
-    inputs = [tensor.float().expand(2, 2, 4, 2, 4) for tensor in inputs]
-    (got,) = run_on_host(binary, used["rotary_halves"], inputs, 1)
-    torch.testing.assert_close(got, expected.reshape(-1), rtol=2e-6, atol=2e-6)
+    # The runtime hands a function its batch row-major.
+    (got,) = host_kernels.run("rotary_halves", [tensor.contiguous() for tensor in inputs])
+    check(got, expected, dtype)
+
+
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "misaligned"])
+def test_strided_inputs_compute_what_aten_computes(host_kernels, offset):
+    """A transposed input read in vectors, a row-major one across them
+    element by element and a broadcast column; a view one element into its
+    storage takes the loop one element at a time."""
+    dtype = dtype_of(host_kernels)
+    kernel = host_kernels.kernels[host_kernels.used["strided"]]
+    assert kernel["vector"] > 1 and [spec["steps"] for spec in kernel["inputs"]] == [[1, 8], [64, 1], [1, 0]]
+    generator = torch.Generator().manual_seed(2)
+    a = torch.randn(8 * 64 + offset, generator=generator).to(dtype)[offset:].view(8, 64)
+    b, c = torch.randn(8, 1, generator=generator).to(dtype), torch.randn(64, 8, generator=generator).to(dtype)
+    (got,) = host_kernels.run("strided", [c.t(), a, b])
+    assert got.stride() == (1, 8)  # laid out like its first input, as TensorIterator lays it out
+    check(got, c.t().float() * a.float() - b.float(), dtype)
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)], ids=["f32", "bf16"])
@@ -446,4 +538,11 @@ def test_the_runtime_launches_each_kernel_on_the_gpu(dtype, tolerance):
     inputs, expected = rotary_halves_inputs(q, cos, sin)
     (got,) = runtime.run("rotary_halves", {}, {}, {}, inputs, {}, 60.0)["returned"]
     torch.testing.assert_close(got, expected.to(dtype), rtol=tolerance, atol=tolerance)
-    assert got.stride() == q.view(2, 2, 4, 2, 4).stride()  # laid out by its first input, the query
+    assert got.is_contiguous()  # the runtime hands a function its batch row-major
+    a = torch.randn(8 * 64 + 1, device="cuda", dtype=dtype)[1:].view(8, 64)  # not 16-byte aligned
+    b, c = torch.randn(8, 1, device="cuda", dtype=dtype), torch.randn(64, 8, device="cuda", dtype=dtype)
+    for first in (a, a.clone()):
+        (got,) = runtime.run("strided", {}, {}, {}, [first, b, c], {}, 60.0)["returned"]
+        expected = (c.t().float() * first.float() - b.float()).to(dtype)
+        torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
+        assert got.stride() == (1, 8)
