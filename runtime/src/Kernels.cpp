@@ -40,13 +40,6 @@ Access accessOf(const KernelOperand &operand, int64_t vector) {
   return aligned ? Access::Vector : Access::Strided;
 }
 
-int64_t furthest(const std::vector<int64_t> &extents, const std::vector<int64_t> &steps) {
-  int64_t sum = 0;
-  for (size_t d = 0; d < extents.size(); ++d)
-    sum += (extents[d] - 1) * steps[d];
-  return sum;
-}
-
 /// Conversions between the tensors' storage and float: bf16 by its bits
 /// (round to nearest even, NaN kept quiet, as c10::BFloat16), f16 by the
 /// PTX conversions.
@@ -95,7 +88,7 @@ std::string kernelSource(const KernelSpec &kernel) {
     elements *= extent;
   for (const std::vector<KernelOperand> *list : {&kernel.inputs, &kernel.outputs})
     for (const KernelOperand &operand : *list)
-      reach = std::max(reach, furthest(kernel.extents, operand.steps));
+      reach = std::max(reach, furthestElement(kernel.extents, operand.steps).value()); // validated at load
   bool narrow = elements <= std::numeric_limits<int32_t>::max() && reach <= std::numeric_limits<int32_t>::max();
   const char *index = narrow ? "unsigned" : "unsigned long long";
   const char *suffix = narrow ? "u" : "ull";
@@ -217,50 +210,8 @@ void checkCuda(cudaError_t result, const std::string &what) {
     throw std::runtime_error(what + ": " + cudaGetErrorString(result));
 }
 
-/// FNV-1a: a stable name for a cache entry (the entry holds its source,
-/// compared on reading, so a collision only costs a compile).
-uint64_t fingerprint(const std::string &text) {
-  uint64_t hash = 1469598103934665603ull;
-  for (unsigned char c : text)
-    hash = (hash ^ c) * 1099511628211ull;
-  return hash;
-}
-
-/// The cubin for `kernel` on `arch`: from `cacheDir` when an entry holds
-/// the same source for the same NVRTC, else compiled (and written there).
-std::string cachedCubin(const KernelSpec &kernel, int arch, const std::string &cacheDir) {
-  if (cacheDir.empty())
-    return compileKernel(kernel, arch);
-  int major = 0, minor = 0;
-  checkNvrtc(nvrtcVersion(&major, &minor), "nvrtcVersion");
-  std::string key = kernelSource(kernel) + "\n// sm_" + std::to_string(arch) + " nvrtc " + std::to_string(major) +
-                    "." + std::to_string(minor) + "\n";
-  char name[32];
-  std::snprintf(name, sizeof name, "%016llx.cubin", static_cast<unsigned long long>(fingerprint(key)));
-  std::filesystem::path path = std::filesystem::path(cacheDir) / name;
-  if (std::ifstream in{path, std::ios::binary}) {
-    std::string entry((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (entry.size() > key.size() && entry.compare(0, key.size(), key) == 0)
-      return entry.substr(key.size());
-  }
-  std::string cubin = compileKernel(kernel, arch);
-  std::error_code ignored;
-  std::filesystem::create_directories(cacheDir, ignored);
-  std::filesystem::path partial = path;
-  partial += ".partial";
-  if (std::ofstream out{partial, std::ios::binary | std::ios::trunc}) {
-    out << key << cubin;
-    out.close();
-    if (out)
-      std::filesystem::rename(partial, path, ignored); // another rank writing the same entry is harmless
-  }
-  return cubin;
-}
-
-} // namespace
-
-std::string compileKernel(const KernelSpec &kernel, int arch) {
-  std::string source = kernelSource(kernel);
+/// `source` (kernelSource of `kernel`) compiled by NVRTC for `arch`.
+std::string compileSource(const KernelSpec &kernel, const std::string &source, int arch) {
   nvrtcProgram program = nullptr;
   checkNvrtc(nvrtcCreateProgram(&program, source.c_str(), (kernel.name + ".cu").c_str(), 0, nullptr, nullptr),
              "nvrtcCreateProgram");
@@ -285,6 +236,51 @@ std::string compileKernel(const KernelSpec &kernel, int arch) {
                              nvrtcGetErrorString(compiled) + "):\n" + log);
   return cubin;
 }
+
+/// FNV-1a: a stable name for a cache entry (the entry holds its source,
+/// compared on reading, so a collision only costs a compile).
+uint64_t fingerprint(const std::string &text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : text)
+    hash = (hash ^ c) * 1099511628211ull;
+  return hash;
+}
+
+/// The cubin for `kernel` on `arch`: from `cacheDir` when an entry holds
+/// the same source for the same NVRTC, else compiled (and written there).
+std::string cachedCubin(const KernelSpec &kernel, int arch, const std::string &cacheDir) {
+  std::string source = kernelSource(kernel);
+  if (cacheDir.empty())
+    return compileSource(kernel, source, arch);
+  int major = 0, minor = 0;
+  checkNvrtc(nvrtcVersion(&major, &minor), "nvrtcVersion");
+  std::string key = source + "\n// sm_" + std::to_string(arch) + " nvrtc " + std::to_string(major) +
+                    "." + std::to_string(minor) + "\n";
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx.cubin", static_cast<unsigned long long>(fingerprint(key)));
+  std::filesystem::path path = std::filesystem::path(cacheDir) / name;
+  if (std::ifstream in{path, std::ios::binary}) {
+    std::string entry((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (entry.size() > key.size() && entry.compare(0, key.size(), key) == 0)
+      return entry.substr(key.size());
+  }
+  std::string cubin = compileSource(kernel, source, arch);
+  std::error_code ignored;
+  std::filesystem::create_directories(cacheDir, ignored);
+  std::filesystem::path partial = path;
+  partial += ".partial";
+  if (std::ofstream out{partial, std::ios::binary | std::ios::trunc}) {
+    out << key << cubin;
+    out.close();
+    if (out)
+      std::filesystem::rename(partial, path, ignored); // another rank writing the same entry is harmless
+  }
+  return cubin;
+}
+
+} // namespace
+
+std::string compileKernel(const KernelSpec &kernel, int arch) { return compileSource(kernel, kernelSource(kernel), arch); }
 
 struct LoadedKernels::Loaded {
   cudaLibrary_t library = nullptr;
@@ -332,7 +328,7 @@ std::vector<at::Tensor> LoadedKernels::launch(size_t index, const std::vector<at
     const at::Tensor &input = inputs[i];
     const KernelOperand &spec = kernel.inputs[i];
     bool laidOut = input.device() == device && input.scalar_type() == kernel.dtype &&
-                   input.sizes().vec() == spec.shape;
+                   input.sizes() == c10::IntArrayRef(spec.shape);
     for (size_t d = 0; laidOut && d < spec.shape.size(); ++d)
       laidOut = spec.shape[d] == 1 || input.stride(static_cast<int64_t>(d)) == spec.strides[d];
     if (!laidOut)

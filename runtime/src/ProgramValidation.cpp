@@ -77,16 +77,13 @@ void checkGroup(const GroupSpec &group) {
       fail(what + ": axis " + std::to_string(axis) + " is not an axis of the grid");
 }
 
-/// The furthest element (in elements from the first) that `extents` with
-/// per-dimension `steps` reach; an error when it overflows int64.
+/// `furthestElement`, or an error naming `what`.
 int64_t furthestElement(const std::vector<int64_t> &extents, const std::vector<int64_t> &steps,
                         const std::string &what) {
-  int64_t furthest = 0, term = 0;
-  for (size_t d = 0; d < extents.size(); ++d)
-    if (steps[d] < 0 || __builtin_mul_overflow(extents[d] - 1, steps[d], &term) ||
-        __builtin_add_overflow(furthest, term, &furthest))
-      fail(what + ": a negative step or stride, or an offset past 2^63");
-  return furthest;
+  std::optional<int64_t> furthest = fsdp_rt::furthestElement(extents, steps);
+  if (!furthest)
+    fail(what + ": a negative step or stride, or an offset past 2^63");
+  return *furthest;
 }
 
 /// Whether `steps` walk `extents` densely, each element once (sorted by
@@ -430,6 +427,15 @@ private:
 };
 
 } // namespace
+
+std::optional<int64_t> furthestElement(const std::vector<int64_t> &extents, const std::vector<int64_t> &steps) {
+  int64_t furthest = 0, term = 0;
+  for (size_t d = 0; d < extents.size(); ++d)
+    if (steps[d] < 0 || __builtin_mul_overflow(extents[d] - 1, steps[d], &term) ||
+        __builtin_add_overflow(furthest, term, &furthest))
+      return std::nullopt;
+  return furthest;
+}
 
 void validateProgram(const Program &program) {
   std::map<std::string, const GroupSpec *> groups;

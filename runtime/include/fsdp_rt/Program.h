@@ -170,6 +170,10 @@ public:
 private:
   explicit Program(c10::Device device) : device_(device) {}
   friend void validateProgram(const Program &program);
+
+/// The furthest element (in elements from the first) that `extents` with
+/// per-dimension `steps` reach; nullopt for a negative step or past 2^63.
+std::optional<int64_t> furthestElement(const std::vector<int64_t> &extents, const std::vector<int64_t> &steps);
   std::vector<GroupSpec> groups_;
   std::vector<ParamSpec> params_;
   std::vector<BufferSpec> buffers_;
@@ -183,6 +187,10 @@ private:
 /// Throws std::runtime_error naming the function, the instruction and the
 /// rule when an index, name, shape or future pairing is out of its table.
 void validateProgram(const Program &program);
+
+/// The furthest element (in elements from the first) that `extents` with
+/// per-dimension `steps` reach; nullopt for a negative step or past 2^63.
+std::optional<int64_t> furthestElement(const std::vector<int64_t> &extents, const std::vector<int64_t> &steps);
 
 } // namespace fsdp_rt
 
