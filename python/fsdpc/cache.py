@@ -1,21 +1,27 @@
-"""The compiled-program cache: a warm start skips sharding and lowering.
+"""The compiled-program cache: a warm start skips capture, sharding and
+lowering.
 
 An entry holds what compiling produced (the program, the memory report, the
-sharded IR) under a key made from the captured step itself: the IR text
-that capture printed (every op, shape, dtype, literal and source line, so
-every global, default argument, closure, module attribute or environment
-variable that tracing read is in it as the value it had), the pipeline
-options and world size, and the versions of Python, torch, the program
-format and fsdpc's compiler binaries. Capture runs on every start, cold or
-warm (on rank 0 only): a key computed without capturing cannot see what
-the Python code reads while it traces, and a stale program trains with the
-wrong loss without a word. Capture's first trace (export, about a third of
-its time) also keys an entry: `forward_key` digests that trace whole (every
-op, literal, shape and source line) with fsdpc's own code, and the joint
-trace and the IR are functions of both, so a start whose export is
-unchanged skips the rest; `capture_key` keys the captured IR alone the same
-way, for `fsdpc plan --model`. `FSDPC_CACHE` moves the cache (default
-~/.cache/fsdpc); `FSDPC_CACHE=off` turns it off.
+sharded IR) under keys made from the step itself, as it ran, never from
+the code alone: a key computed without running the step cannot see what the
+Python code reads while it runs, and a stale program trains with the wrong
+loss without a word. Three keys, cheapest first, each joined with the
+pipeline options and world size and the versions of Python, torch, the
+program format, fsdpc's compiler binaries and (for the first two) fsdpc's
+own code:
+- `forward_key` of the call trace (`fsdpc.call_trace`): every torch call
+  the step's Python makes, run on meta under export's modes and flags,
+  with its arguments, results, modules and stack, and the contents of the
+  source files it ran. A start whose record is unchanged skips export.
+- `forward_key` of export's trace (`ExportStage.fingerprint`): every op,
+  literal, shape and source line of the forward; the joint trace and the
+  IR are functions of it, so a start whose export is unchanged skips the
+  joint trace.
+- `program_key` of the captured IR text, which skips sharding and
+  lowering.
+`capture_key` keys the captured IR alone under either trace, for `fsdpc
+plan --model`. `FSDPC_CACHE` moves the cache (default ~/.cache/fsdpc);
+`FSDPC_CACHE=off` turns it off.
 
 `setup_key` is a different fingerprint, computed without capturing: the
 model's structure, parameter and buffer names, shapes, dtypes and ties, the
@@ -171,8 +177,9 @@ def _fsdpc_sources() -> list:
 
 def capture_key(fingerprint: str) -> str:
     """The cache key of a captured step (its IR, before sharding) whose
-    forward has `fingerprint`: the joint trace is a function of that trace,
-    of torch and of fsdpc's own code (what `fsdpc plan --model` reuses)."""
+    forward has `fingerprint` (the call trace's or export's): the rest of
+    capture is a function of it, of torch and of fsdpc's own code (what
+    `fsdpc plan --model` reuses)."""
     key = {"entry": ENTRY_VERSION, "python": sys.version, "torch": torch.__version__,
            "captured from": fingerprint, "fsdpc": _fsdpc_sources()}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
@@ -180,9 +187,9 @@ def capture_key(fingerprint: str) -> str:
 
 def forward_key(fingerprint: str, *, pipeline: str) -> str:
     """The cache key of the program compiled from a capture whose forward
-    has `fingerprint` (export's trace, see `ExportStage.fingerprint`): the
-    rest of capture is a function of it and of fsdpc's own code, so a warm
-    start that exports the same forward skips the joint trace too."""
+    has `fingerprint` (the call trace's, or export's trace's, see
+    `ExportStage.fingerprint`): the rest of capture is a function of it and
+    of fsdpc's own code."""
     key = {"program": program_key(fingerprint, pipeline=pipeline), "fsdpc": _fsdpc_sources()}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 

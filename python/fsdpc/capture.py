@@ -173,6 +173,21 @@ def _location_from_stack_trace(stack_trace: str | None,
     return loss_location or user_frame(frames, torch_fallback=True)
 
 
+def source_digests(files) -> list[tuple[str, str]]:
+    """The contents' digests of the source files a trace ran, but torch's
+    and fsdpc's own (their versions key the cache): code that ran only in
+    backward, a custom autograd Function's, changes a fingerprint too."""
+    digests = []
+    for file in sorted(set(files)):
+        if file.startswith("<") or file.startswith(_TORCH_DIR) or file.startswith(_FSDPC_DIR):
+            continue
+        try:
+            digests.append((file, hashlib.sha256(open(file, "rb").read()).hexdigest()))
+        except OSError:
+            digests.append((file, "unreadable"))
+    return digests
+
+
 def _definition_of(function: Callable) -> SourceLocation | None:
     code = getattr(function, "__code__", None)
     if code is None:
@@ -399,6 +414,16 @@ class _ScalarTensorsAsOps(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+@contextlib.contextmanager
+def capture_modes(model: nn.Module, units: list[nn.Module], mixed_precision: MixedPrecision | None,
+                  device: str):
+    """What forward runs under while it is traced for `device`: the policy's
+    casts, and the fused attention, RMSNorm and scalar-tensor modes."""
+    with (_mixed_precision_casts(model, units, mixed_precision), FusedAttentionFor(device),
+          FusedRmsNormFor(device), _ScalarTensorsAsOps()):
+        yield
+
+
 @dataclass
 class ForwardTrace:
     """Export's trace of forward + loss, before the joint trace: what the
@@ -417,9 +442,9 @@ class ForwardTrace:
         """Everything the joint trace and the IR are made from: every op of
         the forward with its literal arguments, result metadata, module and
         source stack (so whatever Python the trace ran is in it as the value
-        it had), the signature, the parameters', buffers' and batch's
-        metadata, ties, names, the loss's definition, the policy and the
-        target device."""
+        it had), the contents of the source files in those stacks, the
+        signature, the parameters', buffers' and batch's metadata, ties,
+        names, the loss's definition, the policy and the target device."""
         parts = [self.device, repr(self.mixed_precision), str(_definition_of(self.loss_fn)),
                  sorted(self.aliases.values()), sorted(self.real_fqn.items()), str(self.program.graph_signature),
                  [(name, tuple(t.shape), str(t.dtype), t.requires_grad)
@@ -431,6 +456,8 @@ class ForwardTrace:
                      if isinstance(value, torch.Tensor) else repr(value))
             parts.append((node.format_node(), shape, node.meta.get("stack_trace"),
                           repr(node.meta.get("nn_module_stack"))))
+        parts.append(source_digests(match.group(1) for node in self.program.graph.nodes
+                                    for match in _FRAME_RE.finditer(node.meta.get("stack_trace") or "")))
         return hashlib.sha256(repr(parts).encode()).hexdigest()
 
     def joint(self) -> CapturedStep:
@@ -454,8 +481,7 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
     step = _TrainingStep(model, loss_fn)
     units = [model.get_submodule(name) for name in unit_modules]
     with _tracing_safe_names(model) as real_fqn:
-        with (_mixed_precision_casts(model, units, mixed_precision), FusedAttentionFor(device),
-              FusedRmsNormFor(device), _ScalarTensorsAsOps()):
+        with capture_modes(model, units, mixed_precision, device):
             program = _export(step, batch)
             aliases = {identity: [real_fqn.get(n, n) for n in names]
                        for identity, names in _alias_groups(model).items()}

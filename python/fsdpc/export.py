@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from fsdpc import capture
+from fsdpc.call_trace import CallTrace, trace_calls
 from fsdpc.capture import CapturedStep, ForwardTrace, MixedPrecision
 from fsdpc.emit import emit_mlir
 from fsdpc.units import UnitPlan, WrapPolicy, plan_units
@@ -58,6 +59,29 @@ def _numel(shape) -> int:
     return count
 
 
+def _unit_modules(plan: UnitPlan) -> list[str]:
+    return ["" if unit.is_root else unit.name for unit in plan.units]
+
+
+def _with_units(fingerprint: str, plan: UnitPlan) -> str:
+    units = [(unit.name, unit.module_class, unit.is_root) for unit in plan.units]
+    return hashlib.sha256(f"{fingerprint} {units!r}".encode()).hexdigest()
+
+
+def call_trace(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *,
+               wrap: WrapPolicy = None, mixed_precision: MixedPrecision | None = None,
+               device: str = "cpu") -> CallTrace | None:
+    """The step's torch calls recorded without exporting (`fsdpc.call_trace`),
+    its fingerprint joined with the wrap units like `ExportStage`'s; None
+    where the record cannot be complete."""
+    plan = plan_units(model, wrap)
+    traced = trace_calls(model, batch, loss_fn, unit_modules=_unit_modules(plan),
+                         mixed_precision=mixed_precision, device=device)
+    if traced is not None:
+        traced.fingerprint = _with_units(f"calls {traced.fingerprint}", plan)
+    return traced
+
+
 @dataclass
 class ExportStage:
     """A step traced up to its forward (see `traced_forward`)."""
@@ -68,8 +92,7 @@ class ExportStage:
 
     def fingerprint(self) -> str:
         """The forward's fingerprint and the wrap units: what the IR is made of."""
-        units = [(unit.name, unit.module_class, unit.is_root) for unit in self.plan.units]
-        return hashlib.sha256(f"{self.forward.fingerprint()} {units!r}".encode()).hexdigest()
+        return _with_units(self.forward.fingerprint(), self.plan)
 
     def export(self, header: str = "") -> ExportResult:
         """The joint trace, printed as IR."""
@@ -86,9 +109,8 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
     the stage's fingerprint is known, and `export()` finishes the capture."""
     start = time.perf_counter()
     plan = plan_units(model, wrap)
-    unit_modules = ["" if unit.is_root else unit.name for unit in plan.units]
     with capture.traced_forward(model, batch, loss_fn, mixed_precision=mixed_precision,
-                                unit_modules=unit_modules, device=device) as forward:
+                                unit_modules=_unit_modules(plan), device=device) as forward:
         yield ExportStage(forward, plan, start)
 
 

@@ -24,7 +24,7 @@ from typing import Iterator
 from fsdpc.capture import MixedPrecision
 from fsdpc.compiler import FsdpOptError, run_fsdp_opt
 from fsdpc import cache
-from fsdpc.export import build, load_factory, traced_forward
+from fsdpc.export import build, call_trace, load_factory, traced_forward
 from fsdpc.program import runtime_extension
 
 GIB = 2**30
@@ -273,19 +273,25 @@ def capture_for_plan(model_spec: str, *, batch: int | None, seq: int | None,
                      mixed_precision: MixedPrecision | None) -> str:
     """The step of `model_spec` (a built-in name or file.py:factory) captured
     on meta for a CUDA target. The program cache keeps it under its
-    forward's trace (`cache.capture_key`): planning the same step again
-    (other GPU counts, kinds, settings) exports the forward and skips the
-    joint trace, two thirds of capture."""
+    recorded torch calls and its forward's trace (`cache.capture_key`):
+    planning the same step again (other GPU counts, kinds, settings) records
+    the calls and skips export and the joint trace."""
     factory = load_factory(model_spec)
     options = {key: value for key, value in (("batch", batch), ("seq", seq)) if value is not None}
     model, example, loss_fn = build(factory, meta=True, **options)
+    calls = call_trace(model, example, loss_fn, mixed_precision=mixed_precision, device="cuda")
+    calls_key = calls and cache.capture_key(calls.fingerprint)
+    entry = cache.load(calls_key) if calls_key else None
+    if entry is not None:
+        calls.echo()
+        return entry["captured_ir"]
     with traced_forward(model, example, loss_fn, mixed_precision=mixed_precision, device="cuda") as stage:
         key = cache.capture_key(stage.fingerprint())
         entry = cache.load(key)
-        if entry is not None:
-            return entry["captured_ir"]
-        captured = stage.export().mlir
-    cache.store(key, {"captured_ir": captured})
+        captured = entry["captured_ir"] if entry is not None else stage.export().mlir
+    for each_key in (key, calls_key):
+        if each_key:
+            cache.store(each_key, {"captured_ir": captured})
     return captured
 
 

@@ -28,7 +28,7 @@ from torch import nn
 from fsdpc import cache
 from fsdpc.capture import MixedPrecision
 from fsdpc.compiler import run_fsdp_opt
-from fsdpc.export import traced_forward
+from fsdpc.export import call_trace, traced_forward
 from fsdpc.program import Program, translate
 from fsdpc.units import WrapPolicy
 
@@ -130,29 +130,40 @@ def on_every_rank(stage: str, attempt: Callable[[], T], *, share_result: bool = 
 def compile_entry(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *, options: str,
                   wrap: WrapPolicy = None, mixed_precision: MixedPrecision | None = None,
                   lap: Callable[[str], None] = lambda phase: None, device: str = "cpu") -> dict:
-    """Capture for the `device` kind, then shard and lower (or take what
-    follows export from the program cache, keyed by export's trace, or
-    sharding and lowering, keyed by the captured IR), in this process (no
-    job needed): the cache entry of a step, its program for `ranks=` in
-    `options`."""
+    """Capture for the `device` kind, then shard and lower, in this process
+    (no job needed): the cache entry of a step, its program for `ranks=` in
+    `options`. The program cache serves what follows the step's recorded
+    torch calls (`call_trace`), else what follows export's trace, else
+    sharding and lowering (keyed by the captured IR)."""
+    calls = call_trace(model, batch, loss_fn, wrap=wrap, mixed_precision=mixed_precision, device=device)
+    lap("call trace")
+    calls_key = calls and cache.forward_key(calls.fingerprint, pipeline=options)
+    entry = cache.load(calls_key) if calls_key else None
+    if entry is not None:
+        calls.echo()
+        lap("cache hit")
+        return entry
     with traced_forward(model, batch, loss_fn, wrap=wrap, mixed_precision=mixed_precision,
                         device=device) as stage:
         lap("export")
         forward_key = cache.forward_key(stage.fingerprint(), pipeline=options)
         entry = cache.load(forward_key)
-        if entry is not None:
-            lap("cache hit")
-            return entry
-        exported = stage.export()
-    lap("joint trace")
-    key = cache.program_key(exported.mlir, pipeline=options)
-    entry = cache.load(key)
+        if entry is None:
+            exported = stage.export()
     if entry is not None:
         lap("cache hit")
     else:
-        entry = _shard_and_lower(exported.mlir, options, lap)
-        cache.store(key, entry)
-    cache.store(forward_key, entry)
+        lap("joint trace")
+        key = cache.program_key(exported.mlir, pipeline=options)
+        entry = cache.load(key)
+        if entry is not None:
+            lap("cache hit")
+        else:
+            entry = _shard_and_lower(exported.mlir, options, lap)
+            cache.store(key, entry)
+        cache.store(forward_key, entry)
+    if calls_key:
+        cache.store(calls_key, entry)
     return entry
 
 

@@ -228,23 +228,34 @@ def test_a_measured_profile_calibrates_the_time_model(gpt_ir, tmp_path, capsys):
 
 
 def test_planning_a_step_again_reuses_its_capture(tmp_path, monkeypatch):
-    """A second plan of the same step exports its forward and takes the
-    rest of capture from the program cache; another sequence length is
-    another step."""
+    """A second plan of the same step records its calls and takes its
+    capture from the program cache without exporting; where the calls give
+    no key, it exports the forward and takes the rest from the cache;
+    another sequence length is another step."""
+    import fsdpc.plan
     from fsdpc.export import ExportStage
 
     monkeypatch.setenv("FSDPC_CACHE", str(tmp_path / "cache"))
     first = capture_for_plan("llama", batch=2, seq=16, mixed_precision=None)
-    assert len(list((tmp_path / "cache").glob("*.json"))) == 1
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 2  # under the calls and under export's trace
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("exported again")
 
     def no_joint_trace(stage):
         raise AssertionError("the joint trace ran again")
 
     with monkeypatch.context() as patched:
+        patched.setattr(fsdpc.plan, "traced_forward", no_export)
+        assert capture_for_plan("llama", batch=2, seq=16, mixed_precision=None) == first
+        with pytest.raises(AssertionError, match="exported again"):
+            capture_for_plan("llama", batch=2, seq=8, mixed_precision=None)
+    with monkeypatch.context() as patched:
+        patched.setattr(fsdpc.plan, "call_trace", lambda *args, **kwargs: None)
         patched.setattr(ExportStage, "export", no_joint_trace)
         assert capture_for_plan("llama", batch=2, seq=16, mixed_precision=None) == first
         with pytest.raises(AssertionError, match="joint trace ran again"):
-            capture_for_plan("llama", batch=2, seq=8, mixed_precision=None)
+            capture_for_plan("llama", batch=2, seq=4, mixed_precision=None)
 
 
 def test_the_command_prints_the_table_and_the_verdict(capsys):
