@@ -16,6 +16,7 @@ KINDS = [  # the first match names a kernel's kind
     ("matrix product", ("gemm", "nvjet", "xmma", "cutlass", "sm90_", "cublas")),
     ("optimizer", ("adam", "multi_tensor", "foreach")),
     ("triton / fused", ("triton",)),
+    ("fsdpc generated", ("fsdp_pointwise",)),
     ("reduction", ("reduce",)),
     ("elementwise", ("elementwise", "vectorized", "unrolled", "copy")),
 ]

@@ -9,7 +9,7 @@
 #   scripts/gpu-session.sh bench-llama  # Llama 0.9B: fsdpc (also gathering through a receive buffer), FSDP2, FSDP2 + compile, torch.compile; fsdpc's warm start
 #   scripts/gpu-session.sh bench-gpt    # GPT 23M: fsdpc, FSDP2, FSDP2 + compile, torch.compile, twice (cold and warm)
 #   scripts/gpu-session.sh offload      # host optimizer rate; Llama 2.6B offloaded: FSDP2, fsdpc (the plan's fit) stepped in backward and beside the next forward
-#   scripts/gpu-session.sh profile      # Llama 0.9B: one profiled step of fsdpc and of FSDP2 + compile, where their time went; the rotary kernel's paths
+#   scripts/gpu-session.sh profile      # Llama 0.9B: one profiled step of fsdpc and of FSDP2 + compile, where their time went (fsdpc's generated kernels by name)
 #
 # Each stage builds the runtime first (seconds when it is built). A failing
 # test or run is logged and the stage goes on to its next measurement.
@@ -65,6 +65,5 @@ case "$stage" in
       python3 benchmarks/trace_summary.py "/tmp/profile-$system.trace.json" --top 40 2>&1 | tee -a "$OUT/profile-$system.txt" || true
     done
     tar czf "$OUT/profile-traces.tgz" -C /tmp profile-fsdpc.trace.json profile-fsdp2-compile.trace.json || true
-    timeout 60 python3 benchmarks/pointwise_paths.py 2>&1 | tee "$OUT/pointwise-paths.log" || true
     ;;
 esac

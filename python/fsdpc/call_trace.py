@@ -82,14 +82,14 @@ class _CallRecorder(TorchFunctionMode):
     """Records each torch call that reaches it: below fsdpc's capture modes,
     it sees the calls they make instead of the ones they replace."""
 
-    def __init__(self, root_frame) -> None:
+    def __init__(self, root_frame_id: int) -> None:
         super().__init__()
         self.origin: dict[int, str] = {}   # id(tensor) -> where it came from
         self.alive: list[torch.Tensor] = []  # every result is kept, so that no id is reused
         self.module_names: dict[int, str] = {}
         self.modules: list[str] = []        # the modules running, outermost first
         self.calls: list[tuple] = []
-        self._root_frame = root_frame
+        self._root_frame_id = root_frame_id  # an id, not the frame: the frame holds this recorder
         self._names: dict[object, str] = {}
         self.frames: dict[tuple, int] = {}  # (code, line) -> index, in order of appearance
         self.recording = False
@@ -162,7 +162,7 @@ class _CallRecorder(TorchFunctionMode):
         """The Python stack above a call, each frame as its index in `frames`."""
         stack = []
         frame = sys._getframe(2)
-        while frame is not None and frame is not self._root_frame:
+        while frame is not None and id(frame) != self._root_frame_id:
             stack.append(self.frames.setdefault((frame.f_code, frame.f_lineno), len(self.frames)))
             frame = frame.f_back
         return tuple(stack)
@@ -240,7 +240,7 @@ def trace_calls(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callab
         return None
     step = _TrainingStep(model, loss_fn)
     units = [model.get_submodule(name) for name in unit_modules]
-    recorder = _CallRecorder(sys._getframe())
+    recorder = _CallRecorder(id(sys._getframe()))
     printed, complained = io.StringIO(), io.StringIO()
     collecting = gc.isenabled()
     gc.disable()  # the record makes many small objects and frees none: collections would only cost

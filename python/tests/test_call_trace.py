@@ -11,6 +11,7 @@ import importlib.util
 import sys
 import textwrap
 import types
+import weakref
 
 import pytest
 import torch
@@ -231,3 +232,20 @@ def test_a_warm_start_served_by_the_call_trace_exports_nothing(tmp_path, monkeyp
     changed, recompiled = compile_now()
     assert changed[:3] == ["call trace", "export", "joint trace"]
     assert recompiled.text != program.text
+
+
+def test_a_traced_model_is_freed_by_reference_counting():
+    """No reference cycle holds the model after its trace (fsdpc.shard's
+    dropped modules must free their process groups at once)."""
+    model, batch, loss_fn = meta_step()
+    gone = weakref.ref(model)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        assert call_trace(model, batch, loss_fn) is not None
+        assert call_trace(model, batch, lambda m, x, y: loss(m, x, y) * x.sum().item()) is None
+        del model
+        assert gone() is None, "the call trace left the model in a reference cycle"
+    finally:
+        if collecting:
+            gc.enable()

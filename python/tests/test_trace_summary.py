@@ -35,7 +35,7 @@ def test_a_trace_is_read_as_its_streams_gaps_and_kinds(tmp_path):
     # No stream busy 750-760 and 800-900 us; the compute stream idle 1000 - 740 us.
     assert lines[3] == "  no GPU work at all for 0.1 ms; compute stream 7 idle 0.3 ms"
     assert lines[4] == "  compute-stream gaps: 2, over 50 us: 0 (0.0 ms), under 50 us total 0.1 ms"
-    assert lines[5].startswith("  by kind (ms): other 0.6, communication 0.3, matrix product 0.1, gpu_memcpy 0.1")
+    assert lines[5].startswith("  by kind (ms): fsdpc generated 0.6, communication 0.3, matrix product 0.1, gpu_memcpy 0.1")
     assert [line.split()[-1] for line in lines[7:10]] == ["fsdp_pointwise_0_kernel", "ncclDevKernel_AllGather_RING_LL",
                                                          "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NTT"]
 
@@ -52,7 +52,7 @@ def test_overlapping_intervals_are_counted_once():
     ("void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata<4>, FusedAdamMath>", "optimizer"),
     ("triton_poi_fused_mul_silu_0", "triton / fused"),
     ("void at::native::vectorized_elementwise_kernel<8, CUDAFunctor_add<c10::BFloat16>>", "elementwise"),
-    ("fsdp_pointwise_4_kernel", "other"),
+    ("fsdp_pointwise_4_kernel", "fsdpc generated"),
 ])
 def test_kernels_are_classed_by_name(name, kind):
     assert kind_of(name) == kind
