@@ -382,7 +382,11 @@ def FusePointwisePass : Pass<"fsdp-fuse-pointwise", "::mlir::ModuleOp"> {
     the result's strides), which `fsdp/Analysis/Strides.h` computes from
     ATen's rules; inputs may be strided views (a permuted or sliced query,
     a broadcast table). A call whose other operands exist at the group's
-    place may move up to it instead (at most 8 calls).
+    place may move up to it instead (at most 16 ops). A call that joins no
+    group of its operands joins a group that reads one of its operands too
+    (a sibling: SwiGLU's two input gradients both read its product's
+    gradient) by moving up to it: one kernel reads the shared tensor once
+    and hands out both results.
 
     No move may raise the step's peak. A kernel holds the operands of all
     its calls until it runs and its results from where it runs, so a call

@@ -21,7 +21,11 @@
 // joins them (merged) when their calls can all move down to its place
 // (nothing outside reads their results or frees their operands in
 // between), or joins one of them by moving down to it, or by moving up to
-// it (its other operands exist there, at most 8 calls earlier). The group
+// it (its other operands exist there, at most 16 ops earlier). A call that
+// joins no producer joins a group that reads one of its operands too (a
+// sibling: SwiGLU's two input gradients share the product's gradient), by
+// moving up to it, so that one kernel reads the shared
+// tensor once. The group
 // stays within a kernel's 8 inputs and 8 outputs, every value it hands out
 // has the group's full shape and is not a view (an expand is read inside
 // only), and the kernel's outputs have the strides eager's calls would
@@ -194,7 +198,7 @@ public:
       auto aten = dyn_cast<AtenOp>(op);
       if (!aten || (!pointwiseRefusal(aten).empty() && !halfSplitOf(aten)))
         continue;
-      if (!joinProducerGroups(aten) && fits({aten})) {
+      if (!joinProducerGroups(aten) && !joinSiblingGroup(aten) && fits({aten})) {
         groups.push_back(std::make_unique<Group>());
         add(*groups.back(), aten);
         groups.back()->anchor = aten;
@@ -400,6 +404,28 @@ private:
     return false;
   }
 
+  /// Joins `op` to the latest group that reads one of its operands too
+  /// (siblings: SwiGLU's two input gradients both read the gradient of its
+  /// product), by moving `op` up to it: one kernel reads the shared tensor
+  /// once. Never where that raises the peak.
+  bool joinSiblingGroup(AtenOp op) {
+    SmallVector<Group *> candidates;
+    for (Value input : op.getInputs())
+      for (Operation *user : input.getUsers())
+        if (auto it = groupOf.find(user); it != groupOf.end() && !llvm::is_contained(candidates, it->second))
+          candidates.push_back(it->second);
+    llvm::sort(candidates, [&](Group *a, Group *b) { return index[a->anchor] > index[b->anchor]; });
+    for (Group *group : candidates) {
+      SmallVector<AtenOp> members = group->members;
+      members.push_back(op);
+      if (fits(members) && canHoistTo(op, *group) && keepsPeak(hoisting(op, *group))) {
+        add(*group, op);
+        return true;
+      }
+    }
+    return false;
+  }
+
   /// Whether `members` may all move down to `op`'s place: nothing outside
   /// them reads their results, or frees their operands, before `op`.
   bool canSinkTo(ArrayRef<AtenOp> members, AtenOp op) {
@@ -425,14 +451,15 @@ private:
   }
 
   /// Whether `op` may move up to `group`'s place: its other operands are
-  /// made before it (where their own groups run), and it is at most 8
-  /// calls later (moving further up fused nothing more on the Llamas).
+  /// made before it (where their own groups run), and it is at most 16 ops
+  /// later (a Llama's SwiGLU input gradients have the up projection's
+  /// weight and input gradients between them; further fused nothing more).
   /// Later moves see `op` at the group's anchor (`position`), so no group
   /// it reads moves below it.
   bool canHoistTo(AtenOp op, Group &group) {
-    constexpr int64_t kMostCallsEarlier = 8;
+    constexpr int64_t kMostOpsAbove = 16;
     int64_t to = index[group.anchor];
-    if (index[op] - to > kMostCallsEarlier)
+    if (index[op] - to > kMostOpsAbove)
       return false;
     return llvm::all_of(op.getInputs(), [&](Value input) {
       Operation *def = input.getDefiningOp();

@@ -127,6 +127,34 @@ def test_fusion_never_raises_the_peak(request, model, ranks, options):
     assert peak(ir, options, ranks) <= peak(ir, f"fuse-pointwise=false {options}", ranks) + half_index_bytes(fused)
 
 
+SIBLINGS = """module attributes {fsdp.device = "cuda"} {
+func.func @case(%x: tensor<64x64xbf16>, %s: tensor<64x64xbf16>, %up: tensor<64x64xbf16>, %gate: tensor<64x64xbf16>) -> (tensor<64x64xbf16>, tensor<64x64xbf16>) {
+  %g = fsdp.aten "aten::mm"(%x, %x) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %gu = fsdp.aten "aten::mul.Tensor"(%g, %s) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %dw = fsdp.aten "aten::mm"(%gu, %x) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %a = fsdp.aten "aten::mul.Tensor"(%g, %up) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %gg = fsdp.aten "aten::silu_backward"(%a, %gate) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  return %dw, %gg : tensor<64x64xbf16>, tensor<64x64xbf16>
+}
+}
+"""
+
+
+def test_siblings_in_one_kernel_compute_what_their_calls_compute():
+    """SwiGLU's input gradients as one kernel (the gate's moved up to the
+    up projection's, across a weight gradient's mm) equal the calls, each
+    rounded where its call rounds: the kernel's outputs are the calls'."""
+    from ir_eval import run_function
+
+    fused = run_fsdp_opt(SIBLINGS, ["--fsdp-fuse-pointwise"])
+    assert re.search(r"= fsdp.pointwise\(.*\) -> \(tensor<64x64xbf16>, tensor<64x64xbf16>\)", fused), fused
+    generator = torch.Generator().manual_seed(0)
+    arguments = [(torch.randn(64, 64, generator=generator) / 8).to(torch.bfloat16) for _ in range(4)]
+    expected, got = run_function(SIBLINGS, "case", arguments), run_function(fused, "case", arguments)
+    for want, have in zip(expected, got):
+        torch.testing.assert_close(have, want, rtol=1e-2, atol=1e-2)
+
+
 def test_a_cpu_step_keeps_aten_calls(tmp_path):
     out = tmp_path / "llama-cpu.mlir"
     assert main(["export", "--model", "llama", "--device", "cpu", "--out", str(out)]) == 0

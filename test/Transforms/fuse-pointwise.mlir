@@ -323,3 +323,49 @@ func.func @bool_mask_from_outside(%x: tensor<8x8xbf16>, %m: tensor<8x8xi1>) -> t
 // CHECK:      fsdp.aten "aten::ne.Scalar"
 // CHECK:      fsdp.aten "aten::where.self"
 // CHECK-NOT:  fsdp.pointwise
+
+// -----
+
+// Siblings: SwiGLU's two input gradients both read the gradient of its
+// product (%g). The up projection's gradient (%gu) is read by a weight
+// gradient's mm before the gate's gradient is computed; the gate's
+// gradient (mul, silu_backward) moves up to it, and one kernel reads %g
+// once and hands out both gradients. Where the gate's other operand is
+// made after the up projection's gradient, nothing moves.
+module attributes {fsdp.device = "cuda"} {
+// CHECK-LABEL: func.func @siblings
+func.func @siblings(%x: tensor<64x64xbf16>, %s: tensor<64x64xbf16>, %up: tensor<64x64xbf16>, %gate: tensor<64x64xbf16>) -> (tensor<64x64xbf16>, tensor<64x64xbf16>) {
+  %g = fsdp.aten "aten::mm"(%x, %x) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %gu = fsdp.aten "aten::mul.Tensor"(%g, %s) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %dw = fsdp.aten "aten::mm"(%gu, %x) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %a = fsdp.aten "aten::mul.Tensor"(%g, %up) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %gg = fsdp.aten "aten::silu_backward"(%a, %gate) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  return %dw, %gg : tensor<64x64xbf16>, tensor<64x64xbf16>
+}
+// CHECK:      %[[G:.*]] = fsdp.aten "aten::mm"(%arg0, %arg0)
+// CHECK-NEXT: %[[K:.*]]:2 = fsdp.pointwise(%[[G]], %arg1, %arg2, %arg3)
+// CHECK-NEXT: ^bb0
+// CHECK-NEXT:   fsdp.aten "aten::mul.Tensor"
+// CHECK-NEXT:   fsdp.aten "aten::mul.Tensor"
+// CHECK-NEXT:   fsdp.aten "aten::silu_backward"
+// CHECK-NEXT:   fsdp.yield
+// CHECK-NEXT: }
+// CHECK-NEXT: fsdp.aten "aten::mm"(%[[K]]#0, %arg0)
+// CHECK-NEXT: return
+
+// CHECK-LABEL: func.func @sibling_operand_made_later
+func.func @sibling_operand_made_later(%x: tensor<64x64xbf16>, %s: tensor<64x64xbf16>, %up: tensor<64x64xbf16>) -> (tensor<64x64xbf16>, tensor<64x64xbf16>) {
+  %g = fsdp.aten "aten::mm"(%x, %x) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %gu = fsdp.aten "aten::mul.Tensor"(%g, %s) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %dw = fsdp.aten "aten::mm"(%gu, %x) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %a = fsdp.aten "aten::mul.Tensor"(%g, %dw) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %gg = fsdp.aten "aten::silu_backward"(%a, %up) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  return %dw, %gg : tensor<64x64xbf16>, tensor<64x64xbf16>
+}
+// CHECK:      fsdp.aten "aten::mul.Tensor"(%{{.*}}, %arg1)
+// CHECK-NEXT: fsdp.aten "aten::mm"
+// CHECK-NEXT: fsdp.pointwise
+// CHECK-NEXT: ^bb0
+// CHECK-NEXT:   fsdp.aten "aten::mul.Tensor"
+// CHECK-NEXT:   fsdp.aten "aten::silu_backward"
+}
