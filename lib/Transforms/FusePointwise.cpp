@@ -25,7 +25,9 @@
 // joins no producer joins a group that reads one of its operands too (a
 // sibling: SwiGLU's two input gradients share the product's gradient), by
 // moving up to it, so that one kernel reads the shared
-// tensor once. The group
+// tensor once. A kernel that reads another kernel's result computed only
+// from tensors it reads too computes it inside instead (SwiGLU's gradient
+// kernel recomputes silu(gate) from gate). The group
 // stays within a kernel's 8 inputs and 8 outputs, every value it hands out
 // has the group's full shape and is not a view (an expand is read inside
 // only), and the kernel's outputs have the strides eager's calls would
@@ -215,6 +217,10 @@ public:
         rewrite(*group);
       }
     }
+    for (auto consumer : llvm::make_early_inc_range(body.getOps<PointwiseOp>()))
+      for (unsigned input = 0; input < consumer.getInputs().size();)
+        if (!recomputeInside(consumer, input))
+          ++input;
   }
 
 private:
@@ -847,6 +853,76 @@ private:
       yielded.push_back(map.lookup(output));
     YieldOp::create(builder, fused.getLoc(), yielded);
     replaceGroup(group, outputs, SmallVector<Value>(fused.getResults()));
+  }
+
+  /// Where `consumer`'s input `input` is another kernel's result computed
+  /// only from tensors `consumer` reads too (SwiGLU's gradient kernel reads
+  /// the recomputed silu(gate) beside gate), computes it inside instead:
+  /// one tensor fewer read, and one fewer written where nothing else reads
+  /// it. Lifetimes of other tensors do not change.
+  static bool recomputeInside(PointwiseOp consumer, unsigned input) {
+    Value read = consumer.getInputs()[input];
+    auto producer = read.getDefiningOp<PointwiseOp>();
+    if (!producer)
+      return false;
+    unsigned output = cast<OpResult>(read).getResultNumber();
+    Block &from = producer.getBody().front(), &into = consumer.getBody().front();
+    Value yielded = from.getTerminator()->getOperand(output);
+    SetVector<Operation *> calls; // what computes `yielded`, in body order once sorted
+    SmallVector<Value> pending{yielded};
+    IRMapping map;
+    while (!pending.empty()) {
+      Value value = pending.pop_back_val();
+      if (auto argument = dyn_cast<BlockArgument>(value)) {
+        Value outside = producer.getInputs()[argument.getArgNumber()];
+        auto same = llvm::find_if(llvm::enumerate(consumer.getInputs()), [&](auto entry) {
+          return entry.index() != input && entry.value() == outside;
+        });
+        if (same == llvm::enumerate(consumer.getInputs()).end())
+          return false; // it would read a tensor it does not read now
+        map.map(argument, into.getArgument((*same).index()));
+      } else if (calls.insert(value.getDefiningOp())) {
+        llvm::append_range(pending, value.getDefiningOp()->getOperands());
+      }
+    }
+    SmallVector<Operation *> ordered(calls.begin(), calls.end());
+    llvm::sort(ordered, [](Operation *a, Operation *b) { return a->isBeforeInBlock(b); });
+    OpBuilder builder(&into, into.begin());
+    for (Operation *call : ordered)
+      builder.clone(*call, map);
+    into.getArgument(input).replaceAllUsesWith(map.lookup(yielded));
+    into.eraseArgument(input);
+    consumer->eraseOperand(input);
+    if (read.use_empty())
+      dropResult(producer, output);
+    return true;
+  }
+
+  /// `producer` without its result `output` (nothing reads it), and without
+  /// the calls that computed only it.
+  static void dropResult(PointwiseOp producer, unsigned output) {
+    SmallVector<Type> types;
+    for (OpResult result : producer.getResults())
+      if (result.getResultNumber() != output)
+        types.push_back(result.getType());
+    if (types.empty()) {
+      producer->erase();
+      return;
+    }
+    OpBuilder builder(producer);
+    auto kept = PointwiseOp::create(builder, producer.getLoc(), types, producer.getInputs(),
+                                    producer.getModuleAttr());
+    kept.getBody().takeBody(producer.getBody());
+    Block &kernel = kept.getBody().front();
+    kernel.getTerminator()->eraseOperand(output);
+    unsigned next = 0;
+    for (OpResult result : producer.getResults())
+      if (result.getResultNumber() != output)
+        result.replaceAllUsesWith(kept.getResult(next++));
+    producer->erase();
+    for (Operation &call : llvm::make_early_inc_range(llvm::reverse(kernel.without_terminator())))
+      if (call.use_empty())
+        call.erase();
   }
 
   Block &body;

@@ -127,30 +127,41 @@ def test_fusion_never_raises_the_peak(request, model, ranks, options):
     assert peak(ir, options, ranks) <= peak(ir, f"fuse-pointwise=false {options}", ranks) + half_index_bytes(fused)
 
 
-SIBLINGS = """module attributes {fsdp.device = "cuda"} {
-func.func @case(%x: tensor<64x64xbf16>, %s: tensor<64x64xbf16>, %up: tensor<64x64xbf16>, %gate: tensor<64x64xbf16>) -> (tensor<64x64xbf16>, tensor<64x64xbf16>) {
-  %g = fsdp.aten "aten::mm"(%x, %x) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+SWIGLU_GRADIENTS = """module attributes {fsdp.device = "cuda"} {
+func.func @case(%x: tensor<64x64xbf16>, %gate: tensor<64x64xbf16>, %up: tensor<64x64xbf16>, %y: tensor<1024x64xbf16>) -> (tensor<64x64xbf16>, tensor<64x64xbf16>, tensor<64x64xbf16>, tensor<1024x1xbf16>) {
+  %wide = fsdp.aten "aten::mm"(%y, %x) : (tensor<1024x64xbf16>, tensor<64x64xbf16>) -> tensor<1024x64xbf16>
+  %peak = fsdp.aten "aten::sum.dim_IntList"(%wide) args [0 : index, [1], true, unit] : (tensor<1024x64xbf16>) -> tensor<1024x1xbf16>
+  %gd = fsdp.aten "aten::clone"(%gate) args [0 : index, "contiguous_format"] : (tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %ud = fsdp.aten "aten::clone"(%up) args [0 : index, "contiguous_format"] : (tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %s = fsdp.aten "aten::silu"(%gd) : (tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %h = fsdp.aten "aten::mul.Tensor"(%s, %ud) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %dh = fsdp.aten "aten::mm"(%h, %x) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %g = fsdp.aten "aten::mm"(%dh, %x) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
   %gu = fsdp.aten "aten::mul.Tensor"(%g, %s) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
   %dw = fsdp.aten "aten::mm"(%gu, %x) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
-  %a = fsdp.aten "aten::mul.Tensor"(%g, %up) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
-  %gg = fsdp.aten "aten::silu_backward"(%a, %gate) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
-  return %dw, %gg : tensor<64x64xbf16>, tensor<64x64xbf16>
+  %a = fsdp.aten "aten::mul.Tensor"(%g, %ud) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %gg = fsdp.aten "aten::silu_backward"(%a, %gd) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  return %dh, %dw, %gg, %peak : tensor<64x64xbf16>, tensor<64x64xbf16>, tensor<64x64xbf16>, tensor<1024x1xbf16>
 }
 }
 """
 
 
-def test_siblings_in_one_kernel_compute_what_their_calls_compute():
-    """SwiGLU's input gradients as one kernel (the gate's moved up to the
-    up projection's, across a weight gradient's mm) equal the calls, each
-    rounded where its call rounds: the kernel's outputs are the calls'."""
+def test_swiglu_gradients_as_kernels_compute_what_their_calls_compute():
+    """SwiGLU forward and its input gradients as two kernels: the gate's
+    gradient moved up to the up projection's (siblings, across a weight
+    gradient's mm), silu(gate) computed again inside instead of read from
+    the forward kernel, which writes only the product. They equal the calls
+    within bf16's rounding (a kernel rounds only what it writes)."""
     from ir_eval import run_function
 
-    fused = run_fsdp_opt(SIBLINGS, ["--fsdp-fuse-pointwise"])
-    assert re.search(r"= fsdp.pointwise\(.*\) -> \(tensor<64x64xbf16>, tensor<64x64xbf16>\)", fused), fused
+    fused = run_fsdp_opt(SWIGLU_GRADIENTS, ["--fsdp-fuse-pointwise"])
+    kernels = re.findall(r"= fsdp.pointwise\((.*)\) : \(.*\) -> (.*) \{", fused)
+    assert [(len(inputs.split(", ")), results.count("tensor<")) for inputs, results in kernels] == [(2, 1), (3, 2)], fused
     generator = torch.Generator().manual_seed(0)
-    arguments = [(torch.randn(64, 64, generator=generator) / 8).to(torch.bfloat16) for _ in range(4)]
-    expected, got = run_function(SIBLINGS, "case", arguments), run_function(fused, "case", arguments)
+    arguments = [(torch.randn(shape, generator=generator) / 8).to(torch.bfloat16)
+                 for shape in [(64, 64)] * 3 + [(1024, 64)]]
+    expected, got = run_function(SWIGLU_GRADIENTS, "case", arguments), run_function(fused, "case", arguments)
     for want, have in zip(expected, got):
         torch.testing.assert_close(have, want, rtol=1e-2, atol=1e-2)
 

@@ -369,3 +369,48 @@ func.func @sibling_operand_made_later(%x: tensor<64x64xbf16>, %s: tensor<64x64xb
 // CHECK-NEXT:   fsdp.aten "aten::mul.Tensor"
 // CHECK-NEXT:   fsdp.aten "aten::silu_backward"
 }
+
+// -----
+
+// A kernel that reads another kernel's result computed only from tensors
+// it reads too computes it inside: SwiGLU's gradient kernel reads gate, so
+// it recomputes silu(gate) instead of reading the forward kernel's copy,
+// which then writes only the product the weight gradient reads. (The
+// step's peak is the wide product's: the moves stay below it.)
+module attributes {fsdp.device = "cuda"} {
+// CHECK-LABEL: func.func @recomputed_inside
+func.func @recomputed_inside(%x: tensor<64x64xbf16>, %gate: tensor<64x64xbf16>, %up: tensor<64x64xbf16>, %y: tensor<1024x64xbf16>) -> (tensor<64x64xbf16>, tensor<64x64xbf16>, tensor<1024x1xbf16>) {
+  %wide = fsdp.aten "aten::mm"(%y, %x) : (tensor<1024x64xbf16>, tensor<64x64xbf16>) -> tensor<1024x64xbf16>
+  %peak = fsdp.aten "aten::sum.dim_IntList"(%wide) args [0 : index, [1], true, unit] : (tensor<1024x64xbf16>) -> tensor<1024x1xbf16>
+  %gd = fsdp.aten "aten::clone"(%gate) args [0 : index, "contiguous_format"] : (tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %ud = fsdp.aten "aten::clone"(%up) args [0 : index, "contiguous_format"] : (tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %s = fsdp.aten "aten::silu"(%gd) : (tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %h = fsdp.aten "aten::mul.Tensor"(%s, %ud) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %dh = fsdp.aten "aten::mm"(%h, %x) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %g = fsdp.aten "aten::mm"(%dh, %x) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %gu = fsdp.aten "aten::mul.Tensor"(%g, %s) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %dw = fsdp.aten "aten::mm"(%gu, %x) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %a = fsdp.aten "aten::mul.Tensor"(%g, %ud) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  %gg = fsdp.aten "aten::silu_backward"(%a, %gd) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16>
+  return %dw, %gg, %peak : tensor<64x64xbf16>, tensor<64x64xbf16>, tensor<1024x1xbf16>
+}
+// CHECK:      %[[GATE:.*]] = fsdp.aten "aten::clone"(%arg1)
+// CHECK-NEXT: %[[UP:.*]] = fsdp.aten "aten::clone"(%arg2)
+// CHECK-NEXT: %[[H:.*]] = fsdp.pointwise(%[[GATE]], %[[UP]]) : (tensor<64x64xbf16>, tensor<64x64xbf16>) -> tensor<64x64xbf16> {
+// CHECK-NEXT: ^bb0
+// CHECK-NEXT:   fsdp.aten "aten::silu"
+// CHECK-NEXT:   fsdp.aten "aten::mul.Tensor"
+// CHECK-NEXT:   fsdp.yield
+// CHECK-NEXT: }
+// CHECK-NEXT: %[[DH:.*]] = fsdp.aten "aten::mm"(%[[H]], %arg0)
+// CHECK-NEXT: %[[G:.*]] = fsdp.aten "aten::mm"(%[[DH]], %arg0)
+// CHECK-NEXT: %[[K:.*]]:2 = fsdp.pointwise(%[[G]], %[[UP]], %[[GATE]])
+// CHECK-NEXT: ^bb0(%[[GA:.*]]: tensor<64x64xbf16>, %[[UA:.*]]: tensor<64x64xbf16>, %[[GTA:.*]]: tensor<64x64xbf16>):
+// CHECK-NEXT:   %[[S:.*]] = fsdp.aten "aten::silu"(%[[GTA]])
+// CHECK-NEXT:   fsdp.aten "aten::mul.Tensor"(%[[GA]], %[[S]])
+// CHECK-NEXT:   fsdp.aten "aten::mul.Tensor"(%[[GA]], %[[UA]])
+// CHECK-NEXT:   fsdp.aten "aten::silu_backward"
+// CHECK-NEXT:   fsdp.yield
+// CHECK-NEXT: }
+// CHECK-NEXT: fsdp.aten "aten::mm"(%[[K]]#0, %arg0)
+}
