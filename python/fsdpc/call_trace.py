@@ -31,7 +31,9 @@ unchanged takes the program without exporting (0.14 s instead of 1.3 s).
 Where the record cannot be complete there is no key, and capture exports
 as before: a parameter, buffer or batch item not on meta, an argument that
 is neither a plain value nor a traced tensor (a tensor made outside torch's
-functions, an arbitrary object), or an error while the step runs.
+functions, an arbitrary object), a call of a function of the user's own
+that closes over values or is bound to an object (its name would not say
+what it computes), or an error while the step runs.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 from enum import Enum
+from types import ModuleType
 from typing import Callable, Sequence
 
 import torch
@@ -114,8 +117,12 @@ class _CallRecorder(TorchFunctionMode):
             if isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
                 name = f"op {func}"
             else:
-                name = torch.overrides.resolve_name(func) or \
-                    f"{getattr(func, '__module__', None)}.{getattr(func, '__qualname__', None)}"
+                name = torch.overrides.resolve_name(func)
+                if name is None:  # not torch's: named by where it is defined, if nothing else is in it
+                    owner = getattr(func, "__self__", None)  # a builtin's is its module
+                    if getattr(func, "__closure__", None) or not (owner is None or isinstance(owner, ModuleType)):
+                        raise _Incomplete(f"a call of {func!r}, whose name does not say what it computes")
+                    name = f"{getattr(func, '__module__', None)}.{getattr(func, '__qualname__', None)}"
             self._names[func] = name
         return name
 

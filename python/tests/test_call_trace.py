@@ -176,7 +176,23 @@ class DrawsWithAGenerator(Net):
         return super().forward(x + noise)
 
 
-@pytest.mark.parametrize("model_class", [PlainTensorAttribute, ReadsAValue, HooksAGradient, DrawsWithAGenerator])
+def scaled_by(factor):
+    """A function of the user's own that torch function modes see (as
+    torch's own functions are written), closing over its factor."""
+    def scale(x):
+        if torch.overrides.has_torch_function((x,)):
+            return torch.overrides.handle_torch_function(scale, (x,), x)
+        return x * factor
+    return scale
+
+
+class CallsAClosure(Net):
+    def forward(self, x):
+        return scaled_by(0.5)(super().forward(x))
+
+
+@pytest.mark.parametrize("model_class", [PlainTensorAttribute, ReadsAValue, HooksAGradient, DrawsWithAGenerator,
+                                         CallsAClosure])
 def test_a_step_that_cannot_be_recorded_whole_has_no_key(model_class):
     assert call_trace(*meta_step(model_class)) is None
 
