@@ -361,6 +361,11 @@ private:
     return true;
   }
 
+  /// Orders groups by where they run, the latest first.
+  void latestFirst(SmallVectorImpl<Group *> &groups) {
+    llvm::sort(groups, [&](Group *a, Group *b) { return index[a->anchor] > index[b->anchor]; });
+  }
+
   /// Joins `op` to the groups that produce its operands: all of them merged
   /// and moved down to `op`; else the latest one that `op` fits, moved down
   /// to `op` or with `op` moved up to it; never where that raises the peak.
@@ -369,7 +374,7 @@ private:
     for (Value input : op.getInputs())
       if (auto it = groupOf.find(input.getDefiningOp()); it != groupOf.end() && !llvm::is_contained(candidates, it->second))
         candidates.push_back(it->second);
-    llvm::sort(candidates, [&](Group *a, Group *b) { return index[a->anchor] > index[b->anchor]; });
+    latestFirst(candidates);
     if (candidates.size() > 1) {
       SmallVector<AtenOp> merged;
       for (Group *group : candidates)
@@ -420,7 +425,7 @@ private:
       for (Operation *user : input.getUsers())
         if (auto it = groupOf.find(user); it != groupOf.end() && !llvm::is_contained(candidates, it->second))
           candidates.push_back(it->second);
-    llvm::sort(candidates, [&](Group *a, Group *b) { return index[a->anchor] > index[b->anchor]; });
+    latestFirst(candidates);
     for (Group *group : candidates) {
       SmallVector<AtenOp> members = group->members;
       members.push_back(op);

@@ -83,6 +83,16 @@ def _file_digest(path: str | os.PathLike, digests: dict) -> str:
     return digests[path]
 
 
+def source_digests(files) -> list[tuple[str, str]]:
+    """The contents' digests of the source files a trace ran, but torch's
+    and fsdpc's own (their versions key the cache): code that ran only in
+    backward, a custom autograd Function's, changes a fingerprint too."""
+    own = (os.path.dirname(torch.__file__), os.path.dirname(__file__))
+    digests: dict = {}
+    return [(file, _file_digest(file, digests)) for file in sorted(set(files))
+            if not file.startswith("<") and not file.startswith(own)]
+
+
 def _user_source_files() -> list[str]:
     """Python files loaded from outside the standard library and site-packages."""
     roots = [p for key in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_paths().get(key))]

@@ -54,8 +54,8 @@ import torch.fx._symbolic_trace as fx_tracing
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from fsdpc.capture import (MixedPrecision, _definition_of, _TrainingStep, _unparametrized, capture_modes,
-                           source_digests)
+from fsdpc.cache import source_digests
+from fsdpc.capture import MixedPrecision, _definition_of, _TrainingStep, _unparametrized, capture_modes
 
 _FORMAT = "fsdpc call trace 1"
 _PLAIN = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis), torch.dtype, torch.device,
@@ -218,7 +218,7 @@ def _environment() -> tuple:
     """Global state that changes what the same calls trace to."""
     autocast = tuple((kind, torch.is_autocast_enabled(kind), str(torch.get_autocast_dtype(kind)))
                      for kind in ("cpu", "cuda"))
-    return (torch.__version__, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
             str(torch.get_default_dtype()), torch.are_deterministic_algorithms_enabled(), autocast)
 
 

@@ -44,6 +44,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.traceback import preserve_node_meta
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
+from fsdpc import cache
 from fsdpc.attention import FusedAttentionFor
 from fsdpc.rms_norm import FusedRmsNormFor, fuse_written_out_rms_norms
 
@@ -171,21 +172,6 @@ def _location_from_stack_trace(stack_trace: str | None,
     if any(os.sep + os.path.join("nn", "modules") + os.sep in f.filename for f in frames):
         return user_frame(frames, torch_fallback=True)
     return loss_location or user_frame(frames, torch_fallback=True)
-
-
-def source_digests(files) -> list[tuple[str, str]]:
-    """The contents' digests of the source files a trace ran, but torch's
-    and fsdpc's own (their versions key the cache): code that ran only in
-    backward, a custom autograd Function's, changes a fingerprint too."""
-    digests = []
-    for file in sorted(set(files)):
-        if file.startswith("<") or file.startswith(_TORCH_DIR) or file.startswith(_FSDPC_DIR):
-            continue
-        try:
-            digests.append((file, hashlib.sha256(open(file, "rb").read()).hexdigest()))
-        except OSError:
-            digests.append((file, "unreadable"))
-    return digests
 
 
 def _definition_of(function: Callable) -> SourceLocation | None:
@@ -456,7 +442,7 @@ class ForwardTrace:
                      if isinstance(value, torch.Tensor) else repr(value))
             parts.append((node.format_node(), shape, node.meta.get("stack_trace"),
                           repr(node.meta.get("nn_module_stack"))))
-        parts.append(source_digests(match.group(1) for node in self.program.graph.nodes
+        parts.append(cache.source_digests(match.group(1) for node in self.program.graph.nodes
                                     for match in _FRAME_RE.finditer(node.meta.get("stack_trace") or "")))
         return hashlib.sha256(repr(parts).encode()).hexdigest()
 

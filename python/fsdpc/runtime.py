@@ -148,22 +148,26 @@ def compile_entry(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Call
         lap("export")
         forward_key = cache.forward_key(stage.fingerprint(), pipeline=options)
         entry = cache.load(forward_key)
-        if entry is None:
-            exported = stage.export()
-    if entry is not None:
+        captured_ir = stage.export().mlir if entry is None else None
+    if captured_ir is None:
         lap("cache hit")
     else:
         lap("joint trace")
-        key = cache.program_key(exported.mlir, pipeline=options)
-        entry = cache.load(key)
-        if entry is not None:
-            lap("cache hit")
-        else:
-            entry = _shard_and_lower(exported.mlir, options, lap)
-            cache.store(key, entry)
+        entry = _shard_and_lower_cached(captured_ir, options, lap)
         cache.store(forward_key, entry)
     if calls_key:
         cache.store(calls_key, entry)
+    return entry
+
+
+def _shard_and_lower_cached(captured_ir: str, options: str, lap: Callable[[str], None]) -> dict:
+    key = cache.program_key(captured_ir, pipeline=options)
+    entry = cache.load(key)
+    if entry is not None:
+        lap("cache hit")
+        return entry
+    entry = _shard_and_lower(captured_ir, options, lap)
+    cache.store(key, entry)
     return entry
 
 
