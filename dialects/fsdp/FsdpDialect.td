@@ -52,7 +52,9 @@ def Fsdp_Dialect : Dialect {
     `fsdp.memory` and `fsdp.comm` (dictionaries of integers) to step
     functions; the recompute passes mark each op they clone into backward
     with `fsdp.recomputed` (a unit attribute), so that the work done twice
-    can be told apart (model FLOPs leave it out). Other `fsdp.` attributes
+    can be told apart (model FLOPs leave it out); `fsdp-cuda-graph` marks
+    step functions `fsdp.cuda_graph` (a unit attribute): the runtime
+    captures each once and replays it as a CUDA graph. Other `fsdp.` attributes
     are errors.
 
     Padding never leaves the dialect's collectives: all-gather results and

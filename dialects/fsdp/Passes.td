@@ -345,6 +345,43 @@ def OffloadUnitsPass : Pass<"fsdp-offload-units", "::mlir::ModuleOp"> {
   ];
 }
 
+def CudaGraphPass : Pass<"fsdp-cuda-graph", "::mlir::ModuleOp"> {
+  let summary = "Replay CUDA steps as CUDA graphs: one launch instead of one per instruction.";
+  let description = [{
+    Marks each step function (a function with an `fsdp.loss`) of a CUDA
+    step `fsdp.cuda_graph`. The runtime runs such a function's first call
+    as instructions (NCCL's communicators, cuBLAS's workspaces and the
+    kernels are set up outside any capture), captures the second into a
+    CUDA graph on a stream of its own, and replays the graph from then on:
+    the host issues one launch and two copies (the batch into the graph's
+    inputs) instead of one call per instruction. Where the host bounds the
+    step (a small model on a fast GPU), that is most of the step.
+
+    What a replay keeps from eager execution: the parameters, buffers and
+    process groups are the ones captured, checked by address before every
+    replay (a changed one is captured anew); the loss and gradients a call
+    returns read the graph's memory, and any of them still held when the
+    next call replays (a loss kept in a list, gradients accumulated over
+    calls without `zero_grad`) is first moved to memory of its own, so it
+    keeps its value. The step's working memory (its peak above the step's
+    start, the memory report's number) stays reserved for the graph between
+    calls.
+
+    A function that reads accumulated gradients (`fsdp.get_accumulated_grad`:
+    the synchronizing step of a program compiled for gradient accumulation)
+    is not marked: what it reads is new on every call. Refused, with the
+    reason: a step captured for the CPU; gloo collectives (they run on the
+    host); offloaded units (their host copies and host optimizer run beside
+    the step on host threads).
+
+    Before: `func.func @step(...)`. After: `func.func @step(...)
+    attributes {fsdp.cuda_graph}`.
+  }];
+  let options = [
+    Option<"backend", "backend", "std::string", "\"nccl\"", "nccl | gloo (refused: gloo's collectives run on the host)">,
+  ];
+}
+
 def VerifySchedulePass : Pass<"fsdp-verify-schedule", "::mlir::ModuleOp"> {
   let summary = "Check the collective schedule and hash it.";
   let description = [{

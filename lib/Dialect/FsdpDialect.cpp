@@ -94,6 +94,11 @@ LogicalResult FsdpDialect::verifyOperationAttribute(Operation *op, NamedAttribut
       return op->emitError() << name << " must be a dictionary of integers";
     return success();
   }
+  if (name == kCudaGraphAttr) {
+    if (!isa<UnitAttr>(value) || !isa<FunctionOpInterface>(op))
+      return op->emitError("fsdp.cuda_graph must be a unit attribute on a function");
+    return success();
+  }
   if (name == kRecomputedAttr) {
     // A recomputed call fused into a kernel keeps its mark inside the kernel's body.
     Operation *parent = op->getParentOp();

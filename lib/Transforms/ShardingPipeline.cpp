@@ -120,6 +120,10 @@ struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOpti
       *this, "fuse-pointwise",
       llvm::cl::desc("On a CUDA step, run chains of elementwise calls as one generated kernel each"),
       llvm::cl::init(true)};
+  Option<bool> cudaGraph{
+      *this, "cuda-graph",
+      llvm::cl::desc("On a CUDA step, capture each step once and replay it as a CUDA graph (fsdp-cuda-graph)"),
+      llvm::cl::init(false)};
   Option<std::string> trace{*this, "trace", llvm::cl::desc("Write the predicted step on an H100 (fsdp-step-time) as a Chrome trace here"),
                             llvm::cl::init("")};
 };
@@ -195,6 +199,11 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
     GatherIntoResultsPassOptions into;
     into.backend = options.backend;
     pm.addPass(createGatherIntoResultsPass(into));
+  }
+  if (options.cudaGraph) {
+    CudaGraphPassOptions graph;
+    graph.backend = options.backend;
+    pm.addPass(createCudaGraphPass(graph));
   }
   if (!options.memoryReport.empty()) {
     MemoryReportPassOptions memory;

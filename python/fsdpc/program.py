@@ -69,6 +69,7 @@ class FunctionSpec:
     inputs: tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each batch tensor
     instructions: int
     host_units: tuple[str, ...] = ()  # offloaded units, in the order the function gathers them
+    cuda_graph: bool = False  # captured once and replayed as a CUDA graph (fsdp-cuda-graph)
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,8 @@ class Program:
         buffers = [BufferSpec(b["name"], tuple(b["shape"]), b["dtype"]) for b in doc["buffers"]]
         functions = {f["name"]: FunctionSpec(f["name"], f["step"],
                                              tuple((tuple(t["shape"]), t["dtype"]) for t in f["input_types"]),
-                                             f["instructions"], tuple(f["host_units"])) for f in doc["functions"]}
+                                             f["instructions"], tuple(f["host_units"]), f["cuda_graph"])
+                     for f in doc["functions"]}
         return Program(text, groups, params, buffers, functions, loaded, device or doc["device"], doc["device"])
 
     def load(self, device: str = "cpu"):

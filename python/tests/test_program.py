@@ -159,6 +159,36 @@ def test_a_host_gather_into_its_results_is_refused():
         Program.parse(damaged, "cpu")
 
 
+def test_a_replayed_step_is_refused_where_no_graph_can_capture_it():
+    """A function the program replays as a CUDA graph must be a CUDA
+    training step whose inputs other than the batch are the same tensors on
+    every call, with no host-thread work: the loader refuses the rest, as
+    fsdp-cuda-graph does."""
+    def replayed(text: str, function: str = "train_step", device: str | None = None) -> str:
+        document = json.loads(text)
+        if device:
+            document["device"] = device
+        for entry in document["functions"]:
+            if entry["name"] == function:
+                entry["cuda_graph"] = True
+        return json.dumps(document)
+
+    _, program = compile_program("mlp")
+    assert not any(f.cuda_graph for f in program.functions.values())
+    assert Program.parse(replayed(program.text, device="cuda")).functions["train_step"].cuda_graph
+    with pytest.raises(ProgramError, match="replayed as a CUDA graph, which needs a cuda program; this one is for cpu"):
+        Program.parse(replayed(program.text))
+    with pytest.raises(ProgramError, match="replayed as a CUDA graph but is not a training step"):
+        Program.parse(replayed(program.text.replace('"step": true', '"step": false'), device="cuda"))
+    _, offloaded = compile_program("mlp", "ranks=2 offload=*")
+    with pytest.raises(ProgramError, match=r"instruction \d+ \(all_gather\) moves an offloaded unit's tensors through "
+                                           "host memory"):
+        Program.parse(replayed(offloaded.text, device="cuda"))
+    _, accumulating = compile_program("mlp", "ranks=2 gradient-accumulation=true")
+    with pytest.raises(ProgramError, match="reads an accumulated gradient, new on every call"):
+        Program.parse(replayed(accumulating.text, device="cuda"))
+
+
 def test_the_manifest_reader_rejects_other_documents():
     with pytest.raises(ProgramError, match="not an fsdpc program"):
         Program.parse('{"format": "other", "version": 1}')
@@ -183,7 +213,7 @@ def test_the_reshard_check_catches_a_view_that_outlives_its_buffer():
                     "tied": [], "group": "g", "shard_rows": 3, "padding": 0}],
         "buffers": [], "kernels": [],
         "functions": [{
-            "name": "leak", "step": False, "inputs": [], "input_types": [], "slots": 3, "futures": 1,
+            "name": "leak", "step": False, "cuda_graph": False, "inputs": [], "input_types": [], "slots": 3, "futures": 1,
             "instructions": [
                 {"op": "param", "name": "w", "result": 0},
                 {"op": "all_gather", "group": "g", "inputs": [0], "shapes": [[3, 2]], "dtypes": ["f32"],
@@ -211,7 +241,7 @@ def test_capture_prints_only_element_types_the_runtime_knows():
     for dtype, name in _ELEMENT_TYPES.items():
         text = json.dumps({
             "format": "fsdpc.program", "version": VERSION, "device": "cpu", "groups": [], "params": [], "buffers": [],
-            "kernels": [], "functions": [{"name": "f", "step": False, "inputs": [0], "input_types": [{"shape": [2], "dtype": name}],
+            "kernels": [], "functions": [{"name": "f", "step": False, "cuda_graph": False, "inputs": [0], "input_types": [{"shape": [2], "dtype": name}],
                            "slots": 1, "futures": 0, "instructions": [{"op": "return", "values": [0]}]}]})
         value = torch.zeros(2, dtype=dtype)
         out = runtime_extension().Program(text, "cpu").run("f", {}, {}, {}, [value], {}, 10.0)

@@ -10,6 +10,7 @@
 #include "fsdp_rt/Executor.h"
 #include "fsdp_rt/Kernels.h"
 #include "fsdp_rt/Program.h"
+#include "fsdp_rt/Replay.h"
 
 #include <torch/csrc/utils/pybind.h>
 
@@ -48,7 +49,7 @@ py::dict run(const fsdp_rt::Program &program, const std::string &name, TensorMap
   fsdp_rt::StepOutputs outputs;
   {
     py::gil_scoped_release release; // collectives block; let other threads run
-    outputs = fsdp_rt::execute(program, function, std::move(inputs));
+    outputs = fsdp_rt::run(program, function, std::move(inputs));
   }
   py::dict result;
   result["loss"] = outputs.loss.defined() ? py::cast(outputs.loss) : py::none();
@@ -95,6 +96,7 @@ py::dict manifest(const fsdp_rt::Program &program) {
           std::find(hostUnits.begin(), hostUnits.end(), inst.unit) == hostUnits.end())
         hostUnits.push_back(inst.unit);
     functions.append(py::dict(py::arg("name") = function.name, py::arg("step") = function.step,
+                              py::arg("cuda_graph") = function.cudaGraph,
                               py::arg("input_types") = inputTypes,
                               py::arg("instructions") = function.instructions.size(),
                               py::arg("host_units") = hostUnits));

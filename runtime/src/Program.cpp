@@ -4,10 +4,12 @@
 #include "fsdp_rt/Kernels.h"
 #include "fsdp_rt/ElementTypes.h"
 #include "fsdp_rt/ProgramFormat.h"
+#include "fsdp_rt/Replay.h"
 
 #include <ATen/ScalarOps.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -521,6 +523,7 @@ Program Program::load(const std::string &text, std::optional<c10::Device> runOn,
     try {
       function.name = json.at("name").asString();
       function.step = json.at("step").asBool();
+      function.cudaGraph = json.at("cuda_graph").asBool();
       function.inputs = slotList(json.at("inputs"));
       for (const Value &spec : json.at("input_types").asArray())
         function.inputTypes.push_back({intList(spec.at("shape")), scalarTypeOf(spec.at("dtype").asString())});
@@ -551,6 +554,9 @@ Program Program::load(const std::string &text, std::optional<c10::Device> runOn,
     program.functions_.push_back(std::move(function));
   }
   validateProgram(program);
+  if (runOn && std::any_of(program.functions_.begin(), program.functions_.end(),
+                           [](const Function &function) { return function.cudaGraph; }))
+    program.replays_ = std::make_shared<ReplayedSteps>();
   if (runOn && runOn->is_cuda() && !program.kernels_.empty()) {
     try {
       program.loadedKernels_ = std::make_shared<const LoadedKernels>(program.kernels_, program.device(), kernelCache);

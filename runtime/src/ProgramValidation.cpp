@@ -426,6 +426,25 @@ private:
   std::set<std::string> landedUnits, landedParams; // gradients in host memory so far
 };
 
+/// A function the program replays as a CUDA graph: a CUDA training step
+/// whose every input but the batch is the same tensor on every call, with
+/// no work on host threads (the rules of fsdp-cuda-graph).
+void checkReplayable(const Function &function, const std::string &deviceKind) {
+  if (deviceKind != "cuda")
+    fail("it is replayed as a CUDA graph, which needs a cuda program; this one is for " + deviceKind);
+  if (!function.step)
+    fail("it is replayed as a CUDA graph but is not a training step");
+  for (size_t i = 0; i < function.instructions.size(); ++i) {
+    const Instruction &inst = function.instructions[i];
+    if (inst.host)
+      fail("it is replayed as a CUDA graph, but instruction " + std::to_string(i) + " (" + inst.name +
+           ") moves an offloaded unit's tensors through host memory");
+    if (inst.kind == Instruction::Kind::AccumulatedGrad)
+      fail("it is replayed as a CUDA graph, but instruction " + std::to_string(i) +
+           " reads an accumulated gradient, new on every call");
+  }
+}
+
 } // namespace
 
 std::optional<int64_t> furthestElement(const std::vector<int64_t> &extents, const std::vector<int64_t> &steps) {
@@ -480,6 +499,8 @@ void validateProgram(const Program &program) {
       if (!functions.insert(function.name).second)
         fail("the function is defined twice");
       FunctionValidator(function, groups, params, offloaded, buffers, program.kernels()).run();
+      if (function.cudaGraph)
+        checkReplayable(function, program.deviceKind());
     } catch (const std::exception &error) {
       throw std::runtime_error("fsdp_rt: invalid program: @" + function.name + ": " + error.what());
     }

@@ -9,7 +9,7 @@
 // layout (l0.w's 10 rows take 3 per rank, 2 rows of padding), then one
 // instruction per op: shard reads, bucketed collectives, ATen calls with
 // their source line, and the drops that fsdp-plan-lifetimes decided.
-// CHECK:      {"format": "fsdpc.program", "version": 8, "device": "cpu",
+// CHECK:      {"format": "fsdpc.program", "version": 9, "device": "cpu",
 // CHECK-NEXT:  "groups": [
 // CHECK-NEXT:    {"axes":[0],"grid":"fsdp_grid","grid_shape":[4],"key":"fsdp_grid:0","members":{{\[\[}}0,1,2,3{{\]\]}},"size":4}
 // CHECK:       "params": [
@@ -18,7 +18,7 @@
 // CHECK:       "kernels": [
 // CHECK-NEXT:  ],
 // CHECK-NEXT:  "functions": [
-// CHECK-NEXT:   {"futures": 6, "input_types": [{"dtype":"f32","shape":[2,4]}], "inputs": [0], "name": "train_step", "slots": {{[0-9]+}}, "step": true,
+// CHECK-NEXT:   {"cuda_graph": false, "futures": 6, "input_types": [{"dtype":"f32","shape":[2,4]}], "inputs": [0], "name": "train_step", "slots": {{[0-9]+}}, "step": true,
 // CHECK-NEXT:    "instructions": [
 // CHECK-NEXT:      {"name":"l0.b","op":"param","result":1},
 // CHECK-NEXT:      {"name":"l0.w","op":"param","result":2},

@@ -11,6 +11,8 @@
 // RUN: FileCheck %s --check-prefix=LANDED-TRACE < %t.landed.json
 // RUN: fsdp-opt %S/Inputs/pointwise-step.mlir --fsdp-sharding-pipeline="ranks=2" --fsdp-step-time="%{machine} trace=%t.kernels.json" -o /dev/null
 // RUN: FileCheck %s --check-prefix=KERNELS < %t.kernels.json
+// RUN: sed -e '1i module attributes {fsdp.device = "cuda"} {' -e '$a }' %S/Inputs/step.mlir | fsdp-opt --fsdp-sharding-pipeline="ranks=2 backend=nccl" --fsdp-step-time="%{machine} issue-us=25" -o /dev/null | FileCheck %s --check-prefix=ISSUED
+// RUN: sed -e '1i module attributes {fsdp.device = "cuda"} {' -e '$a }' %S/Inputs/step.mlir | fsdp-opt --fsdp-sharding-pipeline="ranks=2 backend=nccl cuda-graph=true" --fsdp-step-time="%{machine} issue-us=25" -o /dev/null | FileCheck %s --check-prefix=REPLAYED
 // RUN: not fsdp-opt %s --fsdp-step-time="gpu=b200" -o /dev/null 2>&1 | FileCheck %s --check-prefix=KIND
 // RUN: not fsdp-opt %s --fsdp-step-time="gpu=custom memory-gib=80" -o /dev/null 2>&1 | FileCheck %s --check-prefix=CUSTOM
 // RUN: not fsdp-opt %s --fsdp-step-time="memory-gbps=-5" -o /dev/null 2>&1 | FileCheck %s --check-prefix=NEGATIVE
@@ -144,3 +146,11 @@ module attributes {fsdp.device = "cuda"} {
 // KERNELS-NEXT: "name": "pointwise(aten::mul.Tensor)",
 // KERNELS:      "dur": 80.04{{[0-9]*}},
 // KERNELS-NEXT: "name": "pointwise(aten::mul.Tensor)",
+
+// Issued one instruction at a time, 20 instructions at 25 us bound the
+// step; replayed as a CUDA graph, the host issues the launch and the
+// batch's copies (three issues) and the kernels run back to back.
+// ISSUED:   step                             0.50 ms
+// ISSUED:   host-bound                       0.50 ms   compute waiting for the host to issue (20 instructions)
+// REPLAYED: step                             0.08 ms
+// REPLAYED: host-bound                       0.07 ms   compute waiting for the host to issue (20 instructions)

@@ -18,6 +18,8 @@ namespace mlir::fsdp {
 /// Marks an op that a recompute pass cloned into backward: work that the
 /// step does twice, which model FLOPs (MFU) do not count.
 inline constexpr llvm::StringLiteral kRecomputedAttr = "fsdp.recomputed";
+/// On a step function: the runtime captures it once and replays it as a CUDA graph.
+inline constexpr llvm::StringLiteral kCudaGraphAttr = "fsdp.cuda_graph";
 
 /// The communication streams that all collectives read and write.
 struct CommResource : public SideEffects::Resource::Base<CommResource> {

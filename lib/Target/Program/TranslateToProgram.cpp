@@ -557,6 +557,7 @@ LogicalResult mlir::fsdp::translateToProgram(ModuleOp module, raw_ostream &os) {
     if (failed(printed))
       return failure();
     (*printed)["step"] = isStep;
+    (*printed)["cuda_graph"] = func->hasAttr(kCudaGraphAttr);
     functions.push_back(std::move(*printed));
   }
   // Compact JSON, laid out for reading: one manifest entry or instruction

@@ -137,11 +137,15 @@ struct BufferSpec {
 struct Function {
   std::string name;
   bool step = false;
+  /// Captured once and replayed as a CUDA graph (fsdp_rt/Replay.h).
+  bool cudaGraph = false;
   std::vector<int> inputs;
   std::vector<TensorSpec> inputTypes;
   int slots = 0, futures = 0;
   std::vector<Instruction> instructions;
 };
+
+class ReplayedSteps;
 
 class Program {
 public:
@@ -163,6 +167,9 @@ public:
   /// The kernels loaded on the program's GPU (null on a CPU, or where the
   /// program was loaded for no device).
   const LoadedKernels *loadedKernels() const { return loadedKernels_.get(); }
+  /// The CUDA graphs of the functions the program replays (null where it
+  /// replays none, or was loaded for no device).
+  ReplayedSteps *replays() const { return replays_.get(); }
   c10::Device device() const { return device_; }
   /// The device kind the step was compiled for ("cpu", "cuda").
   const std::string &deviceKind() const { return deviceKind_; }
@@ -179,6 +186,7 @@ std::optional<int64_t> furthestElement(const std::vector<int64_t> &extents, cons
   std::vector<BufferSpec> buffers_;
   std::vector<KernelSpec> kernels_;
   std::shared_ptr<const LoadedKernels> loadedKernels_;
+  std::shared_ptr<ReplayedSteps> replays_;
   std::vector<Function> functions_;
   c10::Device device_;
   std::string deviceKind_;

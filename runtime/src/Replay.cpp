@@ -1,0 +1,295 @@
+//===- Replay.cpp - steps replayed as CUDA graphs -------------------------===//
+//
+// See fsdp_rt/Replay.h. The graph is captured in thread-local mode: other
+// threads (NCCL's and fsdpc's watchdogs polling events, a host optimizer)
+// go on while this one captures. Its memory comes from a pool of its own,
+// kept between replays: the step's working memory stays reserved.
+//
+//===----------------------------------------------------------------------===//
+
+#include "fsdp_rt/Replay.h"
+
+#include <sstream>
+#include <stdexcept>
+
+#if FSDP_RT_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace fsdp_rt {
+
+#if FSDP_RT_CUDA
+
+namespace {
+
+/// What a replay relies on about a tensor it captured.
+struct Captured {
+  const void *data;
+  std::vector<int64_t> sizes, strides;
+  c10::ScalarType dtype;
+
+  explicit Captured(const at::Tensor &tensor)
+      : data(tensor.defined() ? tensor.const_data_ptr() : nullptr),
+        sizes(tensor.defined() ? tensor.sizes().vec() : std::vector<int64_t>()),
+        strides(tensor.defined() ? tensor.strides().vec() : std::vector<int64_t>()),
+        dtype(tensor.defined() ? tensor.scalar_type() : c10::ScalarType::Undefined) {}
+  bool operator==(const Captured &other) const = default;
+};
+
+using CapturedTable = std::map<std::string, Captured>;
+
+CapturedTable capturedOf(const std::map<std::string, at::Tensor> &table) {
+  CapturedTable out;
+  for (const auto &[name, tensor] : table)
+    out.emplace(name, Captured(tensor));
+  return out;
+}
+
+/// `to` runs after the work issued on `from` so far.
+void join(const c10::cuda::CUDAStream &from, const c10::cuda::CUDAStream &to) {
+  at::cuda::CUDAEvent done;
+  done.record(from);
+  done.block(to);
+}
+
+std::string shapeText(at::IntArrayRef shape) {
+  std::ostringstream os;
+  os << shape;
+  return os.str();
+}
+
+} // namespace
+
+class GraphedStep {
+public:
+  ~GraphedStep() {
+    try {
+      keepHeldOutputs();
+    } catch (...) { // at exit the CUDA context may be gone: nobody reads them then
+    }
+  }
+
+  StepOutputs run(const Program &program, const Function &function, StepInputs in) {
+    std::lock_guard<std::mutex> lock(running);
+    c10::Device device = program.device();
+    c10::cuda::CUDAGuard onDevice(device);
+    c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device.index());
+    if (!stream)
+      stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+    join(caller, *stream);
+    if (state == State::Cold) {
+      StepOutputs out;
+      {
+        c10::cuda::CUDAStreamGuard onStream(*stream);
+        out = execute(program, function, std::move(in));
+      }
+      join(*stream, caller);
+      state = State::Warm;
+      return out;
+    }
+    if (state == State::Captured && !sameInputs(in)) {
+      keepHeldOutputs();
+      graph.reset();
+      state = State::Warm;
+    }
+    if (state == State::Warm) {
+      capture(program, function, in);
+    } else {
+      checkBatch(function, in.batch);
+      keepHeldOutputs();
+      c10::cuda::CUDAStreamGuard onStream(*stream);
+      for (size_t i = 0; i < batch.size(); ++i)
+        batch[i].copy_(in.batch[i], /*non_blocking=*/true);
+    }
+    {
+      c10::cuda::CUDAStreamGuard onStream(*stream);
+      graph->replay();
+    }
+    join(*stream, caller);
+    if (in.deviceWaits) {
+      c10::Event done(c10::DeviceType::CUDA);
+      done.record(caller);
+      in.deviceWaits->add("@" + function.name + " replayed as a CUDA graph (" +
+                              std::to_string(outputs.collectives.size()) + " collectives)",
+                          firstGroup(function), std::move(done));
+    }
+    return handOut();
+  }
+
+private:
+  enum class State { Cold, Warm, Captured };
+
+  /// The second call: the graph's inputs are copies of this batch, and the
+  /// step is captured with them and left to be replayed.
+  void capture(const Program &program, const Function &function, const StepInputs &in) {
+    for (const Instruction &inst : function.instructions) {
+      auto group = in.groups.find(inst.group);
+      if (inst.group.empty() || group == in.groups.end() || !group->second)
+        continue; // the executor names a missing group
+      std::string backend = group->second->getBackend(c10::DeviceType::CUDA)->getBackendName();
+      if (backend != "nccl")
+        throw std::runtime_error("fsdp_rt: @" + function.name + " is replayed as a CUDA graph, but group '" +
+                                 inst.group + "' runs " + backend + ", whose collectives a graph cannot capture");
+    }
+    batch.clear();
+    {
+      c10::cuda::CUDAStreamGuard onStream(*stream);
+      for (const at::Tensor &given : in.batch)
+        batch.push_back(given.defined() ? given.contiguous().clone() : given);
+    }
+    params = capturedOf(in.params);
+    buffers = capturedOf(in.buffers);
+    groups.clear();
+    for (const auto &[key, group] : in.groups)
+      groups[key] = group.get();
+    StepInputs capturing = in;
+    capturing.batch = batch;
+    capturing.deviceWaits = nullptr; // the replay notes one event for the whole graph
+    graph = std::make_unique<at::cuda::CUDAGraph>();
+    c10::cuda::CUDAStreamGuard onStream(*stream);
+    graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+    try {
+      outputs = execute(program, function, std::move(capturing));
+    } catch (const std::exception &error) {
+      try {
+        graph->capture_end();
+      } catch (...) { // the capture was invalidated: the error above says why
+      }
+      graph.reset();
+      outputs = StepOutputs();
+      throw std::runtime_error("fsdp_rt: @" + function.name +
+                               " could not be captured into a CUDA graph (compile it without cuda-graph): " +
+                               error.what());
+    }
+    graph->capture_end();
+    state = State::Captured;
+  }
+
+  bool sameInputs(const StepInputs &in) const {
+    if (capturedOf(in.params) != params || capturedOf(in.buffers) != buffers || in.groups.size() != groups.size())
+      return false;
+    for (const auto &[key, group] : in.groups) {
+      auto it = groups.find(key);
+      if (it == groups.end() || it->second != group.get())
+        return false;
+    }
+    return true;
+  }
+
+  /// The batch fits the graph's inputs (what the executor checks on an
+  /// eager call).
+  void checkBatch(const Function &function, const std::vector<at::Tensor> &given) const {
+    if (given.size() != batch.size())
+      throw std::runtime_error("fsdp_rt: @" + function.name + " takes " + std::to_string(batch.size()) +
+                               " batch tensors, got " + std::to_string(given.size()));
+    for (size_t i = 0; i < given.size(); ++i)
+      if (!given[i].defined() || given[i].device() != batch[i].device() || given[i].sizes() != batch[i].sizes() ||
+          given[i].scalar_type() != batch[i].scalar_type())
+        throw std::runtime_error(
+            "fsdp_rt: batch tensor " + std::to_string(i) + " of @" + function.name + " is " +
+            (given[i].defined() ? shapeText(given[i].sizes()) + " " + c10::toString(given[i].scalar_type()) + " on " +
+                                      given[i].device().str()
+                                : std::string("undefined")) +
+            "; the step was compiled for " + shapeText(batch[i].sizes()) + " " +
+            c10::toString(batch[i].scalar_type()) + " on " + batch[i].device().str());
+  }
+
+  static std::string firstGroup(const Function &function) {
+    for (const Instruction &inst : function.instructions)
+      if (!inst.group.empty())
+        return inst.group;
+    return "";
+  }
+
+  /// The outputs of the graph as tensors of their own that read its memory
+  /// without owning it; their storages are remembered, to be moved out
+  /// before the next replay if still held.
+  StepOutputs handOut() {
+    StepOutputs out;
+    auto view = [&](const at::Tensor &output) {
+      if (!output.defined())
+        return output;
+      at::Tensor held = at::from_blob(output.data_ptr(), output.sizes(), output.strides(), output.options());
+      handedOut.push_back(held.storage().getWeakStorageImpl());
+      return held;
+    };
+    out.loss = view(outputs.loss);
+    for (const auto &[name, grad] : outputs.grads)
+      out.grads[name] = view(grad);
+    for (const at::Tensor &value : outputs.returned)
+      out.returned.push_back(view(value));
+    out.collectives = outputs.collectives;
+    return out;
+  }
+
+  /// Outputs of an earlier replay still held (a loss kept, gradients not
+  /// zeroed) are copied to memory of their own before the graph writes its
+  /// memory again: their holders keep their values.
+  void keepHeldOutputs() {
+    std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handed = std::move(handedOut);
+    handedOut.clear();
+    for (c10::weak_intrusive_ptr<c10::StorageImpl> &weak : handed) {
+      c10::intrusive_ptr<c10::StorageImpl> storage = weak.lock();
+      if (!storage || storage->nbytes() == 0)
+        continue;
+      // Allocated on the caller's stream, where its holders use and free it;
+      // copied on the graph's, before the replay, which the caller waits for.
+      c10::DataPtr own = c10::cuda::CUDACachingAllocator::get()->allocate(storage->nbytes());
+      c10::cuda::CUDAStream copying = stream ? *stream : c10::cuda::getCurrentCUDAStream();
+      C10_CUDA_CHECK(cudaMemcpyAsync(own.get(), storage->data(), storage->nbytes(), cudaMemcpyDeviceToDevice,
+                                     copying.stream()));
+      storage->set_data_ptr_noswap(std::move(own));
+    }
+  }
+
+  std::mutex running;
+  State state = State::Cold;
+  std::optional<c10::cuda::CUDAStream> stream;
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  std::vector<at::Tensor> batch; // the graph's inputs
+  CapturedTable params, buffers;
+  std::map<std::string, const c10d::ProcessGroup *> groups;
+  StepOutputs outputs; // the graph's, in its memory
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handedOut;
+};
+
+GraphedStep &ReplayedSteps::of(const Function &function) {
+  std::lock_guard<std::mutex> lock(choosing);
+  std::unique_ptr<GraphedStep> &step = steps[function.name];
+  if (!step)
+    step = std::make_unique<GraphedStep>();
+  return *step;
+}
+
+StepOutputs run(const Program &program, const Function &function, StepInputs inputs) {
+  if (!function.cudaGraph || inputs.trace || inputs.checkReshardFrees || !program.replays())
+    return execute(program, function, std::move(inputs));
+  return program.replays()->of(function).run(program, function, std::move(inputs));
+}
+
+#else
+
+class GraphedStep {};
+
+GraphedStep &ReplayedSteps::of(const Function &function) {
+  throw std::runtime_error("fsdp_rt: @" + function.name +
+                           " is replayed as a CUDA graph, and this runtime was built against a torch without CUDA");
+}
+
+StepOutputs run(const Program &program, const Function &function, StepInputs inputs) {
+  return execute(program, function, std::move(inputs));
+}
+
+#endif
+
+ReplayedSteps::ReplayedSteps() = default;
+ReplayedSteps::~ReplayedSteps() = default;
+
+} // namespace fsdp_rt
