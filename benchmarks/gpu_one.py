@@ -23,7 +23,9 @@ fsdpc-unfused (fsdpc without generated kernels, `fuse-pointwise=false`:
 every elementwise call an ATen kernel, as before 2026-11-24);
 fsdpc-staged (fsdpc with `gather-into-results=false`: NCCL gathers into a
 receive buffer and copies out, as before gathering each parameter straight
-into its tensor became NCCL's default on 2026-11-25).
+into its tensor became NCCL's default on 2026-11-25); fsdpc-graph (fsdpc
+with `cuda-graph=true`: the step captured on its second call and replayed
+as one CUDA graph launch after).
 
 Measured: compile (model built to the end of the first step), median step
 time over the timed steps (forward, backward and optimizer, synchronized),
@@ -136,8 +138,9 @@ def build(system: str, model: torch.nn.Module, example, block_class):
     in_backward = system.endswith("-inbackward")
     unfused = system.endswith("-unfused")
     staged = system.endswith("-staged")
+    graphed = system.endswith("-graph")
     system = system.removesuffix("-overlap").removesuffix("-inbackward").removesuffix("-unfused") \
-        .removesuffix("-staged")
+        .removesuffix("-staged").removesuffix("-graph")
     fit = system.endswith("-fit")  # issue 16's budget: FSDP2 offload's 12.9 GiB peak
     offload = CPUOffloadPolicy() if system.endswith("-offload") else None  # pinned host memory
     system = system.removesuffix("-offload").removesuffix("-fit")
@@ -148,7 +151,8 @@ def build(system: str, model: torch.nn.Module, example, block_class):
         sharded = fsdpc.shard(model, example, next_token_loss, mp_policy=policy, offload_policy=offload,
                               pipeline="checkpoint=* offload-to-fit=13209" if fit
                               else "fuse-pointwise=false" if unfused
-                              else "gather-into-results=false" if staged else "")
+                              else "gather-into-results=false" if staged
+                              else "cuda-graph=true" if graphed else "")
         if overlap or in_backward:
             extras["overlap"] = lambda optimizer: sharded.overlap_host_optimizer(optimizer, in_backward=in_backward)
         extras["host_optimizer"] = "in-backward" if in_backward else "next-forward" if overlap else "after-step"

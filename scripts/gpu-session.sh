@@ -7,7 +7,7 @@
 #
 #   scripts/gpu-session.sh tests        # runtime build, make test-gpu (6 workers), the host's CPU time per step
 #   scripts/gpu-session.sh bench-llama  # Llama 0.9B: fsdpc (also gathering through a receive buffer), FSDP2, FSDP2 + compile, torch.compile; fsdpc's warm start
-#   scripts/gpu-session.sh bench-gpt    # GPT 23M: fsdpc, FSDP2, FSDP2 + compile, torch.compile, twice (cold and warm)
+#   scripts/gpu-session.sh bench-gpt    # GPT 23M: fsdpc (also replayed as a CUDA graph), FSDP2, FSDP2 + compile, torch.compile, twice (cold and warm); the Llama 0.9B replayed
 #   scripts/gpu-session.sh offload      # host optimizer rate; Llama 2.6B offloaded: FSDP2, fsdpc (the plan's fit) stepped in backward and beside the next forward
 #   scripts/gpu-session.sh profile      # Llama 0.9B: one profiled step of fsdpc and of FSDP2 + compile, where their time went (fsdpc's generated kernels by name)
 #
@@ -46,8 +46,10 @@ case "$stage" in
       --json "$OUT/llama-warm.json" --systems fsdpc 2>&1 | tee "$OUT/llama-warm.log" || true
     ;;
   bench-gpt)
-    timeout 480 python3 benchmarks/gpu.py --models gpt-23m --repeats 2 --json "$OUT/gpt.json" \
-      --systems fsdpc fsdp2 fsdp2-compile compile 2>&1 | tee "$OUT/gpt.log" || true
+    timeout 420 python3 benchmarks/gpu.py --models gpt-23m --repeats 2 --json "$OUT/gpt.json" \
+      --systems fsdpc fsdpc-graph fsdp2 fsdp2-compile compile 2>&1 | tee "$OUT/gpt.log" || true
+    timeout 120 python3 benchmarks/gpu.py --models llama-0.9b --repeats 1 --json "$OUT/llama-graph.json" \
+      --systems fsdpc-graph 2>&1 | tee "$OUT/llama-graph.log" || true
     ;;
   offload)
     timeout 60 python3 benchmarks/host_optimizer.py --threads 1 "$(nproc)" 2>&1 | tee "$OUT/host-optimizer.log" || true

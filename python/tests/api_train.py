@@ -898,6 +898,47 @@ def scenario_overlap(args):
     assert overlapping, f"no collective overlapped a compute kernel: {summary}"
 
 
+def scenario_cuda_graph(args):
+    """`pipeline="cuda-graph=true"`: on one NCCL rank the step is captured on
+    its second call and replayed after; it trains as eager does (the loop
+    zeroes gradients in place, so every replay first moves the gradients the
+    parameters still hold out of the graph's memory), a loss kept from an
+    earlier call keeps its value, replays launch a graph and no kernel one by
+    one, and a traced call runs the instructions. Elsewhere (CPU, gloo) the
+    compiler refuses it with the reason."""
+    from torch.profiler import ProfilerActivity, profile
+
+    data = batches(5)
+    if DEVICE.type != "cuda" or dist.get_backend() != "nccl":
+        reason = "captured for CUDA" if DEVICE.type != "cuda" else "needs NCCL collectives"
+        expect_error(lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
+                                         pipeline="cuda-graph=true"), f"cuda-graph .*{reason}")
+        return
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, pipeline="cuda-graph=true")
+    assert sharded._programs_any().program.functions["train_step"].cuda_graph
+    train_like_eager(sharded, data[:4], "cuda graph: ")
+
+    kept = sharded(*mine(data[0]))
+    value = float(kept)
+    again = sharded(*mine(data[1]))
+    assert float(kept) == value, f"a kept loss changed from {value} to {float(kept)} when the graph replayed"
+    assert float(again) != value
+    sharded.zero_grad(set_to_none=True)  # the call below attaches its gradients: no addition launched
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as profiled:
+        sharded(*mine(data[2]))
+        torch.cuda.synchronize()
+    calls = {event.key: event.count for event in profiled.key_averages()}
+    assert calls.get("cudaGraphLaunch", 0) == 1, f"a replay launched {calls.get('cudaGraphLaunch', 0)} graphs"
+    assert calls.get("cudaLaunchKernel", 0) <= 4, f"a replay launched {calls['cudaLaunchKernel']} kernels one by one"
+    with torch.no_grad():
+        sharded.eval()
+        sharded(*mine(data[0]))  # forward only: a function of its own, as instructions
+        sharded.train()
+    sharded(*mine(data[3]), trace=True)
+    assert len(sharded.last_trace) > 100, "a traced call did not run the instructions"
+
+
 SCENARIOS = {name.removeprefix("scenario_"): value for name, value in globals().items()
              if name.startswith("scenario_")}
 

@@ -71,7 +71,7 @@ class GraphedStep {
 public:
   ~GraphedStep() {
     try {
-      keepHeldOutputs();
+      drop();
     } catch (...) { // at exit the CUDA context may be gone: nobody reads them then
     }
   }
@@ -95,8 +95,7 @@ public:
       return out;
     }
     if (state == State::Captured && !sameInputs(in)) {
-      keepHeldOutputs();
-      graph.reset();
+      drop();
       state = State::Warm;
     }
     if (state == State::Warm) {
@@ -229,6 +228,19 @@ private:
     return out;
   }
 
+  /// The graph and its memory go; what its outputs' holders still read is
+  /// copied out first, and the copies are done before the memory is free.
+  void drop() {
+    if (!graph)
+      return;
+    c10::cuda::CUDAGuard onDevice(stream->device());
+    keepHeldOutputs();
+    stream->synchronize();
+    outputs = StepOutputs();
+    batch.clear();
+    graph.reset();
+  }
+
   /// Outputs of an earlier replay still held (a loss kept, gradients not
   /// zeroed) are copied to memory of their own before the graph writes its
   /// memory again: their holders keep their values.
@@ -242,9 +254,8 @@ private:
       // Allocated on the caller's stream, where its holders use and free it;
       // copied on the graph's, before the replay, which the caller waits for.
       c10::DataPtr own = c10::cuda::CUDACachingAllocator::get()->allocate(storage->nbytes());
-      c10::cuda::CUDAStream copying = stream ? *stream : c10::cuda::getCurrentCUDAStream();
       C10_CUDA_CHECK(cudaMemcpyAsync(own.get(), storage->data(), storage->nbytes(), cudaMemcpyDeviceToDevice,
-                                     copying.stream()));
+                                     stream->stream()));
       storage->set_data_ptr_noswap(std::move(own));
     }
   }
