@@ -215,7 +215,12 @@ private:
     auto view = [&](const at::Tensor &output) {
       if (!output.defined())
         return output;
-      at::Tensor held = at::from_blob(output.data_ptr(), output.sizes(), output.strides(), output.options());
+      // The device is given, not looked up from the pointer: no driver call per output.
+      at::Tensor held = at::for_blob(output.data_ptr(), output.sizes())
+                            .strides(output.strides())
+                            .options(output.options())
+                            .target_device(output.device())
+                            .make_tensor();
       handedOut.push_back(held.storage().getWeakStorageImpl());
       return held;
     };
