@@ -29,7 +29,9 @@ def torchrun(ranks: int, *arguments, port_offset: int = 0, port: int | None = No
 def run(ranks: int, scenario: str, *extra, port_offset: int = 0) -> subprocess.CompletedProcess:
     done = run_ranks(ranks, [SCRIPT, scenario, *extra], env=environment(),
                      port=29300 + (os.getpid() + port_offset) % 250, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    # Each failed rank's reason first: the tails may hold only the other ranks' reactions.
+    reasons = [line for line in (done.stdout + done.stderr).splitlines() if "RuntimeError: scenario '" in line]
+    assert done.returncode == 0, "\n".join(reasons) + "\n" + done.stdout[-3000:] + done.stderr[-6000:]
     return done
 
 
