@@ -16,7 +16,7 @@ from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
 from fsdpc.export import build, export_training_step, load_factory
 from fsdpc.models import BUILTIN_MODELS
 from fsdpc.plan import (HARDWARE_OPTIONS, PlanError, Profile, calibrate, capture_for_plan, each_setting, explain,
-                         machine, plan_step, search, size, what_would_fit)
+                         machine, plan_step, search, size, what_would_fit, when_replayed)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -77,6 +77,9 @@ def _plan(args: argparse.Namespace) -> int:
     print(plan.table())
     if args.trace:
         print(f"predicted step's trace: {args.trace} (open in ui.perfetto.dev)")
+    replayed = when_replayed(ir, plan, optimizer=args.optimizer, pipeline=args.pipeline)
+    if replayed:
+        print(replayed)
     ways = what_would_fit(ir, plan, optimizer=args.optimizer, pipeline=args.pipeline)
     if ways:
         print("what would fit:")

@@ -298,6 +298,27 @@ def capture_for_plan(model_spec: str, *, batch: int | None, seq: int | None,
 MOST_GPUS = 1024
 
 
+# The share of a step waiting for the host above which replaying it as a
+# CUDA graph is worth a line of the plan.
+HOST_BOUND_SHARE = 0.2
+
+
+def when_replayed(ir: str, plan: Plan, *, optimizer: str = "adamw", pipeline: str = "",
+                  replicas: int = 1) -> str | None:
+    """For a step that waits for the host to issue its calls, a line with its
+    time replayed as a CUDA graph (`cuda-graph=true`), planned the same
+    way; None where the host does not bound it, it is replayed already, or
+    it offloads (which a graph cannot replay)."""
+    if plan.time.host_bound <= HOST_BOUND_SHARE * plan.time.step or plan.memory.host \
+            or re.search(r"\bcuda-graph=true\b", pipeline):
+        return None
+    replayed = plan_step(ir, gpus=plan.gpus, machine=plan.machine, model=plan.model, optimizer=optimizer,
+                         pipeline=f"{pipeline} cuda-graph=true", replicas=replicas)
+    return (f"the step waits {plan.time.host_bound * 1e3:.2f} of its {plan.time.step * 1e3:.2f} ms for the host to "
+            f"issue its calls; replayed as a CUDA graph (--pipeline cuda-graph=true): "
+            f"{replayed.time.step * 1e3:.2f} ms, {replayed.time.tokens_per_second:,.0f} tokens/s per GPU")
+
+
 def what_would_fit(ir: str, plan: Plan, *, optimizer: str = "adamw", pipeline: str = "") -> list[str]:
     """For a plan that does not fit, what would, each a line: the fewest GPUs
     (doubling, up to 1024), recomputing every unit's activations

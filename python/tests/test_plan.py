@@ -10,7 +10,7 @@ import re
 
 from fsdpc.compiler import run_fsdp_opt
 from fsdpc.plan import (PlanError, Profile, calibrate, capture_for_plan, each_setting, intermediate_replicas, machine,
-                         plan_step, search, search_space, size, what_would_fit)
+                         plan_step, search, search_space, size, what_would_fit, when_replayed)
 from test_cli import BAD_MODELS
 
 
@@ -133,6 +133,27 @@ def test_the_predicted_time_follows_the_schedule_and_the_links(gpt_ir, tmp_path)
     assert tracks == {"compute", "collectives @fsdp_grid axes [0]"}
     ends = [event["ts"] + event["dur"] for event in events if event.get("ph") == "X"]
     assert max(ends) == pytest.approx(one_node.time.step * 1e6, rel=1e-6)
+
+
+def test_a_step_the_host_bounds_is_planned_replayed_as_a_cuda_graph(gpt_ir):
+    """A small step waits for the host to issue its calls: the plan says so,
+    with its time replayed as a CUDA graph, which the time model predicts
+    shorter; not for a step replayed already, one that offloads, or one the
+    host does not bound."""
+    plan = plan_step(gpt_ir, gpus=1, model="gpt")
+    assert plan.time.host_bound > 0.5 * plan.time.step
+    line = when_replayed(gpt_ir, plan)
+    match = re.search(r"waits ([\d.]+) of its ([\d.]+) ms .*cuda-graph=true\): ([\d.]+) ms", line or "")
+    assert match, line
+    assert float(match.group(2)) == pytest.approx(plan.time.step * 1e3, abs=0.01)
+    replayed = plan_step(gpt_ir, gpus=1, model="gpt", pipeline="cuda-graph=true")
+    assert float(match.group(3)) == pytest.approx(replayed.time.step * 1e3, abs=0.01)
+    assert replayed.time.step < 0.5 * plan.time.step and replayed.time.host_bound < plan.time.host_bound
+    assert when_replayed(gpt_ir, replayed, pipeline="cuda-graph=true") is None
+    offloaded = plan_step(gpt_ir, gpus=1, model="gpt", pipeline="offload=*")
+    assert offloaded.time.host_bound > 0.2 * offloaded.time.step and when_replayed(gpt_ir, offloaded) is None
+    unbound = plan_step(gpt_ir, gpus=1, model="gpt", machine=machine(issue_us=0))
+    assert when_replayed(gpt_ir, unbound) is None
 
 
 def test_the_search_ranks_only_what_its_memory_model_says_fits(gpt_ir):
