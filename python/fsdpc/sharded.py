@@ -579,6 +579,10 @@ class ShardedModule(nn.Module):
         if out["reshard_leaks"]:
             raise StepError(f"rank {dist.get_rank()}: gathered parameters outlived their reshard: "
                             f"{', '.join(out['reshard_leaks'])}")
+        if out["recaptured_for"]:
+            warnings.warn(f"fsdpc: the step replayed as a CUDA graph was captured anew: its {out['recaptured_for']} "
+                          "is another tensor than at the last capture (a capture costs about an eager step and "
+                          "more; keep parameters and buffers in place, e.g. copy_ into them)", stacklevel=2)
         self.last_collectives = out["collectives"]
         if trace:
             self.last_trace = out["trace"]

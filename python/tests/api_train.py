@@ -939,6 +939,18 @@ def scenario_cuda_graph(args):
         sharded.train()
     sharded(*mine(data[3]), trace=True)
     assert len(sharded.last_trace) > 100, "a traced call did not run the instructions"
+    # A parameter's shard replaced by another tensor: captured anew, said once, and as the instructions compute.
+    sharded.zero_grad(set_to_none=True)
+    replaced = next(iter(sharded._storage))
+    sharded._storage[replaced] = sharded._storage[replaced].clone()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        replayed = float(sharded(*mine(data[4])))
+        float(sharded(*mine(data[4])))
+    said = [str(w.message) for w in caught if "captured anew" in str(w.message)]
+    assert len(said) == 1 and f"parameter '{replaced}'" in said[0], said
+    eager = float(sharded(*mine(data[4]), trace=True))
+    close(torch.tensor(replayed), torch.tensor(eager), "the loss captured anew against the instructions'", rtol=1e-6)
 
 
 SCENARIOS = {name.removeprefix("scenario_"): value for name, value in globals().items()

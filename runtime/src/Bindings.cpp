@@ -60,6 +60,7 @@ py::dict run(const fsdp_rt::Program &program, const std::string &name, TensorMap
     events.append(py::make_tuple(event.name, event.category, event.detail, event.startUs, event.durationUs));
   result["trace"] = events;
   result["reshard_leaks"] = outputs.reshardLeaks;
+  result["recaptured_for"] = outputs.recapturedFor.empty() ? py::none() : py::cast(outputs.recapturedFor);
   py::list collectives;
   for (const fsdp_rt::IssuedCollective &issued : outputs.collectives)
     collectives.append(py::make_tuple(issued.op, issued.bytes, issued.ranks));
@@ -179,5 +180,5 @@ PYBIND11_MODULE(_fsdp_rt, m) {
            py::arg("trace") = false, py::arg("check_reshard_frees") = false,
            py::arg("host_updates") = HostUpdateMap(), py::arg("device_waits") = nullptr,
            py::arg("gradient_landings") = nullptr,
-           "Runs one function (`host_updates`: {unit: HostUpdate} still running on offloaded shards); returns {loss, grads, returned, trace, reshard_leaks, collectives: [(c10d op, buffer bytes, group size)]}; `device_waits` notes the collectives whose waits leave the host running; `gradient_landings` receives offloaded units' gradients as they land in host memory");
+           "Runs one function (`host_updates`: {unit: HostUpdate} still running on offloaded shards); returns {loss, grads, returned, trace, reshard_leaks, collectives: [(c10d op, buffer bytes, group size)], recaptured_for: the changed input for which a step replayed as a CUDA graph was captured anew, or None}; `device_waits` notes the collectives whose waits leave the host running; `gradient_landings` receives offloaded units' gradients as they land in host memory");
 }

@@ -94,7 +94,8 @@ public:
       state = State::Warm;
       return out;
     }
-    if (state == State::Captured && !sameInputs(in)) {
+    std::string changed = state == State::Captured ? changedInput(in) : "";
+    if (!changed.empty()) {
       drop();
       state = State::Warm;
     }
@@ -119,7 +120,9 @@ public:
                               std::to_string(outputs.collectives.size()) + " collectives)",
                           firstGroup(function), std::move(done));
     }
-    return handOut();
+    StepOutputs out = handOut();
+    out.recapturedFor = changed;
+    return out;
   }
 
 private:
@@ -171,15 +174,30 @@ private:
     state = State::Captured;
   }
 
-  bool sameInputs(const StepInputs &in) const {
-    if (capturedOf(in.params) != params || capturedOf(in.buffers) != buffers || in.groups.size() != groups.size())
-      return false;
+  /// The first parameter, buffer or process group that is not the one the
+  /// graph captured (another tensor, or one laid out otherwise); "" when
+  /// all are.
+  std::string changedInput(const StepInputs &in) const {
+    for (const auto &[table, captured, what] :
+         {std::tuple(&in.params, &params, "parameter"), std::tuple(&in.buffers, &buffers, "buffer")}) {
+      CapturedTable now = capturedOf(*table);
+      if (now == *captured)
+        continue;
+      for (const auto &[name, tensor] : now) {
+        auto it = captured->find(name);
+        if (it == captured->end() || !(it->second == tensor))
+          return std::string(what) + " '" + name + "'";
+      }
+      return std::string(what) + "s (fewer than captured)";
+    }
     for (const auto &[key, group] : in.groups) {
       auto it = groups.find(key);
       if (it == groups.end() || it->second != group.get())
-        return false;
+        return "process group '" + key + "'";
     }
-    return true;
+    if (in.groups.size() != groups.size())
+      return "process groups (fewer than captured)";
+    return "";
   }
 
   /// The batch fits the graph's inputs (what the executor checks on an

@@ -124,6 +124,9 @@ struct StepOutputs {
   std::vector<IssuedCollective> collectives;
   /// checkReshardFrees: gathered buffers that something kept alive past their reshard.
   std::vector<std::string> reshardLeaks;
+  /// A step replayed as a CUDA graph that this call captured anew: the
+  /// input that changed since the last capture (fsdp_rt/Replay.h).
+  std::string recapturedFor;
 };
 
 /// Runs `function` of `program` on the device it was loaded for; throws

@@ -9,7 +9,8 @@
 //
 // A replay reads the parameters, buffers and process groups it captured:
 // each is checked by address, shape and dtype before every replay, and a
-// changed one is captured anew. The outputs a call returns read the graph's
+// changed one is captured anew (the call's outputs name it, and the driver
+// warns). The outputs a call returns read the graph's
 // memory; any still held when the next call replays is first moved to
 // memory of its own (its storage swapped under its holders), so it keeps
 // its value. A traced call, or one checking reshard frees, runs as
