@@ -6,7 +6,7 @@
 # In order of need (each stands alone; a session holds about three):
 #
 #   scripts/gpu-session.sh tests        # runtime build, make test-gpu (6 workers), the host's CPU time per step
-#   scripts/gpu-session.sh bench-llama  # Llama 0.9B: fsdpc (also gathering through a receive buffer), FSDP2, FSDP2 + compile, torch.compile; fsdpc's warm start
+#   scripts/gpu-session.sh bench-llama  # Llama 0.9B: fsdpc (also with the plan's search's settings), FSDP2, FSDP2 + compile, torch.compile; fsdpc's warm start
 #   scripts/gpu-session.sh bench-gpt    # GPT 23M: fsdpc (also replayed as a CUDA graph), FSDP2, FSDP2 + compile, torch.compile, twice (cold and warm); the Llama 0.9B replayed
 #   scripts/gpu-session.sh offload      # host optimizer rate; Llama 2.6B offloaded: FSDP2, fsdpc (the plan's fit) stepped in backward and beside the next forward
 #   scripts/gpu-session.sh profile      # Llama 0.9B: one profiled step of fsdpc and of FSDP2 + compile, where their time went (fsdpc's generated kernels by name)
@@ -41,7 +41,7 @@ case "$stage" in
     ;;
   bench-llama)
     timeout 330 python3 benchmarks/gpu.py --models llama-0.9b --repeats 1 --json "$OUT/llama.json" \
-      --systems fsdpc fsdp2 fsdp2-compile compile fsdpc-staged 2>&1 | tee "$OUT/llama.log" || true
+      --systems fsdpc fsdp2 fsdp2-compile compile fsdpc-tuned 2>&1 | tee "$OUT/llama.log" || true
     timeout 150 python3 benchmarks/gpu.py --models llama-0.9b --repeats 2 --steps 4 --warmup 2 \
       --json "$OUT/llama-warm.json" --systems fsdpc 2>&1 | tee "$OUT/llama-warm.log" || true
     ;;

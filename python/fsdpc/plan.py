@@ -426,7 +426,9 @@ def search(ir: str, *, gpus: int, machine: Machine = Machine(), model: str, opti
     fastest twelfth that fit and checkpoint, with `checkpoint-policy=ops`.
     The fastest sixth that fit are tried once more with units merged in pairs (`units-per-group=2`): a knob
     that moves the step by a percent or two refines the best instead of
-    doubling the space. `space` replaces `search_space`'s configurations;
+    doubling the space. Where the host bounds the default step (over
+    HOST_BOUND_SHARE of it), the fastest sixth that fit and offload nothing
+    are tried replayed as a CUDA graph (`cuda-graph=true`). `space` replaces `search_space`'s configurations;
     its first must be the defaults."""
     space = space if space is not None else search_space(ir, gpus, machine)
     with parsed_once(ir, model) as step_file:
@@ -496,6 +498,14 @@ def _search(step_file: Path, space: list[tuple[str, int]], gpus: int, machine: M
             best = [(c.settings, c.replicas) for c in first(fitting, 6)]
             fitting += planned_again(best, "units-per-group=2")
             runs += len(best)
+        # A step the host bounds is tried replayed as a CUDA graph: the
+        # fastest sixth that fit and offload nothing (a graph cannot replay
+        # host work); the memory model does not change.
+        if default.time.host_bound > HOST_BOUND_SHARE * default.time.step \
+                and not re.search(r"\bcuda-graph=true\b", pipeline):
+            replayable = [(c.settings, c.replicas) for c in first((c for c in fitting if not c.plan.memory.host), 6)]
+            fitting += planned_again(replayable, "cuda-graph=true")
+            runs += len(replayable)
     # Fastest first. Steps within 0.2% of each other are more alike than the
     # model is exact: among them the fewest settings (HSDP counting as one),
     # then the lowest peak, come first, and of those with the same peak too

@@ -9,7 +9,7 @@ import json
 import re
 
 from fsdpc.compiler import run_fsdp_opt
-from fsdpc.plan import (PlanError, Profile, calibrate, capture_for_plan, each_setting, intermediate_replicas, machine,
+from fsdpc.plan import (HOST_BOUND_SHARE, PlanError, Profile, calibrate, capture_for_plan, each_setting, intermediate_replicas, machine,
                          plan_step, search, search_space, size, what_would_fit, when_replayed)
 from test_cli import BAD_MODELS
 
@@ -156,6 +156,20 @@ def test_a_step_the_host_bounds_is_planned_replayed_as_a_cuda_graph(gpt_ir):
     assert when_replayed(gpt_ir, unbound) is None
 
 
+def test_the_search_replays_a_step_the_host_bounds(gpt_ir):
+    """Where the host bounds the default step, the search tries its fastest
+    configurations replayed as CUDA graphs too; replayed, they come first.
+    Offloading configurations are never replayed."""
+    result = search(gpt_ir, gpus=1, model="gpt")
+    assert result.default.time.host_bound > 0.5 * result.default.time.step
+    best = result.fitting[0]
+    assert "cuda-graph=true" in best.settings.split(), best.settings
+    assert best.plan.time.step < 0.5 * result.default.time.step
+    assert all("offload" not in c.settings for c in result.fitting if "cuda-graph=true" in c.settings)
+    assert not any("cuda-graph=true" in c.settings for c in
+                   search(gpt_ir, gpus=1, model="gpt", machine=machine(issue_us=0)).fitting)
+
+
 def test_the_search_ranks_only_what_its_memory_model_says_fits(gpt_ir):
     default = plan_step(gpt_ir, gpus=8, model="gpt")
     smallest = plan_step(gpt_ir, gpus=8, model="gpt", pipeline="checkpoint=*")
@@ -165,8 +179,10 @@ def test_the_search_ranks_only_what_its_memory_model_says_fits(gpt_ir):
     some = space[::8]  # every knob varies across these (CI time)
     result = search(gpt_ir, gpus=8, model="gpt", budget=budget, space=some)
     # The fastest twelfth that fit and checkpoint are planned again with the
-    # op-level policy, then the fastest sixth with units in pairs.
-    assert result.tried == len(some) + max(1, len(some) // 12) + len(some) // 6
+    # op-level policy, then the fastest sixth with units in pairs, and (the
+    # host bounds this small step) the fastest sixth replayed as CUDA graphs.
+    assert result.default.time.host_bound > HOST_BOUND_SHARE * result.default.time.step
+    assert result.tried == len(some) + max(1, len(some) // 12) + 2 * (len(some) // 6)
     assert all(c.plan.memory.peak <= budget for c in result.fitting if "checkpoint-policy=ops" in c.settings)
     paired = [c for c in result.fitting if c.settings.endswith(" units-per-group=2")]
     assert paired and all(c.plan.memory.peak <= budget for c in paired)
@@ -189,7 +205,7 @@ def test_the_search_ranks_only_what_its_memory_model_says_fits(gpt_ir):
     assert {replicas for _, replicas in search_space(gpt_ir, 16, machine())} == {1, 2}
     assert intermediate_replicas(16, machine()) == [] and intermediate_replicas(64, machine()) == [2, 4]
     across = search(gpt_ir, gpus=32, machine=machine("h100-sxm", 4), model="gpt", space=some[:12])
-    assert across.tried == 12 + 2 * 1 + 1 + max(1, 12 // 6)
+    assert across.tried == 12 + 2 * 1 + 1 + 2 * max(1, 12 // 6)
     assert {c.replicas for c in across.fitting} >= {2, 4}
     # Nothing fits a byte: the lowest peaks are retried offloading, and still nothing fits.
     nothing = search(gpt_ir, gpus=8, model="gpt", budget=1, space=some)
