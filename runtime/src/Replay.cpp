@@ -1,8 +1,8 @@
 //===- Replay.cpp - steps replayed as CUDA graphs -------------------------===//
 //
 // See fsdp_rt/Replay.h. The graph is captured in thread-local mode: other
-// threads (NCCL's and fsdpc's watchdogs polling events, a host optimizer)
-// go on while this one captures. Its memory comes from a pool of its own,
+// threads (NCCL's and fsdpc's watchdogs polling events) go on while this
+// one captures. Its memory comes from a pool of its own,
 // kept between replays: the step's working memory stays reserved.
 //
 //===----------------------------------------------------------------------===//
@@ -11,11 +11,11 @@
 
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 
 #if FSDP_RT_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
-#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -151,18 +151,23 @@ private:
     groups.clear();
     for (const auto &[key, group] : in.groups)
       groups[key] = group.get();
-    StepInputs capturing = in;
-    capturing.batch = batch;
-    capturing.deviceWaits = nullptr; // the replay notes one event for the whole graph
+    StepInputs capturingInputs = in;
+    capturingInputs.batch = batch;
+    capturingInputs.deviceWaits = nullptr; // the replay notes one event for the whole graph
     graph = std::make_unique<at::cuda::CUDAGraph>();
     c10::cuda::CUDAStreamGuard onStream(*stream);
     graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+    bool capturing = true;
     try {
-      outputs = execute(program, function, std::move(capturing));
+      outputs = execute(program, function, std::move(capturingInputs));
+      capturing = false;
+      graph->capture_end(); // fails where something in the step cannot be captured
     } catch (const std::exception &error) {
-      try {
-        graph->capture_end();
-      } catch (...) { // the capture was invalidated: the error above says why
+      if (capturing) {
+        try {
+          graph->capture_end();
+        } catch (...) { // the capture was invalidated: the error above says why
+        }
       }
       graph.reset();
       outputs = StepOutputs();
@@ -170,7 +175,6 @@ private:
                                " could not be captured into a CUDA graph (compile it without cuda-graph): " +
                                error.what());
     }
-    graph->capture_end();
     state = State::Captured;
   }
 
