@@ -905,8 +905,9 @@ def scenario_cuda_graph(args):
     zeroes gradients in place, so every replay first moves the gradients the
     parameters still hold out of the graph's memory), a loss kept from an
     earlier call keeps its value, replays launch a graph and no kernel one by
-    one, and a traced call runs the instructions. Elsewhere (CPU, gloo) the
-    compiler refuses it with the reason."""
+    one, eval (a program of its own) is replayed too, a traced call runs the
+    instructions, and a replaced shard is captured anew with a warning.
+    Elsewhere (CPU, gloo) the compiler refuses it with the reason."""
     from torch.profiler import ProfilerActivity, profile
 
     data = batches(5)
@@ -933,10 +934,12 @@ def scenario_cuda_graph(args):
     assert calls.get("cudaGraphLaunch", 0) == 1, f"a replay launched {calls.get('cudaGraphLaunch', 0)} graphs"
     # At most the generator's offsets (two fills) and a few of the driver's own.
     assert calls.get("cudaLaunchKernel", 0) <= 4, f"a replay launched {calls['cudaLaunchKernel']} kernels one by one"
+    # Forward only: a program of its own, replayed from its third call; each equals the first (as instructions).
+    sharded.eval()
     with torch.no_grad():
-        sharded.eval()
-        sharded(*mine(data[0]))  # forward only: a function of its own, as instructions
-        sharded.train()
+        evaluated = [float(sharded(*mine(data[0]))) for _ in range(3)]
+    sharded.train()
+    close(torch.tensor(evaluated), torch.tensor(evaluated[:1] * 3), "eval losses, replayed against the first", rtol=1e-6)
     sharded(*mine(data[3]), trace=True)
     assert len(sharded.last_trace) > 100, "a traced call did not run the instructions"
     # A parameter's shard replaced by another tensor: captured anew, said once, and as the instructions compute.
