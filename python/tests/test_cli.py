@@ -30,6 +30,20 @@ def test_export_builtin_prints_a_summary(tmp_path):
     assert "func.func @train_step(%batch0: tensor<4x16xf32>, %batch1: tensor<4x10xf32>)" in out.read_text()
 
 
+def test_the_commands_import_transformers_only_for_its_models():
+    """Importing `transformers` costs a second (three on the GPU hosts): the
+    commands pay it only when a Hugging Face model is built, and those
+    models stay listed where it is installed."""
+    probe = ("import sys; from fsdpc.__main__ import main; from fsdpc.models import BUILTIN_MODELS; "
+             "assert 'transformers' not in sys.modules, 'imported with the commands'; "
+             "assert {'hf-gpt2', 'hf-llama'} <= set(BUILTIN_MODELS); "
+             "model, batch, loss = BUILTIN_MODELS['hf-gpt2'](); "
+             "assert 'transformers' in sys.modules and type(model).__name__ == 'GPT2LMHeadModel'")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": str(PYTHON_DIR)})
+    assert done.returncode == 0, done.stderr
+
+
 def test_export_user_factory_with_wrap_option(tmp_path):
     factory = tmp_path / "my_model.py"
     factory.write_text(

@@ -7,6 +7,8 @@ the contract for ``python -m fsdpc export --model path/to/file.py:factory``
 as well; factories take keyword options (``batch``, ``seq``) they may ignore.
 """
 
+import importlib.util
+
 from fsdpc.models.convnet import make_convnet
 from fsdpc.models.gpt import make_gpt, make_gpt_23m
 from fsdpc.models.llama import make_llama, make_llama3_8b, make_llama3_70b, make_llama_0_9b, make_llama_2_6b
@@ -24,12 +26,22 @@ BUILTIN_MODELS = {
     "llama3-70b": make_llama3_70b,
 }
 
-try:  # Hugging Face models exist only where `transformers` is installed.
-    from fsdpc.models.hf import make_hf_gpt2, make_hf_llama
-except ImportError:  # pragma: no cover - depends on the environment
-    pass
-else:
-    BUILTIN_MODELS["hf-gpt2"] = make_hf_gpt2
-    BUILTIN_MODELS["hf-llama"] = make_hf_llama
+
+
+def _hugging_face(factory: str):
+    """`fsdpc.models.hf`'s `factory`, imported when called: importing
+    `transformers` costs a second, which every command would pay."""
+    def make(**options):
+        from fsdpc.models import hf
+
+        return getattr(hf, factory)(**options)
+
+    make.__name__ = make.__qualname__ = factory
+    return make
+
+
+if importlib.util.find_spec("transformers") is not None:  # Hugging Face models exist only where it is installed
+    BUILTIN_MODELS["hf-gpt2"] = _hugging_face("make_hf_gpt2")
+    BUILTIN_MODELS["hf-llama"] = _hugging_face("make_hf_llama")
 
 __all__ = ["BUILTIN_MODELS"]
