@@ -5,6 +5,7 @@
 # carried there (`make portable-tools` on the build machine, right before).
 # In order of need (each stands alone; a session holds about three):
 #
+#   scripts/gpu-session.sh quick        # first, in one call: the new code's GPU tests (CUDA graphs, generated kernels), GPT 23M and Llama 0.9B once each (fsdpc, replayed, tuned, FSDP2)
 #   scripts/gpu-session.sh tests        # runtime build, make test-gpu (6 workers), the host's CPU time per step
 #   scripts/gpu-session.sh bench-llama  # Llama 0.9B: fsdpc (also with the plan's search's settings), FSDP2, FSDP2 + compile, torch.compile; fsdpc's warm start
 #   scripts/gpu-session.sh bench-gpt    # GPT 23M: fsdpc (also replayed as a CUDA graph), FSDP2, FSDP2 + compile, torch.compile, twice (cold and warm); the Llama 0.9B replayed
@@ -14,10 +15,10 @@
 # Each stage builds the runtime first (seconds when it is built). A failing
 # test or run is logged and the stage goes on to its next measurement.
 set -euo pipefail
-stage=${1:?"usage: scripts/gpu-session.sh tests|bench-llama|bench-gpt|offload|profile"}
+stage=${1:?"usage: scripts/gpu-session.sh quick|tests|bench-llama|bench-gpt|offload|profile"}
 case "$stage" in
-  tests|bench-llama|bench-gpt|offload|profile) ;;
-  *) echo "unknown stage '$stage': use tests, bench-llama, bench-gpt, offload or profile" >&2; exit 2 ;;
+  quick|tests|bench-llama|bench-gpt|offload|profile) ;;
+  *) echo "unknown stage '$stage': use quick, tests, bench-llama, bench-gpt, offload or profile" >&2; exit 2 ;;
 esac
 if [ ! -x build-portable/bin/fsdp-opt ] || [ ! -x build-portable/bin/fsdp-translate ]; then
   echo "build-portable/bin/fsdp-opt and fsdp-translate are missing: run 'make portable-tools' on the build" \
@@ -31,6 +32,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/dev
 make runtime JOBS="$(nproc)" > "$OUT/build-$stage.log" 2>&1 || { tail -40 "$OUT/build-$stage.log" >&2; exit 1; }
 
 case "$stage" in
+  quick)
+    (cd python/tests && timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -n 4 --timeout 180 test_gpu.py \
+      -k "cuda_graph or llama or launches" test_pointwise_kernels.py 2>&1 | tee "$OUT/test-quick.log") || true
+    timeout 160 python3 benchmarks/gpu.py --models gpt-23m --repeats 1 --steps 8 --warmup 4 --json "$OUT/gpt-quick.json" \
+      --systems fsdpc fsdpc-graph fsdp2 2>&1 | tee "$OUT/gpt-quick.log" || true
+    timeout 200 python3 benchmarks/gpu.py --models llama-0.9b --repeats 1 --steps 8 --warmup 4 \
+      --json "$OUT/llama-quick.json" --systems fsdpc fsdpc-tuned fsdp2 2>&1 | tee "$OUT/llama-quick.log" || true
+    ;;
   tests)
     (cd python/tests && timeout 450 python3 -m pytest -q -rs -p no:cacheprovider -n 6 --timeout 400 test_gpu.py \
       test_cuda_capture.py test_pointwise_kernels.py 2>&1 | tee "$OUT/test-gpu.log") || true
