@@ -303,17 +303,23 @@ MOST_GPUS = 1024
 HOST_BOUND_SHARE = 0.2
 
 
-def when_replayed(ir: str, plan: Plan, *, optimizer: str = "adamw", pipeline: str = "",
-                  replicas: int = 1) -> str | None:
+def _worth_replaying(plan: Plan, pipeline: str) -> bool:
+    """Whether the host bounds `plan`'s step (over HOST_BOUND_SHARE of it
+    waits for the host to issue its calls) and `pipeline` does not replay it
+    already."""
+    return plan.time.host_bound > HOST_BOUND_SHARE * plan.time.step and \
+        not re.search(r"\bcuda-graph=true\b", pipeline)
+
+
+def when_replayed(ir: str, plan: Plan, *, optimizer: str = "adamw", pipeline: str = "") -> str | None:
     """For a step that waits for the host to issue its calls, a line with its
     time replayed as a CUDA graph (`cuda-graph=true`), planned the same
     way; None where the host does not bound it, it is replayed already, or
     it offloads (which a graph cannot replay)."""
-    if plan.time.host_bound <= HOST_BOUND_SHARE * plan.time.step or plan.memory.host \
-            or re.search(r"\bcuda-graph=true\b", pipeline):
+    if not _worth_replaying(plan, pipeline) or plan.memory.host:
         return None
     replayed = plan_step(ir, gpus=plan.gpus, machine=plan.machine, model=plan.model, optimizer=optimizer,
-                         pipeline=f"{pipeline} cuda-graph=true", replicas=replicas)
+                         pipeline=f"{pipeline} cuda-graph=true")
     return (f"the step waits {plan.time.host_bound * 1e3:.2f} of its {plan.time.step * 1e3:.2f} ms for the host to "
             f"issue its calls; replayed as a CUDA graph (--pipeline cuda-graph=true): "
             f"{replayed.time.step * 1e3:.2f} ms, {replayed.time.tokens_per_second:,.0f} tokens/s per GPU")
@@ -501,8 +507,7 @@ def _search(step_file: Path, space: list[tuple[str, int]], gpus: int, machine: M
         # A step the host bounds is tried replayed as a CUDA graph: the
         # fastest sixth that fit and offload nothing (a graph cannot replay
         # host work); the memory model does not change.
-        if default.time.host_bound > HOST_BOUND_SHARE * default.time.step \
-                and not re.search(r"\bcuda-graph=true\b", pipeline):
+        if _worth_replaying(default, pipeline):
             replayable = [(c.settings, c.replicas) for c in first((c for c in fitting if not c.plan.memory.host), 6)]
             fitting += planned_again(replayable, "cuda-graph=true")
             runs += len(replayable)

@@ -934,7 +934,7 @@ def scenario_cuda_graph(args):
     assert calls.get("cudaGraphLaunch", 0) == 1, f"a replay launched {calls.get('cudaGraphLaunch', 0)} graphs"
     # At most the generator's offsets (two fills) and a few of the driver's own.
     assert calls.get("cudaLaunchKernel", 0) <= 4, f"a replay launched {calls['cudaLaunchKernel']} kernels one by one"
-    # Forward only: a program of its own, replayed from its third call; each equals the first (as instructions).
+    # Forward only: a program of its own, captured on its second call; each loss equals the first (as instructions).
     sharded.eval()
     with torch.no_grad():
         evaluated = [float(sharded(*mine(data[0]))) for _ in range(3)]

@@ -27,7 +27,6 @@ BUILTIN_MODELS = {
 }
 
 
-
 def _hugging_face(factory: str):
     """`fsdpc.models.hf`'s `factory`, imported when called: importing
     `transformers` costs a second, which every command would pay."""
