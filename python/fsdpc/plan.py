@@ -126,13 +126,15 @@ class MemoryPlan:
     gathered_params: int
     staging: int
     peak: int
+    working: int  # the peak above the step's start: what a CUDA graph keeps reserved between calls
 
     @classmethod
     def from_report(cls, report: dict) -> MemoryPlan:
         persistent, peak = report["persistent"], report["peak"]
         return cls(params=persistent["params"], grads=persistent["grads"], optimizer=persistent["optimizer"],
                    host=report["host"]["total"], activations=peak["activations"],
-                   gathered_params=peak["gathered_params"], staging=peak["staging"], peak=peak["total"])
+                   gathered_params=peak["gathered_params"], staging=peak["staging"], peak=peak["total"],
+                   working=peak["above_step_start"])
 
 
 @dataclass(frozen=True)
@@ -322,7 +324,8 @@ def when_replayed(ir: str, plan: Plan, *, optimizer: str = "adamw", pipeline: st
                          pipeline=f"{pipeline} cuda-graph=true")
     return (f"the step waits {plan.time.host_bound * 1e3:.2f} of its {plan.time.step * 1e3:.2f} ms for the host to "
             f"issue its calls; replayed as a CUDA graph (--pipeline cuda-graph=true): "
-            f"{replayed.time.step * 1e3:.2f} ms, {replayed.time.tokens_per_second:,.0f} tokens/s per GPU")
+            f"{replayed.time.step * 1e3:.2f} ms, {replayed.time.tokens_per_second:,.0f} tokens/s per GPU, "
+            f"its {size(replayed.memory.working)} of working memory kept reserved between calls")
 
 
 def what_would_fit(ir: str, plan: Plan, *, optimizer: str = "adamw", pipeline: str = "") -> list[str]:

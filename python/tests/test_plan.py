@@ -148,6 +148,8 @@ def test_a_step_the_host_bounds_is_planned_replayed_as_a_cuda_graph(gpt_ir):
     assert float(match.group(2)) == pytest.approx(plan.time.step * 1e3, abs=0.01)
     replayed = plan_step(gpt_ir, gpus=1, model="gpt", pipeline="cuda-graph=true")
     assert float(match.group(3)) == pytest.approx(replayed.time.step * 1e3, abs=0.01)
+    assert line.endswith(f"its {size(replayed.memory.working)} of working memory kept reserved between calls")
+    assert 0 < replayed.memory.working < replayed.memory.peak
     assert replayed.time.step < 0.5 * plan.time.step and replayed.time.host_bound < plan.time.host_bound
     assert when_replayed(gpt_ir, replayed, pipeline="cuda-graph=true") is None
     offloaded = plan_step(gpt_ir, gpus=1, model="gpt", pipeline="offload=*")
