@@ -91,6 +91,11 @@ public:
         out = execute(program, function, std::move(in));
       }
       join(*stream, caller);
+      // The caching allocator keeps freed blocks for the stream they were
+      // made on: this call's working memory would stay reserved for the
+      // graph's stream, where nothing allocates once the graph (with a pool
+      // of its own) replays. Released now, once.
+      c10::cuda::CUDACachingAllocator::emptyCache();
       state = State::Warm;
       return out;
     }

@@ -3,7 +3,8 @@
 // A function the program marks `cuda_graph` (fsdp-cuda-graph) runs its
 // first call as instructions, on a stream of its own, so that NCCL's
 // communicators, cuBLAS's workspaces and the kernels are set up outside any
-// capture; its second call is captured into a CUDA graph on that stream;
+// capture (the memory that call cached for that stream is released after
+// it); its second call is captured into a CUDA graph on that stream;
 // later calls copy the batch into the graph's inputs and replay it: one
 // launch instead of one per instruction.
 //
