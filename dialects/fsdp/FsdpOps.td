@@ -463,8 +463,8 @@ def Fsdp_AllGatherStartOp : Fsdp_CollectiveStartOp<"all_gather_start"> {
     k` (k >= 1) records that the prefetch pass issued it k units before the
     unit runs. The inputs stay alive until the wait.
     `host` marks a bucket of an offloaded unit: the shards are in host
-    memory. On a GPU the copy-in then runs on the transfer stream, after the
-    compute stream's work issued before the start, so that the host-to-device
+    memory. On a GPU the copy-in then runs on the host-to-device stream,
+    after the compute stream's work issued before the start, so that the
     copy overlaps compute: each shard is copied to the device (straight into
     the send buffer, or, when it must be cast, whole into a device copy of its
     own dtype that lives until the wait) and the collective follows on that
@@ -517,8 +517,9 @@ def Fsdp_ReduceScatterStartOp : Fsdp_ReducingStartOp<"reduce_scatter_start"> {
     reduction) and `post_divide` (after), as FSDP2 does.
     `host` delivers the results in host memory, as the gradients of an
     offloaded unit: on a GPU the wait copies them (cast first, on the device)
-    to pinned host memory on the transfer stream, and the step's end waits
-    for that stream, so the gradients are complete when the step returns.
+    to pinned host memory on the device-to-host stream (beside the
+    host-to-device one: the link is full duplex), and the step's end waits
+    for it, so the gradients are complete when the step returns.
     Each lands as its wait completes: the runtime hands it to a host
     optimizer stepping in backward (`overlap_host_optimizer(in_backward=True)`)
     from there, which is why no later all-gather may read the unit's shards.

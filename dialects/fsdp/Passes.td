@@ -564,7 +564,8 @@ def StepTimePass : Pass<"fsdp-step-time", "::mlir::ModuleOp"> {
     after their copy-in, and take a ring's time over the link their group
     crosses (NVLink inside a node of `gpus-per-node` GPUs, the network
     across); a wait holds the compute stream until its collective ends;
-    offloaded units' copies run on the transfer stream over the host link;
+    offloaded units' copies run over the host link on two streams, one
+    each way;
     the optimizer steps after the schedule, on the device or the host; with
     `overlap-host-optimizer` the host steps offloaded units during the next
     step instead, from its start, in the order of their gathers, and the

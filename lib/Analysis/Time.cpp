@@ -297,6 +297,9 @@ llvm::StringMap<std::string> mlir::fsdp::kernelClasses(Step &step) {
 
 namespace {
 
+/// The streams of offloaded units' copies, one each way across the host link.
+constexpr StringLiteral kToDeviceTrack = "host to device", kToHostTrack = "device to host";
+
 /// Host optimizer work that a step inherits from the one before: offloaded
 /// units' updates still to run when it begins, in the order the thread runs
 /// them, each with the seconds it has left.
@@ -475,9 +478,9 @@ StepTime walkStep(Step &step, const Machine &machine, const OptimizerTraffic &tr
         if (unit)
           if (auto it = updated.find(unit.getValue()); it != updated.end())
             host = std::max(host, it->second);
-        // The shards cross the host link on the transfer stream, after the
-        // compute stream's work so far, and are packed there.
-        int transfer = track("transfer");
+        // The shards cross the host link on the host-to-device stream,
+        // after the compute stream's work so far, and are packed there.
+        int transfer = track(kToDeviceTrack);
         double begin = std::max({host, trackFree[kCompute], trackFree[transfer]});
         double copy = inputBytes / machine.gpu.hostLinkBandwidth + memorySeconds(packBytes);
         record(&op, "host to device " + intervalName(&op), transfer, begin, copy, 0, inputBytes);
@@ -520,7 +523,9 @@ StepTime walkStep(Step &step, const Machine &machine, const OptimizerTraffic &tr
         time.idealMemory += 2.0 * bytes / machine.gpu.memoryBandwidth;
       }
       if (start && start->hasAttr("host") && !gather) {
-        int transfer = track("transfer");
+        // The link is full duplex: gradients go out on a stream of their own
+        // while the next shards come in.
+        int transfer = track(kToHostTrack);
         double copy = bytes / machine.gpu.hostLinkBandwidth;
         record(start, "device to host " + intervalName(start), transfer,
                std::max(end, trackFree[transfer]), copy, 0, bytes);
@@ -535,13 +540,16 @@ StepTime walkStep(Step &step, const Machine &machine, const OptimizerTraffic &tr
   // on the device after the step's kernels, the host's after the transfers
   // (or, overlapped, during the next step, above).
   double deviceEnd = *std::max_element(trackFree.begin(), trackFree.end());
-  double transferEnd = trackOf.count("transfer") ? trackFree[trackOf.lookup("transfer")] : 0;
+  double transferEnd = 0;
+  for (StringRef transferTrack : {kToDeviceTrack, kToHostTrack})
+    if (trackOf.count(transferTrack))
+      transferEnd = std::max(transferEnd, trackFree[trackOf.lookup(transferTrack)]);
   double deviceOptimizer = traffic.deviceBytes ? memorySeconds(traffic.deviceBytes) : 0;
   time.hostOptimizer = traffic.hostBytes / machine.hostOptimizerBandwidth;
   time.optimizer = deviceOptimizer + time.hostOptimizer;
   if (deviceOptimizer)
     record(nullptr, "optimizer step", kCompute, std::max(host, deviceEnd), deviceOptimizer);
-  if (time.hostOptimizer && timing == HostOptimizerTiming::AfterStep) // once the transfer stream is done
+  if (time.hostOptimizer && timing == HostOptimizerTiming::AfterStep) // once the transfer streams are done
     record(nullptr, "host optimizer step", track("host optimizer"), std::max(host, transferEnd),
            time.hostOptimizer);
   int thread = trackOf.count("host optimizer") ? int(trackOf.lookup("host optimizer")) : -1;

@@ -752,7 +752,7 @@ LogicalResult AllGatherStartOp::verify() {
       return emitOpError("prefetch needs the unit it prefetches for");
   }
   if (getHost() && getIntoResults())
-    return emitOpError("is `host` and `into_results`: a host bucket is copied in on the transfer stream "
+    return emitOpError("is `host` and `into_results`: a host bucket is copied in on the host-to-device stream "
                        "and gathered through a receive buffer");
   return success();
 }

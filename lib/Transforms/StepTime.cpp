@@ -204,7 +204,7 @@ struct StepTimePass : public fsdp::impl::StepTimePassBase<StepTimePass> {
       row("host-bound", time.hostBound,
           llvm::formatv("compute waiting for the host to issue ({0} instructions)", time.instructions).str());
       if (time.transfer)
-        row("host <-> device copies", time.transfer, "offloaded units, on the transfer stream");
+        row("host <-> device copies", time.transfer, "offloaded units, a stream each way");
       row("optimizer step", time.optimizer,
           llvm::formatv("{0:F2} ms of it on the host{1}", time.hostOptimizer * 1e3,
                         timing == HostOptimizerTiming::InBackward    ? ", from when gradients land"

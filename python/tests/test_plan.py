@@ -107,6 +107,23 @@ def test_a_host_optimizer_in_backward_starts_as_gradients_land(gpt_ir, tmp_path)
         machine(host_optimizer="sometimes")
 
 
+def test_offloaded_copies_cross_the_host_link_both_ways_at_once(gpt_ir, tmp_path):
+    """The host link is full duplex and the runtime copies each way on a
+    stream of its own: in backward a unit's gradients go out while the next
+    unit's shards come in."""
+    trace = tmp_path / "offloaded.json"
+    plan_step(gpt_ir, gpus=1, model="gpt", pipeline="offload=*", machine=machine(host_link_gbps=0.05),
+              trace=str(trace))
+    events = json.loads(trace.read_text())["traceEvents"]
+    tracks = {event["tid"]: event["args"]["name"] for event in events if event["name"] == "thread_name"}
+    copies = {way: [(event["ts"], event["ts"] + event["dur"]) for event in events
+                    if event.get("ph") == "X" and tracks[event["tid"]] == way]
+              for way in ("host to device", "device to host")}
+    assert all(copies.values()), copies
+    assert any(begin < other_end and other_begin < end
+               for begin, end in copies["host to device"] for other_begin, other_end in copies["device to host"])
+
+
 def test_the_predicted_time_follows_the_schedule_and_the_links(gpt_ir, tmp_path):
     one_node = plan_step(gpt_ir, gpus=8, model="gpt")
     eight_nodes = plan_step(gpt_ir, gpus=8, machine=machine("h100-sxm", 1), model="gpt")

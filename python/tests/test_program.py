@@ -148,7 +148,7 @@ def test_landed_gradients_are_named_and_end_their_units_gathers():
 
 
 def test_a_host_gather_into_its_results_is_refused():
-    """A host bucket's shards come in on the transfer stream through a
+    """A host bucket's shards come in on the host-to-device stream through a
     receive buffer: `into_results` on it is refused at load, as the
     verifier refuses it."""
     _, program = compile_program("mlp", "ranks=2 offload=*")

@@ -13,13 +13,15 @@
 // autograd: the program is its own backward.
 //
 // Offloaded units (`host` collectives) on a GPU: the copy-in of a bucket of
-// host shards runs on one transfer stream, after an event on the compute
-// stream, and the collective is issued from it, so the host-to-device copy
-// overlaps the kernels issued before it. A `host` reduction's wait copies
-// the results to pinned host memory on that stream; the device memory they
+// host shards runs on the host-to-device stream, after an event on the
+// compute stream, and the collective is issued from it, so the copy overlaps
+// the kernels issued before it. A `host` reduction's wait copies the results
+// to pinned host memory on the device-to-host stream; the device memory they
 // came from is recorded on it, so the allocator reuses it only after the
-// copy. The step ends by waiting for the transfer stream: the host then owns
-// the gradients and may update the shards. On a CPU program host memory is
+// copy. Two streams because the host link is full duplex (a copy engine
+// each way): the next unit's shards come in while the last one's gradients
+// go out. The step ends by waiting for both: the host then owns the
+// gradients and may update the shards. On a CPU program host memory is
 // the device's, and these collectives run as any other. A host update still
 // running on a unit's shards (the optimizer overlapped with this step) is
 // waited for right before its gather reads them.
@@ -51,20 +53,26 @@ namespace fsdp_rt {
 
 namespace {
 
-/// The device's one transfer stream, the same for every step: the caching
-/// allocator keeps a pool per stream, so a stream per step would strand the
-/// memory freed on each. A high-priority one, as FSDP2's copy streams (and
-/// never one of ProcessGroupNCCL's, which come from the other pool).
-c10::Stream transferStream(c10::Device device) {
+/// Which way a copy crosses the host link.
+enum class Transfer { ToDevice, ToHost };
+
+/// The device's stream for copies one way, the same for every step: the
+/// caching allocator keeps a pool per stream, so a stream per step would
+/// strand the memory freed on each. High-priority ones, as FSDP2's copy
+/// streams (and never one of ProcessGroupNCCL's, which come from the other
+/// pool), both taken at once so that the pool's round robin makes them two.
+c10::Stream transferStream(c10::Device device, Transfer way) {
   static std::mutex choosing;
-  static std::map<c10::DeviceIndex, c10::Stream> streams;
+  static std::map<c10::DeviceIndex, std::pair<c10::Stream, c10::Stream>> streams; // to the device, to the host
   std::lock_guard<std::mutex> lock(choosing);
   auto found = streams.find(device.index());
   if (found == streams.end()) {
     c10::impl::VirtualGuardImpl guard(device.type());
-    found = streams.emplace(device.index(), guard.getStreamFromGlobalPool(device, /*isHighPriority=*/true)).first;
+    c10::Stream toDevice = guard.getStreamFromGlobalPool(device, /*isHighPriority=*/true);
+    c10::Stream toHost = guard.getStreamFromGlobalPool(device, /*isHighPriority=*/true);
+    found = streams.emplace(device.index(), std::make_pair(toDevice, toHost)).first;
   }
-  return found->second;
+  return way == Transfer::ToDevice ? found->second.first : found->second.second;
 }
 
 int64_t nowUs() {
@@ -105,7 +113,7 @@ struct InFlight {
   Collectives *backend = nullptr;
   Pending collective;
   /// A host bucket's inputs, and device copies of the shards it casts: the
-  /// transfer stream reads them until the collective has run.
+  /// host-to-device stream reads them until the collective has run.
   std::vector<at::Tensor> held;
   int64_t ranks = 1, total = 0, startUs = 0;
   bool started = false;
@@ -153,8 +161,11 @@ public:
       if (pending.started)
         throw std::runtime_error("fsdp_rt: rank " + rankText() + ": " + describe(*pending.inst) +
                                  " was never waited for");
-    if (transfer)
-      transfer->synchronize(); // the host optimizer reads the gradients, and writes the shards
+    // The host optimizer reads the gradients, and writes the shards.
+    if (toDevice)
+      toDevice->synchronize();
+    if (toHost)
+      toHost->synchronize();
     return std::move(out);
   }
 
@@ -381,18 +392,19 @@ private:
     launch(inst, std::move(pending));
   }
 
-  /// The transfer stream, after the compute stream's work so far.
-  c10::Stream &transferAfterCompute() {
+  /// The stream for copies `way`, after the compute stream's work so far.
+  c10::Stream &transferAfterCompute(Transfer way) {
     c10::impl::VirtualGuardImpl guard(device.type());
-    if (!transfer)
-      transfer = transferStream(device);
+    std::optional<c10::Stream> &stream = way == Transfer::ToDevice ? toDevice : toHost;
+    if (!stream)
+      stream = transferStream(device, way);
     c10::Event computed(device.type());
     computed.record(guard.getStream(device));
-    computed.block(*transfer);
-    return *transfer;
+    computed.block(*stream);
+    return *stream;
   }
 
-  /// A host bucket's copy-in and collective, on the transfer stream. The
+  /// A host bucket's copy-in and collective, on the host-to-device stream. The
   /// buffers it writes were allocated on the compute stream before the
   /// event, so their memory is free of earlier work; device copies for
   /// casting are allocated there too and held to the wait.
@@ -407,7 +419,7 @@ private:
       if (shards[i].scalar_type() != inst.dtypes.front())
         pending.held.push_back(at::empty(shards[i].sizes(), shards[i].options().device(device)));
     }
-    c10::StreamGuard onTransfer(transferAfterCompute());
+    c10::StreamGuard onTransfer(transferAfterCompute(Transfer::ToDevice));
     for (size_t i = 0, held = 0; i < shards.size(); ++i, ++held) {
       at::Tensor target = region(i);
       if (shards[i].scalar_type() != inst.dtypes.front()) {
@@ -663,16 +675,16 @@ private:
     std::shared_ptr<c10::Event> copied;
     if (device.type() != c10::kCPU) {
       copied = std::make_shared<c10::Event>(device.type());
-      copied->record(*transfer);
+      copied->record(*toHost);
     }
     in.landings->land(params, grads, std::move(copied));
   }
 
-  /// Copies device results to pinned host memory on the transfer stream;
-  /// their device memory is recorded on it, so it is reused only after the
-  /// copy. run() waits for the stream before the step returns.
+  /// Copies device results to pinned host memory on the device-to-host
+  /// stream; their device memory is recorded on it, so it is reused only
+  /// after the copy. run() waits for the stream before the step returns.
   std::vector<at::Tensor> copyToHost(const std::vector<at::Tensor> &values) {
-    c10::Stream &stream = transferAfterCompute();
+    c10::Stream &stream = transferAfterCompute(Transfer::ToHost);
     c10::impl::VirtualGuardImpl guard(device.type());
     std::vector<at::Tensor> onHost;
     for (const at::Tensor &value : values) {
@@ -741,7 +753,7 @@ private:
   const Function &function;
   StepInputs in;
   std::set<std::string> offloaded;      // parameters whose shards are in host memory
-  std::optional<c10::Stream> transfer;  // host <-> device copies, once a host collective ran
+  std::optional<c10::Stream> toDevice, toHost; // host link copies each way, once a host collective ran
   std::map<std::string, std::unique_ptr<Collectives>> backends;
   std::vector<c10::IValue> slots;
   torch::jit::Stack stack; // an ATen call's arguments, then its results

@@ -89,7 +89,7 @@ fsdp.unit @l0 offloaded
 fsdp.param @w : tensor<4xf32> unit @l0 sharded on @dp axes = [0] padding = 0
 func.func @f() {
   %w = fsdp.get_param @w : tensor<2xf32>
-  // expected-error @+1 {{'fsdp.all_gather_start' op is `host` and `into_results`: a host bucket is copied in on the transfer stream and gathered through a receive buffer}}
+  // expected-error @+1 {{'fsdp.all_gather_start' op is `host` and `into_results`: a host bucket is copied in on the host-to-device stream and gathered through a receive buffer}}
   %f = fsdp.all_gather_start %w on @dp axes = [0] unit @l0 host into_results : tensor<2xf32> -> !fsdp.future<tensor<4xf32>>
   %full = fsdp.wait %f : !fsdp.future<tensor<4xf32>>
   return

@@ -32,7 +32,7 @@ func.func @step(%x: tensor<4x3xf32>) {
 
 // -----
 
-// An offloaded unit's all-gather copies its shards in on the transfer
+// An offloaded unit's all-gather copies its shards in on the host-to-device
 // stream, through the receive buffer: left as it is.
 shard.grid @dp(shape = 2)
 fsdp.unit @root root offloaded
