@@ -178,6 +178,17 @@ class _CallRecorder(TorchFunctionMode):
         return tuple((code.co_filename, line, code.co_name) for code, line in self.frames)
 
 
+def _fx_tracing_flag() -> tuple[Callable[[], bool], Callable[[bool], None]]:
+    """How this torch reads and sets `torch.fx._symbolic_trace.is_fx_tracing()`:
+    a thread-local behind accessors (newer torch), or a module global
+    (torch 2.11, the GPU hosts')."""
+    if hasattr(fx_tracing, "_get_is_fx_tracing") and hasattr(fx_tracing, "_set_is_fx_tracing"):
+        return fx_tracing._get_is_fx_tracing, fx_tracing._set_is_fx_tracing
+    if isinstance(getattr(fx_tracing, "_is_fx_tracing_flag", None), bool):
+        return (lambda: fx_tracing._is_fx_tracing_flag), (lambda value: setattr(fx_tracing, "_is_fx_tracing_flag", value))
+    raise _Incomplete("this torch keeps its fx tracing flag elsewhere")
+
+
 @contextlib.contextmanager
 def _as_export_runs_it():
     """torch's flags as non-strict export sets them while the step runs
@@ -186,14 +197,15 @@ def _as_export_runs_it():
     compiler = torch.compiler
     if not all(hasattr(compiler, flag) for flag in ("_is_compiling_flag", "_is_exporting_flag")):
         raise _Incomplete("this torch keeps its compiling flags elsewhere")
-    saved = compiler._is_compiling_flag, compiler._is_exporting_flag, fx_tracing._get_is_fx_tracing()
+    get_fx_tracing, set_fx_tracing = _fx_tracing_flag()
+    saved = compiler._is_compiling_flag, compiler._is_exporting_flag, get_fx_tracing()
     compiler._is_compiling_flag = compiler._is_exporting_flag = True
-    fx_tracing._set_is_fx_tracing(True)
+    set_fx_tracing(True)
     try:
         yield
     finally:
         compiler._is_compiling_flag, compiler._is_exporting_flag = saved[:2]
-        fx_tracing._set_is_fx_tracing(saved[2])
+        set_fx_tracing(saved[2])
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ import importlib.util
 import sys
 import textwrap
 import types
+import warnings
 import weakref
 
 import pytest
@@ -93,15 +94,35 @@ class FlagReader(Net):
     seen: list = []
 
     def forward(self, x):
-        FlagReader.seen.append((torch.compiler.is_compiling(), torch.compiler.is_exporting()))
+        FlagReader.seen.append((torch.compiler.is_compiling(), torch.compiler.is_exporting(), _is_fx_tracing()))
         return super().forward(x) * (2.0 if torch.compiler.is_compiling() else 1.0)
+
+
+def _is_fx_tracing() -> bool:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # it warns that symbolic tracing and export both set it
+        return torch.fx._symbolic_trace.is_fx_tracing()
 
 
 def test_the_step_runs_under_the_flags_export_sets():
     FlagReader.seen = []
     fingerprint(*meta_step(FlagReader))
-    assert FlagReader.seen == [(True, True)]
-    assert not torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+    assert FlagReader.seen == [(True, True, True)]
+    assert not torch.compiler.is_compiling() and not torch.compiler.is_exporting() and not _is_fx_tracing()
+
+
+def test_the_fx_tracing_flag_is_set_where_each_torch_keeps_it(monkeypatch):
+    """torch 2.11 (the GPU hosts') keeps it in a module global, newer torch
+    in a thread-local behind accessors (the test above runs that one)."""
+    import fsdpc.call_trace as call_trace_module
+    older = types.SimpleNamespace(_is_fx_tracing_flag=False)
+    monkeypatch.setattr(call_trace_module, "fx_tracing", older)
+    get, set_ = call_trace_module._fx_tracing_flag()
+    set_(True)
+    assert older._is_fx_tracing_flag is True and get() is True
+    monkeypatch.setattr(call_trace_module, "fx_tracing", types.SimpleNamespace())
+    with pytest.raises(call_trace_module._Incomplete, match="fx tracing flag"):
+        call_trace_module._fx_tracing_flag()
 
 
 MODEL_FILE = '''
