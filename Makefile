@@ -6,7 +6,7 @@ JOBS ?= 2
 BUILD_TYPE ?= Release
 PYTHON := $(CURDIR)/.venv/bin/python
 
-.PHONY: all deps configure build demo test test-gpu docs clean portable-tools runtime
+.PHONY: all deps configure build demo test test-gpu test-oldest-torch docs clean portable-tools runtime
 
 all: build
 
@@ -68,5 +68,10 @@ test-gpu:
 	@cd python/tests && PYTHONPATH=$(CURDIR)/python $(TEST_PYTHON) -m pytest -q -rs -p no:cacheprovider \
 	  test_gpu.py test_cuda_capture.py test_pointwise_kernels.py
 
+# The Python suite against the oldest supported torch (the GPU hosts' 2.11),
+# in a venv and a runtime build of its own; CI's .venv has the newest.
+test-oldest-torch: build
+	@JOBS=$(JOBS) scripts/test-oldest-torch.sh
+
 clean:
-	rm -rf $(BUILD_DIR) $(PORTABLE_DIR)
+	rm -rf $(BUILD_DIR) $(PORTABLE_DIR) build-oldest
