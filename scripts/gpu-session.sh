@@ -3,7 +3,8 @@
 # 10-minute device call; logs and JSON go to $OUT (default build/gpu-out).
 # Run on the GPU host from the repository root, with build-portable/bin
 # carried there (`make portable-tools` on the build machine, right before).
-# In order of need (each stands alone; a session holds about three):
+# In order of need (each stands alone; a session's 15 minutes of device time,
+# the machine's start included, hold `quick` and little else):
 #
 #   scripts/gpu-session.sh quick        # first, in one call: the new code's GPU tests (CUDA graphs, generated kernels), GPT 23M and Llama 0.9B once each (fsdpc, replayed, tuned, FSDP2)
 #   scripts/gpu-session.sh tests        # runtime build, make test-gpu (6 workers), the host's CPU time per step
