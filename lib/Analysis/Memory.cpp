@@ -2,6 +2,7 @@
 
 #include "fsdp/Analysis/Memory.h"
 
+#include "fsdp_rt/HostStaging.h"
 #include "fsdp_rt/ShardLayout.h"
 
 using namespace mlir;
@@ -12,29 +13,32 @@ namespace {
 /// Bytes of a collective's staging buffers, which the runtime allocates at
 /// the start and frees at the wait. With NCCL an all-gather packs the shards
 /// and receives every rank's; a reduce-scatter packs the padded full
-/// tensors and receives one shard of each. With Gloo the runtime reduces in
+/// tensors and receives one shard of each, except over one rank, where it
+/// reduces the packed buffer in place. With Gloo the runtime reduces in
 /// place instead (Gloo's own all-gather and reduce-scatter copy through
 /// temporaries): an all-gather has only its receive buffer, a reduce-scatter
 /// only its packed buffer (its row is kept at the wait, as the gradients).
 /// An all-reduce works in place on its packed buffer either way.
-/// A host all-gather on a GPU also holds a device copy of each shard it
-/// casts, from its start to its wait. An all-gather `into_results` on NCCL
+/// A host all-gather on a GPU also holds, from its start to its wait, the
+/// buffer through which the shards it casts cross in chunks
+/// (fsdp_rt/HostStaging.h). An all-gather `into_results` on NCCL
 /// stages nothing: each shard is cast into its place in the result, which
 /// is gathered in place (on Gloo it still receives, and copies into the
 /// results at the wait).
 int64_t stagingBytes(Operation *start, int64_t ranks, bool gloo, bool hostIsDevice) {
   if (auto gather = dyn_cast<AllGatherStartOp>(start)) {
     Type wire = cast<RankedTensorType>(futureTypes(start).front()).getElementType();
-    int64_t sent = 0, castCopies = 0;
+    int64_t sent = 0, largestCast = 0;
     for (Value input : gather.getInputs()) {
       auto type = cast<RankedTensorType>(input.getType());
       sent += type.getNumElements() * elementBytes(wire);
       if (gather.getHost() && !hostIsDevice && type.getElementType() != wire)
-        castCopies += tensorBytes(type);
+        largestCast = std::max(largestCast, tensorBytes(type));
     }
+    int64_t castStaging = fsdp_rt::hostCastStagingBytes(largestCast);
     if (gather.getIntoResults() && !gloo)
-      return castCopies;
-    return sent * ranks + (gloo ? 0 : sent) + castCopies;
+      return castStaging;
+    return sent * ranks + (gloo ? 0 : sent) + castStaging;
   }
   Type reduce = start->getAttrOfType<TypeAttr>("reduce_dtype").getValue();
   int64_t shards = 0;
@@ -42,7 +46,7 @@ int64_t stagingBytes(Operation *start, int64_t ranks, bool gloo, bool hostIsDevi
     shards += cast<RankedTensorType>(result).getNumElements() * elementBytes(reduce);
   if (isa<AllReduceStartOp>(start))
     return shards;
-  return shards * ranks + (gloo ? 0 : shards);
+  return shards * ranks + (gloo || ranks == 1 ? 0 : shards);
 }
 
 /// Bytes of an `into_results` all-gather's result as the start allocates

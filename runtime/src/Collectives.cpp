@@ -98,8 +98,13 @@ public:
     return {"all_gather", bytes, ranks()};
   }
 
+  // Over one rank the one row is the whole packed buffer: it is reduced in
+  // place (an all-reduce of one rank) and is the result, with no receive
+  // buffer as large as the gradients beside it (the memory model's rule).
   IssuedCollective reduceScatter(Pending &pending, at::Tensor packed, c10d::ReduceOp op) override {
     pending.send = packed.view(-1);
+    if (ranks() == 1)
+      return {"reduce_scatter", allReduce(pending, pending.send, op).bytes, 1};
     pending.recv = at::empty({packed.size(1)}, packed.options());
     c10d::ReduceScatterOptions options;
     options.reduceOp = op;

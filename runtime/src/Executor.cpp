@@ -29,6 +29,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "fsdp_rt/Executor.h"
+#include "fsdp_rt/HostStaging.h"
 #include "fsdp_rt/Kernels.h"
 #include "fsdp_rt/ShardLayout.h"
 
@@ -112,8 +113,8 @@ struct InFlight {
   const Instruction *inst = nullptr;
   Collectives *backend = nullptr;
   Pending collective;
-  /// A host bucket's inputs, and device copies of the shards it casts: the
-  /// host-to-device stream reads them until the collective has run.
+  /// A host bucket's inputs, and the staging buffer of the shards it casts:
+  /// the host-to-device stream reads them until the collective has run.
   std::vector<at::Tensor> held;
   int64_t ranks = 1, total = 0, startUs = 0;
   bool started = false;
@@ -406,28 +407,47 @@ private:
 
   /// A host bucket's copy-in and collective, on the host-to-device stream. The
   /// buffers it writes were allocated on the compute stream before the
-  /// event, so their memory is free of earlier work; device copies for
-  /// casting are allocated there too and held to the wait.
+  /// event, so their memory is free of earlier work. A shard to cast crosses
+  /// in chunks through one staging buffer (fsdp_rt/HostStaging.h), allocated
+  /// there too and held to the wait; each chunk is cast into the send buffer
+  /// before the next overwrites it (one stream orders them).
   template <typename Region>
   void copyInFromHost(const Instruction &inst, InFlight &pending, const std::vector<at::Tensor> &shards,
                       Region region) {
+    at::ScalarType wire = inst.dtypes.front();
+    int64_t largestCast = 0;
     for (size_t i = 0; i < shards.size(); ++i) {
       if (shards[i].device().type() != c10::kCPU)
         throw std::runtime_error("input " + std::to_string(i) + " of a host all-gather is on " +
                                  shards[i].device().str() + ", not in host memory");
-      pending.held.push_back(shards[i]);
-      if (shards[i].scalar_type() != inst.dtypes.front())
-        pending.held.push_back(at::empty(shards[i].sizes(), shards[i].options().device(device)));
+      if (shards[i].scalar_type() == wire)
+        continue;
+      if (!shards[i].is_contiguous())
+        throw std::runtime_error("input " + std::to_string(i) + " of a host all-gather is not contiguous: it "
+                                 "crosses to the device in chunks of its elements in order");
+      largestCast = std::max<int64_t>(largestCast, shards[i].nbytes());
+    }
+    pending.held = shards;
+    at::Tensor staging;
+    if (largestCast) {
+      staging = at::empty({hostCastStagingBytes(largestCast)}, at::TensorOptions().device(device).dtype(at::kByte));
+      pending.held.push_back(staging);
     }
     c10::StreamGuard onTransfer(transferAfterCompute(Transfer::ToDevice));
-    for (size_t i = 0, held = 0; i < shards.size(); ++i, ++held) {
+    for (size_t i = 0; i < shards.size(); ++i) {
       at::Tensor target = region(i);
-      if (shards[i].scalar_type() != inst.dtypes.front()) {
-        at::Tensor staged = pending.held[++held];
-        staged.copy_(shards[i], /*non_blocking=*/true);
-        target.copy_(staged); // the cast, on the device
-      } else {
+      if (shards[i].scalar_type() == wire) {
         target.copy_(shards[i], /*non_blocking=*/true);
+        continue;
+      }
+      at::Tensor from = shards[i].view(-1), into = target.view(-1);
+      int64_t chunk = kHostCastChunkBytes / static_cast<int64_t>(shards[i].element_size());
+      for (int64_t offset = 0; offset < from.numel(); offset += chunk) {
+        int64_t count = std::min(chunk, from.numel() - offset);
+        at::Tensor staged = staging.narrow(0, 0, count * static_cast<int64_t>(shards[i].element_size()))
+                                .view(shards[i].scalar_type());
+        staged.copy_(from.narrow(0, offset, count), /*non_blocking=*/true);
+        into.narrow(0, offset, count).copy_(staged); // the cast, on the device
       }
     }
     out.collectives.push_back(pending.backend->allGather(pending.collective));

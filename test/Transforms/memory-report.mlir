@@ -7,6 +7,8 @@
 // RUN: not fsdp-opt %s --fsdp-memory-report="backend=mpi" 2>&1 | FileCheck %s --check-prefix=BACKEND
 // RUN: fsdp-opt %s --fsdp-sharding-pipeline="ranks=4 offload=*" --fsdp-memory-report -o /dev/null | FileCheck %s --check-prefix=OFFLOAD-CPU
 // RUN: sed -e '1i module attributes {fsdp.device = "cuda"} {' -e '$a }' %s | fsdp-opt --fsdp-sharding-pipeline="ranks=4 offload=*" --fsdp-memory-report="backend=nccl" -o /dev/null | FileCheck %s --check-prefix=OFFLOAD-GPU
+// RUN: sed -e '1i module attributes {fsdp.device = "cuda"} {' -e '$a }' %S/Inputs/step.mlir | fsdp-opt --fsdp-sharding-pipeline="ranks=1 backend=nccl" --fsdp-memory-report="backend=nccl" -o /dev/null | FileCheck %s --check-prefix=NCCL-ONE
+// RUN: fsdp-opt %S/Inputs/host-gather-cast.mlir --fsdp-memory-report="backend=nccl" -o /dev/null | FileCheck %s --check-prefix=HOST-CAST
 
 // AdamW in fp32 on N ranks: 16 bytes per parameter / N for parameter shards,
 // gradient shards and the two moments. 32 parameters on 4 ranks: 128 bytes.
@@ -59,6 +61,20 @@ func.func @train_step(%x: tensor<1x4xf32>) -> tensor<f32> {
 // TABLE-NEXT:              160 B  fsdp.aten aten::mm in 'l1' tensor<4x10xf32>
 // TABLE:        most gathered at once               200 B
 // TABLE-NEXT:   saved for backward                   84 B
+
+// On one GPU, NCCL reduces the packed buffer in place (an all-reduce of one
+// rank): at l0's reduce-scatter the staging is that buffer alone, 200 B
+// (l0's 50 gradient elements in fp32), with no receive buffer of the same
+// size beside it (400 B before).
+// NCCL-ONE:      collective staging                200 B
+// NCCL-ONE-NEXT: gradient shards                   160 B
+// NCCL-ONE-NEXT: at fsdp.reduce_scatter_start
+
+// An offloaded bucket of a 40 MB and a 2 MB f32 shard gathered in bf16 on 2
+// GPUs stages its send buffer (21 MB) and receive buffer (42 MB), and the
+// shards cross to the device in their own dtype through one chunk of 32 MiB
+// (fsdp_rt/HostStaging.h), not a device copy of each (42 MB).
+// HOST-CAST: collective staging           96554432 B
 
 // JSON:      "function": "train_step",
 // JSON:      "most_gathered_params": 200,
