@@ -34,7 +34,8 @@ mkdir -p "$BUILD"
 cmake -G Ninja -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFSDP_RUNTIME_ONLY=ON -DFSDP_PYTHON="$VENV/bin/python" \
   > "$BUILD/configure.log" 2>&1 || { cat "$BUILD/configure.log" >&2; exit 1; }
 cmake --build "$BUILD" -j "$JOBS"
-echo "test-oldest-torch: $("$VENV/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"
+versions='import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+echo "test-oldest-torch: $("$VENV/bin/python" -c "$versions")"
 cd python/tests
 tests=()
 for file in test_*.py; do

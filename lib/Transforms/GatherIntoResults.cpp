@@ -32,8 +32,8 @@ using namespace mlir::fsdp;
 namespace {
 
 /// Marks every all-gather but an offloaded unit's (whose shards are copied
-/// in on the host-to-device stream, through a receive buffer) to gather into its
-/// results.
+/// in on the host-to-device stream, through a receive buffer) to gather into
+/// its results.
 void gatherIntoResults(ModuleOp module) {
   module.walk([](AllGatherStartOp gather) {
     if (!gather.getHost())

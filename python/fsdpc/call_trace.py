@@ -185,7 +185,8 @@ def _fx_tracing_flag() -> tuple[Callable[[], bool], Callable[[bool], None]]:
     if hasattr(fx_tracing, "_get_is_fx_tracing") and hasattr(fx_tracing, "_set_is_fx_tracing"):
         return fx_tracing._get_is_fx_tracing, fx_tracing._set_is_fx_tracing
     if isinstance(getattr(fx_tracing, "_is_fx_tracing_flag", None), bool):
-        return (lambda: fx_tracing._is_fx_tracing_flag), (lambda value: setattr(fx_tracing, "_is_fx_tracing_flag", value))
+        return (lambda: fx_tracing._is_fx_tracing_flag,
+                lambda value: setattr(fx_tracing, "_is_fx_tracing_flag", value))
     raise _Incomplete("this torch keeps its fx tracing flag elsewhere")
 
 

@@ -51,8 +51,8 @@ public:
   explicit NcclCollectives(c10d::ProcessGroup &group) : Collectives(group) {}
 
   // Both buffers are allocated here, on the compute stream: a host bucket
-  // issues its gather from the host-to-device stream, whose pool the memory model
-  // does not know.
+  // issues its gather from the host-to-device stream, whose pool the memory
+  // model does not know.
   at::Tensor gatherBlock(Pending &pending, int64_t elements, const at::TensorOptions &options) override {
     pending.send = at::empty({elements}, options);
     pending.recv = at::empty({ranks() * elements}, options);

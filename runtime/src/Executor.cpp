@@ -405,8 +405,8 @@ private:
     return *stream;
   }
 
-  /// A host bucket's copy-in and collective, on the host-to-device stream. The
-  /// buffers it writes were allocated on the compute stream before the
+  /// A host bucket's copy-in and collective, on the host-to-device stream.
+  /// The buffers it writes were allocated on the compute stream before the
   /// event, so their memory is free of earlier work. A shard to cast crosses
   /// in chunks through one staging buffer (fsdp_rt/HostStaging.h), allocated
   /// there too and held to the wait; each chunk is cast into the send buffer
