@@ -35,10 +35,9 @@ int64_t stagingBytes(Operation *start, int64_t ranks, bool gloo, bool hostIsDevi
       if (gather.getHost() && !hostIsDevice && type.getElementType() != wire)
         largestCast = std::max(largestCast, tensorBytes(type));
     }
-    int64_t castStaging = fsdp_rt::hostCastStagingBytes(largestCast);
-    if (gather.getIntoResults() && !gloo)
-      return castStaging;
-    return sent * ranks + (gloo ? 0 : sent) + castStaging;
+    if (gather.getIntoResults() && !gloo) // never `host` (the verifier's rule)
+      return 0;
+    return sent * ranks + (gloo ? 0 : sent) + fsdp_rt::hostCastStagingBytes(largestCast);
   }
   Type reduce = start->getAttrOfType<TypeAttr>("reduce_dtype").getValue();
   int64_t shards = 0;

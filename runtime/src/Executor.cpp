@@ -441,11 +441,10 @@ private:
         continue;
       }
       at::Tensor from = shards[i].view(-1), into = target.view(-1);
-      int64_t chunk = kHostCastChunkBytes / static_cast<int64_t>(shards[i].element_size());
+      int64_t itemBytes = static_cast<int64_t>(shards[i].element_size()), chunk = kHostCastChunkBytes / itemBytes;
       for (int64_t offset = 0; offset < from.numel(); offset += chunk) {
         int64_t count = std::min(chunk, from.numel() - offset);
-        at::Tensor staged = staging.narrow(0, 0, count * static_cast<int64_t>(shards[i].element_size()))
-                                .view(shards[i].scalar_type());
+        at::Tensor staged = staging.narrow(0, 0, count * itemBytes).view(shards[i].scalar_type());
         staged.copy_(from.narrow(0, offset, count), /*non_blocking=*/true);
         into.narrow(0, offset, count).copy_(staged); // the cast, on the device
       }
