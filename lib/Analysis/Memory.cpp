@@ -25,6 +25,16 @@ namespace {
 /// stages nothing: each shard is cast into its place in the result, which
 /// is gathered in place (on Gloo it still receives, and copies into the
 /// results at the wait).
+/// Bytes of the buffer a reduction reduces into: its results, each in the
+/// reduce dtype.
+int64_t reducedBytes(Operation *start) {
+  Type reduce = start->getAttrOfType<TypeAttr>("reduce_dtype").getValue();
+  int64_t bytes = 0;
+  for (Type result : futureTypes(start))
+    bytes += cast<RankedTensorType>(result).getNumElements() * elementBytes(reduce);
+  return bytes;
+}
+
 int64_t stagingBytes(Operation *start, int64_t ranks, bool gloo, bool hostIsDevice) {
   if (auto gather = dyn_cast<AllGatherStartOp>(start)) {
     Type wire = cast<RankedTensorType>(futureTypes(start).front()).getElementType();
@@ -39,14 +49,17 @@ int64_t stagingBytes(Operation *start, int64_t ranks, bool gloo, bool hostIsDevi
       return 0;
     return sent * ranks + (gloo ? 0 : sent) + fsdp_rt::hostCastStagingBytes(largestCast);
   }
-  Type reduce = start->getAttrOfType<TypeAttr>("reduce_dtype").getValue();
-  int64_t shards = 0;
-  for (Type result : futureTypes(start))
-    shards += cast<RankedTensorType>(result).getNumElements() * elementBytes(reduce);
+  int64_t shards = reducedBytes(start);
   if (isa<AllReduceStartOp>(start))
     return shards;
   return shards * ranks + (gloo || ranks == 1 ? 0 : shards);
 }
+
+/// Whether a reduction's results (those in its reduce dtype) are views of
+/// the buffer it reduces into: an all-reduce's packed buffer, NCCL's
+/// receive buffer (over one rank the packed buffer). Gloo's reduce-scatter
+/// copies this rank's row out of its packed buffer instead.
+bool reducesIntoResults(Operation *start, bool gloo) { return isa<AllReduceStartOp>(start) || !gloo; }
 
 /// Bytes of an `into_results` all-gather's result as the start allocates
 /// it: padded to the group size times the shard's rows.
@@ -180,6 +193,29 @@ Walk mlir::fsdp::walkSchedule(Step &step, bool gloo, bool hostIsDevice, Frees fr
           allocate(result, here, Gathered);
           storages.back().bytes = paddedResultBytes(result, ranks);
         }
+        continue;
+      }
+      if (!gather && reducesIntoResults(&op, gloo)) {
+        // The results in the reduce dtype are views of the buffer reduced
+        // into: it is staging until the wait, then their storage until the
+        // last of them is freed; the others are cast from it at the wait.
+        Type reduce = op.getAttrOfType<TypeAttr>("reduce_dtype").getValue();
+        SmallVector<Value> views;
+        for (Value result : wait.getResults())
+          if (cast<RankedTensorType>(result.getType()).getElementType() == reduce)
+            views.push_back(result);
+        if (!views.empty()) {
+          int64_t reduced = reducedBytes(&op);
+          Storage &staging = storages.back();
+          staging.bytes -= reduced;
+          storages.push_back({reduced, here, index[wait] - 1, Staging, Value(), {}});
+          for (Value view : views)
+            storageOf[view] = storages.size();
+          storages.push_back({reduced, index[wait], -1, Gradient, views.front(), views});
+        }
+        for (Value result : wait.getResults())
+          if (!storageOf.count(result))
+            allocate(result, index[wait], Gradient);
         continue;
       }
       for (Value result : wait.getResults())
