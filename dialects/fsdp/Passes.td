@@ -365,7 +365,10 @@ def CudaGraphPass : Pass<"fsdp-cuda-graph", "::mlir::ModuleOp"> {
     calls without `zero_grad`) is first moved to memory of its own, so it
     keeps its value. The step's working memory (its peak above the step's
     start, the memory report's number) stays reserved for the graph between
-    calls.
+    calls; a call on a batch of another shape lets the last shape's graph
+    and memory go (each change of shape captures anew). A capture that
+    fails where every group has one rank runs the step as instructions from
+    then on, with a warning that says why; elsewhere the call fails.
 
     A function that reads accumulated gradients (`fsdp.get_accumulated_grad`:
     the synchronizing step of a program compiled for gradient accumulation)

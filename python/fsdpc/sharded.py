@@ -149,8 +149,11 @@ def _errors_left_to_fsdpc() -> Iterator[None]:
     variables when it is created. Without the first, its own watchdog tears
     the process down; without the second, it sleeps 60 s per failed
     collective (time for other ranks to dump their flight recorders) while
-    holding its work list, which delays even the process's exit."""
-    settings = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "1"}
+    holding its work list, which delays even the process's exit. The third
+    keeps waits off the host (a blocking wait polls the collective's end,
+    which ends all overlap, and a CUDA graph cannot capture)."""
+    settings = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "1",
+                "TORCH_NCCL_BLOCKING_WAIT": "0"}
     before = {variable: os.environ.get(variable) for variable in settings}
     os.environ.update(settings)
     try:
@@ -216,6 +219,9 @@ class ShardedModule(nn.Module):
         self._capturing = _Flag()
         self._example = tuple(example_batch)
         self._programs: dict[tuple, CompiledProgram] = {}
+        # Per mode (train, training): the program whose CUDA graphs the last call used.
+        self._replaying: dict[tuple, CompiledProgram] = {}
+        self._warned_replay_shapes = False
         self._groups: dict[str, dist.ProcessGroup] = {}
         self._accumulated: dict[str, torch.Tensor] = {}
         self._gradient_sync = True
@@ -412,6 +418,24 @@ class ShardedModule(nn.Module):
         self._programs[signature] = compiled
         return compiled
 
+    def _replay_one_shape(self, compiled: CompiledProgram, train: bool, batch: Sequence[torch.Tensor]) -> None:
+        """A call replayed as a CUDA graph on a batch of another shape than
+        the last call in this mode lets that shape's graphs go: each graph
+        keeps its step's working memory reserved, so one per shape would
+        add up. Said once: alternating shapes capture again each time."""
+        mode = (train, self.training)
+        previous = self._replaying.get(mode)
+        self._replaying[mode] = compiled
+        if previous is None or previous is compiled:
+            return
+        previous.runtime.release_replays()
+        if not self._warned_replay_shapes:
+            self._warned_replay_shapes = True
+            warnings.warn(f"fsdpc: the step is replayed as a CUDA graph and the batch {_describe(batch)} has "
+                          "another shape than the last call's: that shape's graph and its memory are let go, and "
+                          "each change of shape captures anew (about an eager step more); pad batches to one "
+                          "shape to replay one graph", stacklevel=3)
+
     def _check_same_layout(self, program: Program) -> None:
         def layout(spec: ParamSpec):
             return spec.shape, spec.dtype, spec.group, spec.shard_rows, spec.padding
@@ -536,6 +560,8 @@ class ShardedModule(nn.Module):
         compiled = self._program_for(batch, train=train)
         if name not in compiled.program.functions:
             raise StepError(f"the step was compiled without '{name}': fsdpc.shard(..., gradient_accumulation=True)")
+        if compiled.program.functions[name].cuda_graph:
+            self._replay_one_shape(compiled, train, batch)
         named = {fqn: owner._parameters[leaf] for fqn, (owner, leaf) in self._param_slots.items()}
         params = {fqn: self._padded(fqn, named[fqn]) for fqn in self.layout}
         accumulated = {}
@@ -579,6 +605,9 @@ class ShardedModule(nn.Module):
         if out["reshard_leaks"]:
             raise StepError(f"rank {dist.get_rank()}: gathered parameters outlived their reshard: "
                             f"{', '.join(out['reshard_leaks'])}")
+        if out["replay_abandoned"]:
+            warnings.warn(f"fsdpc: {out['replay_abandoned']}; this step runs as instructions from now on "
+                          "(one launch per instruction, as without cuda-graph=true)", stacklevel=2)
         if out["recaptured_for"]:
             warnings.warn(f"fsdpc: the step replayed as a CUDA graph was captured anew: its {out['recaptured_for']} "
                           "is another tensor than at the last capture (a capture costs about an eager step and "

@@ -906,8 +906,8 @@ def scenario_cuda_graph(args):
     parameters still hold out of the graph's memory), a loss kept from an
     earlier call keeps its value, replays launch a graph and no kernel one by
     one, eval (a program of its own) is replayed too, a traced call runs the
-    instructions, and a replaced shard is captured anew with a warning.
-    Elsewhere (CPU, gloo) the compiler refuses it with the reason."""
+    instructions, a replaced shard is captured anew with a warning, and
+    batches of two shapes in turn keep one graph at a time. Elsewhere (CPU, gloo) the compiler refuses it with the reason."""
     from torch.profiler import ProfilerActivity, profile
 
     data = batches(5)
@@ -956,6 +956,17 @@ def scenario_cuda_graph(args):
     assert len(said) == 1 and f"parameter '{replaced}'" in said[0], said
     eager = float(sharded(*mine(data[4]), trace=True))
     close(torch.tensor(replayed), torch.tensor(eager), "the loss captured anew against the instructions'", rtol=1e-6)
+    # Batches of two shapes in turn: one graph at a time (the other's memory let go, said once), each
+    # change captured anew, every loss as the instructions compute it.
+    shorter = batches(1, seq=SEQ // 2, seed=7)[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        turns = [float(sharded(*mine(batch))) for batch in (shorter, data[0], shorter, data[0])]
+    said = [str(w.message) for w in caught if "another shape" in str(w.message)]
+    assert len(said) == 1, said
+    expected = [float(sharded(*mine(batch), trace=True)) for batch in (shorter, data[0])] * 2
+    close(torch.tensor(turns), torch.tensor(expected), "losses of alternating shapes against the instructions'",
+          rtol=1e-6)
 
 
 SCENARIOS = {name.removeprefix("scenario_"): value for name, value in globals().items()

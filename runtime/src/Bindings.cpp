@@ -61,6 +61,7 @@ py::dict run(const fsdp_rt::Program &program, const std::string &name, TensorMap
   result["trace"] = events;
   result["reshard_leaks"] = outputs.reshardLeaks;
   result["recaptured_for"] = outputs.recapturedFor.empty() ? py::none() : py::cast(outputs.recapturedFor);
+  result["replay_abandoned"] = outputs.replayAbandoned.empty() ? py::none() : py::cast(outputs.replayAbandoned);
   py::list collectives;
   for (const fsdp_rt::IssuedCollective &issued : outputs.collectives)
     collectives.append(py::make_tuple(issued.op, issued.bytes, issued.ranks));
@@ -172,6 +173,11 @@ PYBIND11_MODULE(_fsdp_rt, m) {
              return py::bytes(cubin);
            }, py::arg("index"), py::arg("arch"),
            "Kernel `index` compiled by NVRTC for compute capability `arch` (90: sm_90): the cubin")
+      .def("release_replays", [](const fsdp_rt::Program &program) {
+             if (fsdp_rt::ReplayedSteps *replays = program.replays())
+               replays->release();
+           }, "Lets the CUDA graphs of the functions the program replays and their memory go; each is captured "
+              "again at its function's next call")
       .def("manifest", &manifest,
            "The manifest as plain data: {device, groups, params, buffers, functions}, the lists of dicts "
            "with the program's own field names (docs/program.md)")
@@ -180,5 +186,5 @@ PYBIND11_MODULE(_fsdp_rt, m) {
            py::arg("trace") = false, py::arg("check_reshard_frees") = false,
            py::arg("host_updates") = HostUpdateMap(), py::arg("device_waits") = nullptr,
            py::arg("gradient_landings") = nullptr,
-           "Runs one function (`host_updates`: {unit: HostUpdate} still running on offloaded shards); returns {loss, grads, returned, trace, reshard_leaks, collectives: [(c10d op, buffer bytes, group size)], recaptured_for: the changed input for which a step replayed as a CUDA graph was captured anew, or None}; `device_waits` notes the collectives whose waits leave the host running; `gradient_landings` receives offloaded units' gradients as they land in host memory");
+           "Runs one function (`host_updates`: {unit: HostUpdate} still running on offloaded shards); returns {loss, grads, returned, trace, reshard_leaks, collectives: [(c10d op, buffer bytes, group size)], recaptured_for: the changed input for which a step replayed as a CUDA graph was captured anew, or None, replay_abandoned: why such a step's capture failed, where it runs as instructions from then on (every group of one rank), or None}; `device_waits` notes the collectives whose waits leave the host running; `gradient_landings` receives offloaded units' gradients as they land in host memory");
 }

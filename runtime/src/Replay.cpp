@@ -9,12 +9,14 @@
 
 #include "fsdp_rt/Replay.h"
 
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <tuple>
 
 #if FSDP_RT_CUDA
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -59,6 +61,45 @@ void join(const c10::cuda::CUDAStream &from, const c10::cuda::CUDAStream &to) {
   done.block(to);
 }
 
+/// A CUDA graph whose failed capture can be abandoned without leaving the
+/// caching allocators routing this thread's allocations to its pool, or
+/// the pool held: torch 2.11's capture_end throws before it ends them, and
+/// its reset() releases the pool only after a successful capture_end. A
+/// torch whose reset() does both (it has `capturing_to_pool_`) is left to.
+class Graph : public at::cuda::CUDAGraph {
+public:
+  template <typename Self = Graph> void abandon() {
+    if constexpr (!requires(Self &graph) { graph.capturing_to_pool_; }) {
+      if (!capture_ended_) {
+        c10::DeviceIndex device = capture_stream_.device_index();
+        auto attempt = [](const std::function<void()> &step) {
+          try {
+            step();
+          } catch (const std::exception &) { // one this torch's capture_begin did not start
+          }
+        };
+        attempt([&] { c10::cuda::CUDACachingAllocator::endAllocateToPool(device, mempool_id_); });
+        attempt([&] { at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(mempool_id_); });
+        attempt([&] { c10::cuda::CUDACachingAllocator::releasePool(device, mempool_id_); });
+        attempt([&] { at::getHostAllocator(at::kCUDA)->release_pool(mempool_id_); });
+      }
+    }
+    reset();
+  }
+};
+
+/// Whether a failed capture may fall back to running the instructions:
+/// where no collective in it spans another rank, nothing another rank
+/// waits for was left half done.
+bool aloneInEveryGroup(const Function &function, const StepInputs &in) {
+  for (const Instruction &inst : function.instructions) {
+    auto group = in.groups.find(inst.group);
+    if (!inst.group.empty() && (group == in.groups.end() || !group->second || group->second->getSize() != 1))
+      return false;
+  }
+  return true;
+}
+
 std::string shapeText(at::IntArrayRef shape) {
   std::ostringstream os;
   os << shape;
@@ -80,6 +121,8 @@ public:
     std::lock_guard<std::mutex> lock(running);
     c10::Device device = program.device();
     c10::cuda::CUDAGuard onDevice(device);
+    if (state == State::Instructions)
+      return execute(program, function, std::move(in));
     c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device.index());
     if (!stream)
       stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
@@ -105,7 +148,14 @@ public:
       state = State::Warm;
     }
     if (state == State::Warm) {
-      capture(program, function, in);
+      std::string failure = capture(program, function, in);
+      if (!failure.empty()) {
+        state = State::Instructions;
+        join(*stream, caller);
+        StepOutputs out = execute(program, function, std::move(in));
+        out.replayAbandoned = failure;
+        return out;
+      }
     } else {
       checkBatch(function, in.batch);
       keepHeldOutputs();
@@ -130,12 +180,24 @@ public:
     return out;
   }
 
+  /// Lets the graph and its memory go; the next call captures it again.
+  void release() {
+    std::lock_guard<std::mutex> lock(running);
+    drop();
+    if (state == State::Captured)
+      state = State::Warm;
+  }
+
 private:
-  enum class State { Cold, Warm, Captured };
+  /// Instructions: a capture failed where running the instructions instead
+  /// is safe; every later call does.
+  enum class State { Cold, Warm, Captured, Instructions };
 
   /// The second call: the graph's inputs are copies of this batch, and the
-  /// step is captured with them and left to be replayed.
-  void capture(const Program &program, const Function &function, const StepInputs &in) {
+  /// step is captured with them and left to be replayed. Where the capture
+  /// fails, its graph and memory pool are abandoned; returns why where the
+  /// step may run as instructions instead (aloneInEveryGroup), else throws.
+  std::string capture(const Program &program, const Function &function, const StepInputs &in) {
     for (const Instruction &inst : function.instructions) {
       auto group = in.groups.find(inst.group);
       if (inst.group.empty() || group == in.groups.end() || !group->second)
@@ -153,13 +215,14 @@ private:
     }
     params = capturedOf(in.params);
     buffers = capturedOf(in.buffers);
-    groups.clear();
-    for (const auto &[key, group] : in.groups)
-      groups[key] = group.get();
+    groups = in.groups; // held: a group at a reused address is still another group
     StepInputs capturingInputs = in;
     capturingInputs.batch = batch;
     capturingInputs.deviceWaits = nullptr; // the replay notes one event for the whole graph
-    graph = std::make_unique<at::cuda::CUDAGraph>();
+    // Cached blocks cannot be released while a capture is under way: the
+    // graph's pool gets them from the device only if they are free now.
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    graph = std::make_unique<Graph>();
     c10::cuda::CUDAStreamGuard onStream(*stream);
     graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
     bool capturing = true;
@@ -171,16 +234,21 @@ private:
       if (capturing) {
         try {
           graph->capture_end();
-        } catch (...) { // the capture was invalidated: the error above says why
+        } catch (const std::exception &) { // the capture was invalidated: the error above says why
         }
       }
+      graph->abandon();
       graph.reset();
       outputs = StepOutputs();
-      throw std::runtime_error("fsdp_rt: @" + function.name +
-                               " could not be captured into a CUDA graph (compile it without cuda-graph): " +
-                               error.what());
+      batch.clear();
+      c10::cuda::CUDACachingAllocator::emptyCache();
+      std::string why = "@" + function.name + " could not be captured into a CUDA graph: " + error.what();
+      if (aloneInEveryGroup(function, in))
+        return why;
+      throw std::runtime_error("fsdp_rt: " + why + " (compile it without cuda-graph)");
     }
     state = State::Captured;
+    return "";
   }
 
   /// The first parameter, buffer or process group that is not the one the
@@ -201,7 +269,7 @@ private:
     }
     for (const auto &[key, group] : in.groups) {
       auto it = groups.find(key);
-      if (it == groups.end() || it->second != group.get())
+      if (it == groups.end() || it->second != group)
         return "process group '" + key + "'";
     }
     if (in.groups.size() != groups.size())
@@ -271,6 +339,7 @@ private:
     outputs = StepOutputs();
     batch.clear();
     graph.reset();
+    c10::cuda::CUDACachingAllocator::emptyCache(); // the graph's pool is released, its memory not yet
   }
 
   /// Outputs of an earlier replay still held (a loss kept, gradients not
@@ -295,10 +364,10 @@ private:
   std::mutex running;
   State state = State::Cold;
   std::optional<c10::cuda::CUDAStream> stream;
-  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  std::unique_ptr<Graph> graph;
   std::vector<at::Tensor> batch; // the graph's inputs
   CapturedTable params, buffers;
-  std::map<std::string, const c10d::ProcessGroup *> groups;
+  std::map<std::string, c10::intrusive_ptr<c10d::ProcessGroup>> groups;
   StepOutputs outputs; // the graph's, in its memory
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handedOut;
 };
@@ -311,6 +380,12 @@ GraphedStep &ReplayedSteps::of(const Function &function) {
   return *step;
 }
 
+void ReplayedSteps::release() {
+  std::lock_guard<std::mutex> lock(choosing);
+  for (auto &[name, step] : steps)
+    step->release();
+}
+
 StepOutputs run(const Program &program, const Function &function, StepInputs inputs) {
   if (!function.cudaGraph || inputs.trace || inputs.checkReshardFrees || !program.replays())
     return execute(program, function, std::move(inputs));
@@ -320,6 +395,8 @@ StepOutputs run(const Program &program, const Function &function, StepInputs inp
 #else
 
 class GraphedStep {};
+
+void ReplayedSteps::release() {}
 
 GraphedStep &ReplayedSteps::of(const Function &function) {
   throw std::runtime_error("fsdp_rt: @" + function.name +

@@ -127,6 +127,9 @@ struct StepOutputs {
   /// A step replayed as a CUDA graph that this call captured anew: the
   /// input that changed since the last capture (fsdp_rt/Replay.h).
   std::string recapturedFor;
+  /// A step whose capture failed where it may run as instructions instead
+  /// (every group of one rank): why; this and every later call do.
+  std::string replayAbandoned;
 };
 
 /// Runs `function` of `program` on the device it was loaded for; throws

@@ -15,7 +15,10 @@
 // memory; any still held when the next call replays is first moved to
 // memory of its own (its storage swapped under its holders), so it keeps
 // its value. A traced call, or one checking reshard frees, runs as
-// instructions: it is about the instructions.
+// instructions: it is about the instructions. A failed capture leaves no
+// allocator routed to the graph's pool; where every group of the step has
+// one rank the step runs as instructions from then on (the outputs say
+// why), elsewhere the call throws.
 //
 //===----------------------------------------------------------------------===//
 
@@ -39,6 +42,9 @@ public:
   ReplayedSteps();
   ~ReplayedSteps();
   GraphedStep &of(const Function &function);
+  /// Lets every graph and its memory go (outputs still held are copied out
+  /// first); each is captured again at its function's next call.
+  void release();
 
 private:
   std::mutex choosing;
