@@ -207,6 +207,8 @@ def damaged(text: str, how: str) -> str:
         kernel["vector"] = 16
     elif how == "block":
         kernel["block"] = 2048
+    elif how == "grid":
+        kernel["grid"] += 1
     return json.dumps(program)
 
 
@@ -226,6 +228,7 @@ def damaged(text: str, how: str) -> str:
     ("vector", "vector width 3 is not a power of two"),
     ("wide vector", "vector width 16 is not a power of two of at most 16 bytes"),
     ("block", "a block is 32 to 1024 threads"),
+    ("grid", "iterations, which need at most"),
 ])
 def test_the_loader_refuses_damaged_kernels(llama_bf16, how, message):
     text = translate(sharded(llama_bf16, "")).text

@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <future>
+#include <atomic>
+#include <functional>
+#include <thread>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
@@ -19,6 +21,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #include <nvrtc.h>
+#include <unistd.h>
 #endif
 
 namespace fsdp_rt {
@@ -210,14 +213,19 @@ void checkCuda(cudaError_t result, const std::string &what) {
     throw std::runtime_error(what + ": " + cudaGetErrorString(result));
 }
 
+/// NVRTC's options for `arch`: part of a cache entry's key.
+std::vector<std::string> nvrtcOptions(int arch) { return {"--gpu-architecture=sm_" + std::to_string(arch), "--std=c++17"}; }
+
 /// `source` (kernelSource of `kernel`) compiled by NVRTC for `arch`.
 std::string compileSource(const KernelSpec &kernel, const std::string &source, int arch) {
   nvrtcProgram program = nullptr;
   checkNvrtc(nvrtcCreateProgram(&program, source.c_str(), (kernel.name + ".cu").c_str(), 0, nullptr, nullptr),
              "nvrtcCreateProgram");
-  std::string archOption = "--gpu-architecture=sm_" + std::to_string(arch);
-  const char *options[] = {archOption.c_str(), "--std=c++17"};
-  nvrtcResult compiled = nvrtcCompileProgram(program, 2, options);
+  std::vector<std::string> options = nvrtcOptions(arch);
+  std::vector<const char *> optionPointers;
+  for (const std::string &option : options)
+    optionPointers.push_back(option.c_str());
+  nvrtcResult compiled = nvrtcCompileProgram(program, static_cast<int>(optionPointers.size()), optionPointers.data());
   size_t logSize = 0;
   nvrtcGetProgramLogSize(program, &logSize);
   std::string log(logSize, '\0');
@@ -246,36 +254,93 @@ uint64_t fingerprint(const std::string &text) {
   return hash;
 }
 
-/// The cubin for `kernel` on `arch`: from `cacheDir` when an entry holds
-/// the same source for the same NVRTC, else compiled (and written there).
-std::string cachedCubin(const KernelSpec &kernel, int arch, const std::string &cacheDir) {
-  std::string source = kernelSource(kernel);
-  if (cacheDir.empty())
-    return compileSource(kernel, source, arch);
+/// A kernel's cubin, and whether it was read from the cache.
+struct Cubin {
+  std::string bytes;
+  bool cached = false;
+};
+
+/// The cache entry of `kernel` on `arch` in `cacheDir`: its path and its
+/// key (the source, the architecture, NVRTC's version and options). An
+/// entry is the key, "bytes N\n", then the N bytes of the cubin.
+std::pair<std::filesystem::path, std::string> cacheEntry(const KernelSpec &kernel, int arch,
+                                                         const std::string &cacheDir) {
   int major = 0, minor = 0;
   checkNvrtc(nvrtcVersion(&major, &minor), "nvrtcVersion");
-  std::string key = source + "\n// sm_" + std::to_string(arch) + " nvrtc " + std::to_string(major) +
-                    "." + std::to_string(minor) + "\n";
+  std::string key = kernelSource(kernel) + "\n// nvrtc " + std::to_string(major) + "." + std::to_string(minor);
+  for (const std::string &option : nvrtcOptions(arch))
+    key += " " + option;
+  key += "\n";
   char name[32];
   std::snprintf(name, sizeof name, "%016llx.cubin", static_cast<unsigned long long>(fingerprint(key)));
-  std::filesystem::path path = std::filesystem::path(cacheDir) / name;
-  if (std::ifstream in{path, std::ios::binary}) {
-    std::string entry((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (entry.size() > key.size() && entry.compare(0, key.size(), key) == 0)
-      return entry.substr(key.size());
-  }
-  std::string cubin = compileSource(kernel, source, arch);
+  return {std::filesystem::path(cacheDir) / name, key};
+}
+
+/// Writes an entry under a name of this process and thread first, then
+/// renames it into place: ranks filling the same entry never write one
+/// file, and a reader sees a whole entry or none.
+void writeEntry(const std::filesystem::path &path, const std::string &key, const std::string &cubin) {
   std::error_code ignored;
-  std::filesystem::create_directories(cacheDir, ignored);
+  std::filesystem::create_directories(path.parent_path(), ignored);
   std::filesystem::path partial = path;
-  partial += ".partial";
+  partial += "." + std::to_string(::getpid()) + "." +
+             std::to_string(std::hash<std::thread::id>()(std::this_thread::get_id())) + ".partial";
   if (std::ofstream out{partial, std::ios::binary | std::ios::trunc}) {
-    out << key << cubin;
+    out << key << "bytes " << cubin.size() << "\n" << cubin;
     out.close();
     if (out)
       std::filesystem::rename(partial, path, ignored); // another rank writing the same entry is harmless
   }
-  return cubin;
+  std::filesystem::remove(partial, ignored);
+}
+
+/// The cubin for `kernel` on `arch`: from `cacheDir` when a whole entry
+/// holds the same key, else compiled (and written there).
+Cubin cachedCubin(const KernelSpec &kernel, int arch, const std::string &cacheDir) {
+  if (cacheDir.empty())
+    return {compileSource(kernel, kernelSource(kernel), arch), false};
+  auto [path, key] = cacheEntry(kernel, arch, cacheDir);
+  if (std::ifstream in{path, std::ios::binary}) {
+    std::string entry((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string header = "bytes ";
+    if (entry.compare(0, key.size(), key) == 0 && entry.compare(key.size(), header.size(), header) == 0) {
+      size_t sizeAt = key.size() + header.size(), newline = entry.find('\n', sizeAt);
+      if (newline != std::string::npos) {
+        std::string size = entry.substr(sizeAt, newline - sizeAt);
+        if (!size.empty() && size.find_first_not_of("0123456789") == std::string::npos &&
+            entry.size() - newline - 1 == std::stoull(size))
+          return {entry.substr(newline + 1), true};
+      }
+    }
+  }
+  std::string cubin = compileSource(kernel, kernelSource(kernel), arch);
+  writeEntry(path, key, cubin);
+  return {std::move(cubin), false};
+}
+
+/// `count` jobs over at most as many threads as the host has cores.
+void inParallel(size_t count, const std::function<void(size_t)> &job) {
+  std::atomic<size_t> next{0};
+  std::vector<std::exception_ptr> failures(count);
+  auto work = [&] {
+    for (size_t i = next++; i < count; i = next++) {
+      try {
+        job(i);
+      } catch (...) {
+        failures[i] = std::current_exception();
+      }
+    }
+  };
+  size_t threads = std::min<size_t>(count, std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> workers;
+  for (size_t t = 1; t < threads; ++t)
+    workers.emplace_back(work);
+  work();
+  for (std::thread &worker : workers)
+    worker.join();
+  for (const std::exception_ptr &failure : failures)
+    if (failure)
+      std::rethrow_exception(failure);
 }
 
 } // namespace
@@ -296,26 +361,56 @@ LoadedKernels::LoadedKernels(const std::vector<KernelSpec> &specs, c10::Device d
   checkCuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index()),
             "the GPU's compute capability");
   int arch = major * 10 + minor;
-  std::vector<std::future<std::string>> cubins;
-  for (const KernelSpec &kernel : kernels)
-    cubins.push_back(std::async(std::launch::async, [&kernel, arch, &cacheDir] {
-      return cachedCubin(kernel, arch, cacheDir);
-    }));
-  for (size_t i = 0; i < kernels.size(); ++i) {
-    std::string cubin = cubins[i].get();
-    Loaded entry;
-    checkCuda(cudaLibraryLoadData(&entry.library, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
-              "loading kernel " + kernels[i].name);
-    loaded.push_back(entry);
-    checkCuda(cudaLibraryGetKernel(&loaded.back().kernel, entry.library, (kernels[i].name + "_kernel").c_str()),
-              "finding kernel " + kernels[i].name);
+  std::vector<Cubin> cubins(kernels.size());
+  inParallel(kernels.size(), [&](size_t i) { cubins[i] = cachedCubin(kernels[i], arch, cacheDir); });
+  try {
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      try {
+        load(kernels[i], cubins[i].bytes);
+      } catch (const std::exception &) {
+        if (!cubins[i].cached)
+          throw;
+        // A damaged cache entry: compiled again, and the entry replaced.
+        std::string cubin = compileSource(kernels[i], kernelSource(kernels[i]), arch);
+        auto [path, key] = cacheEntry(kernels[i], arch, cacheDir);
+        writeEntry(path, key, cubin);
+        load(kernels[i], cubin);
+      }
+    }
+  } catch (...) {
+    unloadAll();
+    throw;
   }
 }
 
-LoadedKernels::~LoadedKernels() {
+/// Loads `cubin` and finds `kernel`'s entry point in it, loaded now (lazy
+/// loading would load it at its first launch, inside the first step).
+void LoadedKernels::load(const KernelSpec &kernel, const std::string &cubin) {
+  Loaded entry;
+  checkCuda(cudaLibraryLoadData(&entry.library, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+            "loading kernel " + kernel.name);
+  auto found = cudaLibraryGetKernel(&entry.kernel, entry.library, (kernel.name + "_kernel").c_str());
+  cudaFuncAttributes attributes{};
+  auto described = found == cudaSuccess
+                       ? cudaFuncGetAttributes(&attributes, reinterpret_cast<const void *>(entry.kernel))
+                       : found;
+  if (described != cudaSuccess || attributes.maxThreadsPerBlock < kernel.block) {
+    cudaLibraryUnload(entry.library);
+    checkCuda(described, "finding kernel " + kernel.name);
+    throw std::runtime_error("kernel " + kernel.name + " runs at most " +
+                             std::to_string(attributes.maxThreadsPerBlock) + " threads per block on this GPU; " +
+                             "the program launches " + std::to_string(kernel.block));
+  }
+  loaded.push_back(entry);
+}
+
+void LoadedKernels::unloadAll() {
   for (const Loaded &entry : loaded)
     cudaLibraryUnload(entry.library); // at exit the context may be gone already: nothing to report
+  loaded.clear();
 }
+
+LoadedKernels::~LoadedKernels() { unloadAll(); }
 
 std::vector<at::Tensor> LoadedKernels::launch(size_t index, const std::vector<at::Tensor> &inputs) const {
   const KernelSpec &kernel = kernels.at(index);

@@ -164,6 +164,13 @@ void checkKernel(const KernelSpec &kernel, const std::string &deviceKind, std::s
       kernel.grid > std::numeric_limits<int32_t>::max())
     fail(what + ": launches " + std::to_string(kernel.grid) + " blocks of " + std::to_string(kernel.block) +
          " threads; a block is 32 to 1024 threads in whole warps, a grid 1 to 2^31-1 blocks");
+  // More threads than iterations could step the loop's index past its
+  // 32-bit range (the kernel narrows it where the tensors allow).
+  int64_t needed = std::max<int64_t>(1, (elements / kernel.vector + kernel.block - 1) / kernel.block);
+  if (kernel.grid > needed)
+    fail(what + ": launches " + std::to_string(kernel.grid) + " blocks of " + std::to_string(kernel.block) +
+         " threads for " + std::to_string(elements / kernel.vector) + " iterations, which need at most " +
+         std::to_string(needed));
   for (size_t i = 0; i < kernel.inputs.size(); ++i)
     checkKernelOperand(kernel.inputs[i], kernel, elements, what + " input " + std::to_string(i));
   for (size_t i = 0; i < kernel.outputs.size(); ++i) {

@@ -70,6 +70,8 @@ public:
 
 private:
   struct Loaded;
+  void load(const KernelSpec &kernel, const std::string &cubin);
+  void unloadAll();
   std::vector<KernelSpec> kernels;
   c10::Device device;
   std::vector<Loaded> loaded;

@@ -178,9 +178,6 @@ private:
   explicit Program(c10::Device device) : device_(device) {}
   friend void validateProgram(const Program &program);
 
-/// The furthest element (in elements from the first) that `extents` with
-/// per-dimension `steps` reach; nullopt for a negative step or past 2^63.
-std::optional<int64_t> furthestElement(const std::vector<int64_t> &extents, const std::vector<int64_t> &steps);
   std::vector<GroupSpec> groups_;
   std::vector<ParamSpec> params_;
   std::vector<BufferSpec> buffers_;
