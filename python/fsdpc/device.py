@@ -51,6 +51,15 @@ def job_device(example_batch: Sequence[torch.Tensor], mesh=None) -> torch.device
     return device
 
 
+def use_in_this_thread(device: torch.device | None) -> None:
+    """Makes `device` current in a thread of fsdpc's own that touches its
+    CUDA events. A new thread starts on GPU 0, and destroying an event
+    restores the thread's device afterwards, which creates GPU 0's context
+    (about 0.5 GB) in every other rank's process."""
+    if device is not None and device.type == "cuda" and torch.cuda.current_device() != device.index:
+        torch.cuda.set_device(device)
+
+
 def collective_backend(device: torch.device, group=None) -> str:
     """The backend (`gloo` or `nccl`) `group` (default: the job's) uses for
     tensors on `device`."""

@@ -53,6 +53,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
+from fsdpc.device import use_in_this_thread
 from fsdpc.runtime import StepError
 
 
@@ -89,7 +90,8 @@ class HostOptimizer:
 
     def __init__(self, optimizer: torch.optim.Optimizer,
                  units: Sequence[tuple[str, Sequence[tuple[str, nn.Parameter]]]],
-                 host_update: Callable[[], object], in_backward: InBackward | None = None):
+                 host_update: Callable[[], object], in_backward: InBackward | None = None,
+                 device: torch.device | None = None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise StepError(f"overlap_host_optimizer takes a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if getattr(optimizer, "_fsdpc_host_optimizer", None) is not None:
@@ -104,6 +106,7 @@ class HostOptimizer:
         self.optimizer = optimizer
         self._host_update = host_update
         self._in_backward = in_backward
+        self._device = device  # the step's, made current in the thread (it waits for and drops its events)
         self._uncommitted: list[dict] | None = None  # in backward: the hyperparameters a call began stepping with
         self._twin = type(optimizer).__new__(type(optimizer))
         self._twin.__setstate__({"defaults": optimizer.defaults, "state": optimizer.state, "param_groups": []})
@@ -220,6 +223,7 @@ class HostOptimizer:
     # -- the thread ----------------------------------------------------------
 
     def _run(self, tasks: list[_UnitTask]) -> None:
+        use_in_this_thread(self._device)
         failure = None
         for task in tasks:
             if failure is not None:
@@ -233,6 +237,7 @@ class HostOptimizer:
     def _run_in_backward(self, tasks: list[_UnitTask], landings, previous: threading.Thread | None) -> None:
         """Steps each unit as its gradients land, first the one the next
         forward gathers first (GradientLandings.next picks it)."""
+        use_in_this_thread(self._device)
         if previous is not None:
             previous.join()  # the last call's units: its forward waited for each
         by_unit = {task.unit: task for task in tasks}

@@ -502,7 +502,8 @@ class ShardedModule(nn.Module):
         if in_backward:
             landing = InBackward(runtime_extension().GradientLandings, self._attach_grad,
                                  self._timeout.total_seconds())
-        self._host_optimizer = HostOptimizer(optimizer, units, runtime_extension().HostUpdate, landing)
+        self._host_optimizer = HostOptimizer(optimizer, units, runtime_extension().HostUpdate, landing,
+                                             device=self.device)
 
     @staticmethod
     def _settle_host_optimizer(module: "ShardedModule", *_) -> None:
@@ -582,7 +583,7 @@ class ShardedModule(nn.Module):
             WATCHDOG.watch(waits, started + self._timeout.total_seconds(),
                            lambda module, collective, group, function=name, call=self._calls:
                            module._collective_timed_out(function, call, caller, collective),
-                           owner=self)
+                           owner=self, device=self.device)
         try:
             out = compiled.runtime.run(name, params, buffers, accumulated, list(batch), self._groups,
                                        self._timeout.total_seconds(), trace=trace,
@@ -745,6 +746,7 @@ class ShardedModule(nn.Module):
         storage = self._storage[fqn]
         local = param._local_tensor  # not to_local(): an autograd function per parameter and call
         if local.numel() and local.data_ptr() != storage.data_ptr():
+            self.wait_for_host_optimizer()  # it may still be stepping the tensor that replaced the shard
             rows(storage, 0, local.shape[0] if local.dim() else 1).copy_(local)
         return storage
 
@@ -833,7 +835,7 @@ class ShardedModule(nn.Module):
             WATCHDOG.watch(_StreamPoint(self.device, collective, reduced[0]), started + self._timeout.total_seconds(),
                            lambda module, what, group, call=self._calls: module._collective_timed_out(
                                "clip_grad_norm_", call, caller, what, since="the clipping's start"),
-                           owner=self)
+                           owner=self, device=self.device)
         total = clip.global_norm(list(terms.values()), p)
         if error_if_nonfinite and not bool(torch.isfinite(total)):
             raise StepError(f"the gradients' global {norm_type}-norm is {float(total)}; nothing was clipped")

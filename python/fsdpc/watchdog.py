@@ -35,7 +35,10 @@ import weakref
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+import torch
 import torch.distributed as dist
+
+from fsdpc.device import use_in_this_thread
 
 os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
 DUMPS_OFF_BEFORE_FIRST_GROUP = not (dist.is_available() and dist.is_initialized()) and \
@@ -58,6 +61,7 @@ class _Watch:
     deadline: float  # time.monotonic()
     on_timeout: Callable[[object | None, str, str], None]
     owner: weakref.ref | None  # weak: a dropped module is freed at once, not at the next poll
+    device: torch.device | None  # the events' device, made current before they are polled or dropped
 
 
 class Watchdog:
@@ -67,17 +71,18 @@ class Watchdog:
         self._thread: threading.Thread | None = None
 
     def watch(self, waits: Waits, deadline: float, on_timeout: Callable[[object | None, str, str], None],
-              owner: object | None) -> None:
+              owner: object | None, device: torch.device | None = None) -> None:
         """Holds `waits` against `deadline` (time.monotonic()) until they are
         sealed and complete; past the deadline with a collective noted and
         unfinished, calls `on_timeout(owner, collective, group key)` on this
         watchdog's thread, once. `owner` is held weakly and handed to
         `on_timeout` then, which therefore need not hold it: a module its
         user drops is freed at once, by reference counting, not when this
-        thread next looks, and its steps time out silently."""
+        thread next looks, and its steps time out silently. `device`: the
+        events' device, made current in this thread before it touches them."""
         with self._changed:
             owner_ref = weakref.ref(owner) if owner is not None else None
-            self._watches.append(_Watch(waits, deadline, on_timeout, owner_ref))
+            self._watches.append(_Watch(waits, deadline, on_timeout, owner_ref, device))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="fsdpc-watchdog", daemon=True)
                 self._thread.start()
@@ -97,6 +102,7 @@ class Watchdog:
                 watches = list(self._watches)
             now = time.monotonic()
             for watch in watches:
+                use_in_this_thread(watch.device)
                 sealed = watch.waits.sealed()  # before the poll: nothing is noted after a seal
                 unfinished = watch.waits.first_unfinished()
                 if (unfinished is None and not sealed) or (unfinished is not None and now < watch.deadline):

@@ -99,7 +99,8 @@ def test_landed_gradients_are_named_and_end_their_units_gathers():
     """A host reduction's wait names the parameter of each gradient it lands
     in host memory, where the host optimizer may step it at once (in
     backward): the names must be offloaded parameters of the reduction's
-    unit, each landed once, and no gather of the unit may follow."""
+    unit, each landed once, and no gather of the unit may follow or be in
+    flight."""
     _, program = compile_program("mlp", "ranks=2 offload=*")
     landings = re.findall(r'"grads_of":\[([^]]*)\]', program.text)
     landed = [name for names in landings for name in json.loads(f"[{names}]")]
@@ -143,6 +144,14 @@ def test_landed_gradients_are_named_and_end_their_units_gathers():
                                            "gradients landed in host memory"):
         Program.parse(json.dumps(document), "cpu")
     del instructions[landing + 1:landing + 1 + len(again)]
+    # Started before the landing and waited for after it: its copy-in may still read the shards.
+    instructions[landing:landing] = again[:-1]
+    instructions.insert(landing + len(again), again[-1])
+    with pytest.raises(RuntimeError, match=f"lands unit @{re.escape(reduction['unit'])}'s gradients while its "
+                                           "all-gather is in flight"):
+        Program.parse(json.dumps(document), "cpu")
+    del instructions[landing + len(again)]
+    del instructions[landing:landing + len(again) - 1]
     function["slots"], function["futures"] = slots, future
     Program.parse(json.dumps(document), "cpu")  # as compiled, it loads
 

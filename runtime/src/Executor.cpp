@@ -15,7 +15,7 @@
 // Offloaded units (`host` collectives) on a GPU: the copy-in of a bucket of
 // host shards runs on the host-to-device stream, after an event on the
 // compute stream, and the collective is issued from it, so the copy overlaps
-// the kernels issued before it. A `host` reduction's wait copies the results
+// the kernels issued after the start. A `host` reduction's wait copies the results
 // to pinned host memory on the device-to-host stream; the device memory they
 // came from is recorded on it, so the allocator reuses it only after the
 // copy. Two streams because the host link is full duplex (a copy engine
@@ -151,6 +151,7 @@ public:
       try {
         step(inst);
       } catch (const std::exception &error) {
+        computeAfterTransfers();
         throw std::runtime_error("fsdp_rt: rank " + rankText() + ": @" + function.name +
                                  " instruction " + std::to_string(index) + " (" + describe(inst) +
                                  (inst.where.empty() ? "" : " at " + inst.where) + "): " + error.what());
@@ -159,9 +160,11 @@ public:
         record(inst, start);
     }
     for (InFlight &pending : futures)
-      if (pending.started)
+      if (pending.started) {
+        computeAfterTransfers();
         throw std::runtime_error("fsdp_rt: rank " + rankText() + ": " + describe(*pending.inst) +
                                  " was never waited for");
+      }
     // The host optimizer reads the gradients, and writes the shards.
     if (toDevice)
       toDevice->synchronize();
@@ -391,6 +394,21 @@ private:
     at::_foreach_copy_(blocks, shards); // one kernel on a GPU, cast included
     out.collectives.push_back(pending.backend->allGatherInto(collective));
     launch(inst, std::move(pending));
+  }
+
+  /// A failed step frees, as it unwinds, staging that a transfer stream may
+  /// still write (a host gather started and not waited for). Its memory goes
+  /// back to the compute stream, so that stream waits for the transfers
+  /// first; the host does not (a hung collective ahead of them would hold
+  /// it until the watchdog's deadline).
+  void computeAfterTransfers() {
+    c10::impl::VirtualGuardImpl guard(device.type());
+    for (std::optional<c10::Stream> *stream : {&toDevice, &toHost})
+      if (*stream) {
+        c10::Event transferred(device.type());
+        transferred.record(**stream);
+        transferred.block(guard.getStream(device));
+      }
   }
 
   /// The stream for copies `way`, after the compute stream's work so far.

@@ -408,6 +408,10 @@ private:
     if (wait.params.size() != wait.results.size())
       fail("lands " + std::to_string(wait.results.size()) + " results in host memory but names " +
            std::to_string(wait.params.size()) + " gradients");
+    for (const Instruction *inFlight : startedBy)
+      if (inFlight && inFlight->kind == Instruction::Kind::AllGather && inFlight->host && inFlight->unit == start.unit)
+        fail("lands unit @" + start.unit + "'s gradients while its all-gather is in flight, whose copy-in may "
+             "still read the shards its optimizer steps");
     landedUnits.insert(start.unit);
     for (const std::string &name : wait.params) {
       if (name.empty())
