@@ -11,13 +11,14 @@ using namespace mlir::fsdp;
 namespace {
 
 /// Bytes of a collective's staging buffers, which the runtime allocates at
-/// the start and frees at the wait. With NCCL an all-gather packs the shards
-/// and receives every rank's; a reduce-scatter packs the padded full
-/// tensors and receives one shard of each, except over one rank, where it
-/// reduces the packed buffer in place. With Gloo the runtime reduces in
-/// place instead (Gloo's own all-gather and reduce-scatter copy through
-/// temporaries): an all-gather has only its receive buffer, a reduce-scatter
-/// only its packed buffer (its row is kept at the wait, as the gradients).
+/// the start and frees at the wait. An all-gather packs this rank's shards
+/// into its row of the receive buffer and gathers in place (NCCL's in-place
+/// all-gather; on Gloo an all-reduce). With NCCL a reduce-scatter packs the
+/// padded full tensors and receives one shard of each, except over one
+/// rank, where it reduces the packed buffer in place. With Gloo the runtime
+/// reduces in place instead (Gloo's own reduce-scatter copies through
+/// temporaries): a reduce-scatter has only its packed buffer (its row is
+/// kept at the wait, as the gradients).
 /// An all-reduce works in place on its packed buffer either way.
 /// A host all-gather on a GPU also holds, from its start to its wait, the
 /// buffer through which the shards it casts cross in chunks
@@ -47,7 +48,7 @@ int64_t stagingBytes(Operation *start, int64_t ranks, bool gloo, bool hostIsDevi
     }
     if (gather.getIntoResults() && !gloo) // never `host` (the verifier's rule)
       return 0;
-    return sent * ranks + (gloo ? 0 : sent) + fsdp_rt::hostCastStagingBytes(largestCast);
+    return sent * ranks + fsdp_rt::hostCastStagingBytes(largestCast);
   }
   int64_t shards = reducedBytes(start);
   if (isa<AllReduceStartOp>(start))

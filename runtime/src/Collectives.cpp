@@ -50,12 +50,14 @@ class NcclCollectives final : public Collectives {
 public:
   explicit NcclCollectives(c10d::ProcessGroup &group) : Collectives(group) {}
 
-  // Both buffers are allocated here, on the compute stream: a host bucket
-  // issues its gather from the host-to-device stream, whose pool the memory
-  // model does not know.
+  // The all-gather runs in place: this rank's block is packed straight into
+  // its row of the receive buffer (NCCL's in-place all-gather, as FSDP2
+  // gathers), with no send buffer beside it. Allocated here, on the compute
+  // stream: a host bucket issues its gather from the host-to-device stream,
+  // whose pool the memory model does not know.
   at::Tensor gatherBlock(Pending &pending, int64_t elements, const at::TensorOptions &options) override {
-    pending.send = at::empty({elements}, options);
     pending.recv = at::empty({ranks() * elements}, options);
+    pending.send = pending.recv.narrow(0, rank() * elements, elements);
     return pending.send;
   }
 

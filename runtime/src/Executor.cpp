@@ -2,7 +2,8 @@
 //
 // Collectives use FSDP's dim-0 padding layout (fsdp_rt/ShardLayout.h) and
 // copy each bucket once in each direction, in one call each way (one kernel
-// on a GPU): the start packs every input straight into one flat send buffer,
+// on a GPU): the start packs every input straight into one flat buffer (a
+// gather's: this rank's row of its receive buffer, gathered in place),
 // casting as it copies (`_foreach_copy_` for a gather's shards, `_chunk_cat`
 // for a reduction's padded inputs); the wait splits an all-gather's result
 // into its parameters (`split_with_sizes_copy`, or per parameter where one
@@ -427,8 +428,8 @@ private:
   /// The buffers it writes were allocated on the compute stream before the
   /// event, so their memory is free of earlier work. A shard to cast crosses
   /// in chunks through one staging buffer (fsdp_rt/HostStaging.h), allocated
-  /// there too and held to the wait; each chunk is cast into the send buffer
-  /// before the next overwrites it (one stream orders them).
+  /// there too and held to the wait; each chunk is cast into this rank's
+  /// block before the next overwrites it (one stream orders them).
   template <typename Region>
   void copyInFromHost(const Instruction &inst, InFlight &pending, const std::vector<at::Tensor> &shards,
                       Region region) {

@@ -71,10 +71,11 @@ func.func @train_step(%x: tensor<1x4xf32>) -> tensor<f32> {
 // NCCL-ONE-NEXT: at fsdp.reduce_scatter_start
 
 // An offloaded bucket of a 40 MB and a 2 MB f32 shard gathered in bf16 on 2
-// GPUs stages its send buffer (21 MB) and receive buffer (42 MB), and the
-// shards cross to the device in their own dtype through one chunk of 32 MiB
-// (fsdp_rt/HostStaging.h), not a device copy of each (42 MB).
-// HOST-CAST: collective staging           96554432 B
+// GPUs stages its receive buffer (42 MB; this rank's 21 MB packed into its
+// row, gathered in place), and the shards cross to the device in their own
+// dtype through one chunk of 32 MiB (fsdp_rt/HostStaging.h), not a device
+// copy of each (42 MB).
+// HOST-CAST: collective staging           75554432 B
 
 // JSON:      "function": "train_step",
 // JSON:      "most_gathered_params": 200,
