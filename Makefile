@@ -44,6 +44,7 @@ portable-tools: deps
 	@cmake --build $(PORTABLE_DIR) -j $(JOBS) --target fsdp-opt fsdp-translate
 	@strip $(PORTABLE_DIR)/bin/fsdp-opt $(PORTABLE_DIR)/bin/fsdp-translate
 	@scripts/check-portable.sh $(PORTABLE_DIR)/bin/fsdp-opt $(PORTABLE_DIR)/bin/fsdp-translate
+	@scripts/compiler-digest.sh > $(PORTABLE_DIR)/bin/sources.sha256
 
 # On the GPU host: the runtime and its extension against the installed torch
 # (CUDA and NCCL come with it), without MLIR, the carried portable compiler

@@ -26,6 +26,11 @@ if [ ! -x build-portable/bin/fsdp-opt ] || [ ! -x build-portable/bin/fsdp-transl
        "machine and carry build-portable/bin" >&2
   exit 2
 fi
+if [ "$(scripts/compiler-digest.sh)" != "$(cat build-portable/bin/sources.sha256 2>/dev/null)" ]; then
+  echo "build-portable/bin was built from other compiler sources than this tree's: run 'make portable-tools'" \
+       "on the build machine again and carry build-portable/bin" >&2
+  exit 2
+fi
 OUT=$(realpath -m "${OUT:-build/gpu-out}")
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python
