@@ -6,5 +6,9 @@
 # there does not expect).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-find CMakeLists.txt cmake dialects include lib tools runtime/include -type f -print0 | LC_ALL=C sort -z \
+# The runtime's headers the compiler includes too (one definition of the
+# shard layout, program format, element types and host staging).
+shared=$(grep -rhoE '#include "fsdp_rt/[A-Za-z]+\.h"' lib include tools dialects | sed -E 's|.*"(.*)"|runtime/include/\1|' \
+  | LC_ALL=C sort -u)
+{ find CMakeLists.txt cmake dialects include lib tools -type f -print0; printf '%s\0' $shared; } | LC_ALL=C sort -z \
   | xargs -0 sha256sum | sha256sum | cut -d' ' -f1

@@ -466,10 +466,10 @@ def Fsdp_AllGatherStartOp : Fsdp_CollectiveStartOp<"all_gather_start"> {
     memory. On a GPU the copy-in then runs on the host-to-device stream,
     after the compute stream's work issued before the start, so that the
     copy overlaps compute: each shard is copied to the device (straight into
-    the send buffer, or, when it must be cast, in chunks of at most 32 MiB
-    through one staging buffer in its own dtype that lives until the wait,
-    each chunk cast into the send buffer) and the collective follows on that
-    stream.
+    this rank's block of the receive buffer, or, when it must be cast, in
+    chunks of at most 32 MiB through one staging buffer in its own dtype
+    that lives until the wait, each chunk cast into that block) and the
+    collective follows on that stream.
     `into_results` gathers straight into the results, with no staging and
     no copy-out: the start allocates each result padded to N x ceil(dim0 /
     N) rows, casts this rank's shard into its place there, and the

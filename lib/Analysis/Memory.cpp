@@ -10,6 +10,16 @@ using namespace mlir::fsdp;
 
 namespace {
 
+/// Bytes of the buffer a reduction reduces into: its results, each in the
+/// reduce dtype.
+int64_t reducedBytes(Operation *start) {
+  Type reduce = start->getAttrOfType<TypeAttr>("reduce_dtype").getValue();
+  int64_t bytes = 0;
+  for (Type result : futureTypes(start))
+    bytes += cast<RankedTensorType>(result).getNumElements() * elementBytes(reduce);
+  return bytes;
+}
+
 /// Bytes of a collective's staging buffers, which the runtime allocates at
 /// the start and frees at the wait. An all-gather packs this rank's shards
 /// into its row of the receive buffer and gathers in place (NCCL's in-place
@@ -26,16 +36,6 @@ namespace {
 /// stages nothing: each shard is cast into its place in the result, which
 /// is gathered in place (on Gloo it still receives, and copies into the
 /// results at the wait).
-/// Bytes of the buffer a reduction reduces into: its results, each in the
-/// reduce dtype.
-int64_t reducedBytes(Operation *start) {
-  Type reduce = start->getAttrOfType<TypeAttr>("reduce_dtype").getValue();
-  int64_t bytes = 0;
-  for (Type result : futureTypes(start))
-    bytes += cast<RankedTensorType>(result).getNumElements() * elementBytes(reduce);
-  return bytes;
-}
-
 int64_t stagingBytes(Operation *start, int64_t ranks, bool gloo, bool hostIsDevice) {
   if (auto gather = dyn_cast<AllGatherStartOp>(start)) {
     Type wire = cast<RankedTensorType>(futureTypes(start).front()).getElementType();

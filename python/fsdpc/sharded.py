@@ -561,8 +561,8 @@ class ShardedModule(nn.Module):
         compiled = self._program_for(batch, train=train)
         if name not in compiled.program.functions:
             raise StepError(f"the step was compiled without '{name}': fsdpc.shard(..., gradient_accumulation=True)")
-        if compiled.program.functions[name].cuda_graph:
-            self._replay_one_shape(compiled, train, batch)
+        if compiled.program.functions[name].cuda_graph and not (trace or self._check_reshard_frees):
+            self._replay_one_shape(compiled, train, batch)  # those two run the instructions
         named = {fqn: owner._parameters[leaf] for fqn, (owner, leaf) in self._param_slots.items()}
         params = {fqn: self._padded(fqn, named[fqn]) for fqn in self.layout}
         accumulated = {}

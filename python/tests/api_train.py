@@ -959,12 +959,24 @@ def scenario_cuda_graph(args):
     # Batches of two shapes in turn: one graph at a time (the other's memory let go, said once), each
     # change captured anew, every loss as the instructions compute it.
     shorter = batches(1, seq=SEQ // 2, seed=7)[0]
+    order = (shorter, data[0], shorter, shorter, data[0])
+
+    def graphs(batch) -> bool:  # whether the program for `batch`'s shape holds a captured graph now
+        shapes = tuple((tuple(t.shape), t.dtype) for t in mine(batch))
+        return bool(sharded._programs[(True, True, shapes)].runtime.captured_graphs())
+
+    turns, holding = [], []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        turns = [float(sharded(*mine(batch))) for batch in (shorter, data[0], shorter, data[0])]
+        for batch in order:
+            turns.append(float(sharded(*mine(batch))))
+            holding.append((graphs(data[0]), graphs(shorter)))
     said = [str(w.message) for w in caught if "another shape" in str(w.message)]
     assert len(said) == 1, said
-    expected = [float(sharded(*mine(batch), trace=True)) for batch in (shorter, data[0])] * 2
+    # The shorter shape's first call runs as instructions, its second captures, its third replays.
+    expected_holding = [(False, False), (True, False), (False, True), (False, True), (True, False)]
+    assert holding == expected_holding, holding
+    expected = [float(sharded(*mine(batch), trace=True)) for batch in order]
     close(torch.tensor(turns), torch.tensor(expected), "losses of alternating shapes against the instructions'",
           rtol=1e-6)
 

@@ -176,8 +176,12 @@ PYBIND11_MODULE(_fsdp_rt, m) {
       .def("release_replays", [](const fsdp_rt::Program &program) {
              if (fsdp_rt::ReplayedSteps *replays = program.replays())
                replays->release();
-           }, "Lets the CUDA graphs of the functions the program replays and their memory go; each is captured "
-              "again at its function's next call")
+           }, py::call_guard<py::gil_scoped_release>(), // it waits for the graphs' last replays
+           "Lets the CUDA graphs of the functions the program replays and their memory go; each is captured "
+           "again at its function's next call")
+      .def("captured_graphs", [](const fsdp_rt::Program &program) {
+             return program.replays() ? program.replays()->captured() : std::vector<std::string>();
+           }, "The functions whose CUDA graph is captured now, by name")
       .def("manifest", &manifest,
            "The manifest as plain data: {device, groups, params, buffers, functions}, the lists of dicts "
            "with the program's own field names (docs/program.md)")

@@ -402,14 +402,17 @@ private:
   /// back to the compute stream, so that stream waits for the transfers
   /// first; the host does not (a hung collective ahead of them would hold
   /// it until the watchdog's deadline).
-  void computeAfterTransfers() {
-    c10::impl::VirtualGuardImpl guard(device.type());
-    for (std::optional<c10::Stream> *stream : {&toDevice, &toHost})
-      if (*stream) {
-        c10::Event transferred(device.type());
-        transferred.record(**stream);
-        transferred.block(guard.getStream(device));
-      }
+  void computeAfterTransfers() noexcept {
+    try {
+      c10::impl::VirtualGuardImpl guard(device.type());
+      for (std::optional<c10::Stream> *stream : {&toDevice, &toHost})
+        if (*stream) {
+          c10::Event transferred(device.type());
+          transferred.record(**stream);
+          transferred.block(guard.getStream(device));
+        }
+    } catch (const std::exception &) { // a device in an error state: the step's own error says more
+    }
   }
 
   /// The stream for copies `way`, after the compute stream's work so far.

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <atomic>
+#include <charconv>
 #include <functional>
 #include <thread>
 #include <limits>
@@ -209,8 +210,10 @@ void checkNvrtc(nvrtcResult result, const char *call) {
 }
 
 void checkCuda(cudaError_t result, const std::string &what) {
-  if (result != cudaSuccess)
+  if (result != cudaSuccess) {
+    cudaGetLastError(); // else the next launch checked on this thread (ATen's) reports it again
     throw std::runtime_error(what + ": " + cudaGetErrorString(result));
+  }
 }
 
 /// NVRTC's options for `arch`: part of a cache entry's key.
@@ -305,10 +308,10 @@ Cubin cachedCubin(const KernelSpec &kernel, int arch, const std::string &cacheDi
     std::string header = "bytes ";
     if (entry.compare(0, key.size(), key) == 0 && entry.compare(key.size(), header.size(), header) == 0) {
       size_t sizeAt = key.size() + header.size(), newline = entry.find('\n', sizeAt);
+      size_t size = 0;
       if (newline != std::string::npos) {
-        std::string size = entry.substr(sizeAt, newline - sizeAt);
-        if (!size.empty() && size.find_first_not_of("0123456789") == std::string::npos &&
-            entry.size() - newline - 1 == std::stoull(size))
+        auto [end, error] = std::from_chars(entry.data() + sizeAt, entry.data() + newline, size);
+        if (error == std::errc() && end == entry.data() + newline && entry.size() - newline - 1 == size)
           return {entry.substr(newline + 1), true};
       }
     }
@@ -332,12 +335,11 @@ void inParallel(size_t count, const std::function<void(size_t)> &job) {
     }
   };
   size_t threads = std::min<size_t>(count, std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> workers;
+  std::vector<std::jthread> workers; // joined however this returns
   for (size_t t = 1; t < threads; ++t)
     workers.emplace_back(work);
   work();
-  for (std::thread &worker : workers)
-    worker.join();
+  workers.clear();
   for (const std::exception_ptr &failure : failures)
     if (failure)
       std::rethrow_exception(failure);

@@ -16,6 +16,7 @@
 
 #if FSDP_RT_CUDA
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/from_blob.h>
@@ -62,15 +63,20 @@ void join(const c10::cuda::CUDAStream &from, const c10::cuda::CUDAStream &to) {
 }
 
 /// A CUDA graph whose failed capture can be abandoned without leaving the
-/// caching allocators routing this thread's allocations to its pool, or
-/// the pool held: torch 2.11's capture_end throws before it ends them, and
-/// its reset() releases the pool only after a successful capture_end. A
-/// torch whose reset() does both (it has `capturing_to_pool_`) is left to.
+/// caching allocators routing this thread's allocations to its pool, the
+/// pool held, or the random generators in capture mode: torch 2.11's
+/// capture_end throws before it ends any of them, and its reset() releases
+/// the pool only after a successful capture_end. A torch whose reset() does
+/// it (it has `capturing_to_pool_`) is left to.
 class Graph : public at::cuda::CUDAGraph {
 public:
   template <typename Self = Graph> void abandon() {
     if constexpr (!requires(Self &graph) { graph.capturing_to_pool_; }) {
       if (!capture_ended_) {
+        // Else every later random op outside a capture fails ("Offset
+        // increment outside graph capture"); capture_epilogue is not exported.
+        for (auto &[state, increment] : static_cast<Self &>(*this).captured_generator_states_)
+          state->capturing_ = false;
         c10::DeviceIndex device = capture_stream_.device_index();
         auto attempt = [](const std::function<void()> &step) {
           try {
@@ -180,6 +186,11 @@ public:
     return out;
   }
 
+  bool captured() {
+    std::lock_guard<std::mutex> lock(running);
+    return state == State::Captured;
+  }
+
   /// Lets the graph and its memory go; the next call captures it again.
   void release() {
     std::lock_guard<std::mutex> lock(running);
@@ -224,9 +235,10 @@ private:
     c10::cuda::CUDACachingAllocator::emptyCache();
     graph = std::make_unique<Graph>();
     c10::cuda::CUDAStreamGuard onStream(*stream);
-    graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
-    bool capturing = true;
+    bool capturing = false;
     try {
+      graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal); // routes the allocators before it can fail
+      capturing = true;
       outputs = execute(program, function, std::move(capturingInputs));
       capturing = false;
       graph->capture_end(); // fails where something in the step cannot be captured
@@ -386,6 +398,15 @@ void ReplayedSteps::release() {
     step->release();
 }
 
+std::vector<std::string> ReplayedSteps::captured() {
+  std::lock_guard<std::mutex> lock(choosing);
+  std::vector<std::string> names;
+  for (auto &[name, step] : steps)
+    if (step->captured())
+      names.push_back(name);
+  return names;
+}
+
 StepOutputs run(const Program &program, const Function &function, StepInputs inputs) {
   if (!function.cudaGraph || inputs.trace || inputs.checkReshardFrees || !program.replays())
     return execute(program, function, std::move(inputs));
@@ -397,6 +418,8 @@ StepOutputs run(const Program &program, const Function &function, StepInputs inp
 class GraphedStep {};
 
 void ReplayedSteps::release() {}
+
+std::vector<std::string> ReplayedSteps::captured() { return {}; }
 
 GraphedStep &ReplayedSteps::of(const Function &function) {
   throw std::runtime_error("fsdp_rt: @" + function.name +

@@ -118,3 +118,27 @@ func.func @replicas(%x: tensor<2x4xf32>) -> tensor<f32> {
   fsdp.gradients [@w] %s : tensor<2x4xf32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// One bucket of an f32 and a bf16 gradient (64 and 32 bytes), reduced in
+// f32 over 2 ranks on NCCL: the start stages the packed buffer (128) and
+// the receive buffer (64). At the wait the f32 shard is a view of the
+// receive buffer and the bf16 shard (16) a cast of its part: 4 + 128 + 64 +
+// 16 = 212. After it the view keeps the whole receive buffer: 4 + 64 + 16.
+// RELEASES: func.func @mixed(%arg0: tensor<4x4xf32>, %arg1: tensor<4x4xbf16>) -> tensor<f32> attributes {test.live_after = array<i64: 64, 96, 100, 100, 292, 212, 84, 84>, test.live_peak = 292 : i64}
+shard.grid @dp(shape = 2)
+fsdp.unit @root root
+fsdp.param @w : tensor<4x4xf32> unit @root sharded on @dp axes = [0] padding = 0
+fsdp.param @v : tensor<4x4xbf16> unit @root sharded on @dp axes = [0] padding = 0
+func.func @mixed(%x: tensor<4x4xf32>, %y: tensor<4x4xbf16>) -> tensor<f32> {
+  %g = fsdp.aten "aten::mul.Tensor"(%x, %x) : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  %h = fsdp.aten "aten::mul.Tensor"(%y, %y) : (tensor<4x4xbf16>, tensor<4x4xbf16>) -> tensor<4x4xbf16>
+  %l = fsdp.aten "aten::sum"(%g) : (tensor<4x4xf32>) -> tensor<f32>
+  fsdp.loss %l : tensor<f32>
+  %f = fsdp.reduce_scatter_start %g, %h on @dp axes = [0] reduction = average reduce_dtype = f32 unit @root : tensor<4x4xf32>, tensor<4x4xbf16> -> !fsdp.future<tensor<2x4xf32>, tensor<2x4xbf16>>
+  fsdp.release %g, %h : tensor<4x4xf32>, tensor<4x4xbf16>
+  %s:2 = fsdp.wait %f : !fsdp.future<tensor<2x4xf32>, tensor<2x4xbf16>>
+  fsdp.gradients [@w, @v] %s#0, %s#1 : tensor<2x4xf32>, tensor<2x4xbf16>
+  return %l : tensor<f32>
+}

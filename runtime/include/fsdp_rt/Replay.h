@@ -31,6 +31,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace fsdp_rt {
 
@@ -45,6 +46,8 @@ public:
   /// Lets every graph and its memory go (outputs still held are copied out
   /// first); each is captured again at its function's next call.
   void release();
+  /// The functions whose graph is captured now.
+  std::vector<std::string> captured();
 
 private:
   std::mutex choosing;
