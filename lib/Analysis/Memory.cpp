@@ -10,13 +10,15 @@ using namespace mlir::fsdp;
 
 namespace {
 
+/// The dtype a reduction reduces in.
+Type reduceType(Operation *start) { return start->getAttrOfType<TypeAttr>("reduce_dtype").getValue(); }
+
 /// Bytes of the buffer a reduction reduces into: its results, each in the
 /// reduce dtype.
 int64_t reducedBytes(Operation *start) {
-  Type reduce = start->getAttrOfType<TypeAttr>("reduce_dtype").getValue();
   int64_t bytes = 0;
   for (Type result : futureTypes(start))
-    bytes += cast<RankedTensorType>(result).getNumElements() * elementBytes(reduce);
+    bytes += cast<RankedTensorType>(result).getNumElements() * elementBytes(reduceType(start));
   return bytes;
 }
 
@@ -180,7 +182,7 @@ Walk mlir::fsdp::walkSchedule(Step &step, bool gloo, bool hostIsDevice, Frees fr
       if (op.hasAttr("host") && !isa<AllGatherStartOp>(op) && !hostIsDevice) {
         // Gradients that go to host memory: only a cast to their dtype
         // passes through the device, within the wait.
-        Type reduce = op.getAttrOfType<TypeAttr>("reduce_dtype").getValue();
+        Type reduce = reduceType(&op);
         int64_t casts = 0;
         for (Value result : wait.getResults())
           if (cast<RankedTensorType>(result.getType()).getElementType() != reduce)
@@ -200,7 +202,7 @@ Walk mlir::fsdp::walkSchedule(Step &step, bool gloo, bool hostIsDevice, Frees fr
         // The results in the reduce dtype are views of the buffer reduced
         // into: it is staging until the wait, then their storage until the
         // last of them is freed; the others are cast from it at the wait.
-        Type reduce = op.getAttrOfType<TypeAttr>("reduce_dtype").getValue();
+        Type reduce = reduceType(&op);
         SmallVector<Value> views;
         for (Value result : wait.getResults())
           if (cast<RankedTensorType>(result.getType()).getElementType() == reduce)

@@ -14,6 +14,7 @@
 #include <functional>
 #include <thread>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -263,14 +264,18 @@ struct Cubin {
   bool cached = false;
 };
 
-/// The cache entry of `kernel` on `arch` in `cacheDir`: its path and its
-/// key (the source, the architecture, NVRTC's version and options). An
-/// entry is the key, "bytes N\n", then the N bytes of the cubin.
-std::pair<std::filesystem::path, std::string> cacheEntry(const KernelSpec &kernel, int arch,
-                                                         const std::string &cacheDir) {
+/// A kernel's cache entry: its file and its key (the source, NVRTC's
+/// version and options). The file holds the key, "bytes N\n", then the N
+/// bytes of the cubin.
+struct CacheEntry {
+  std::filesystem::path path;
+  std::string key;
+};
+
+CacheEntry cacheEntry(const std::string &source, int arch, const std::string &cacheDir) {
   int major = 0, minor = 0;
   checkNvrtc(nvrtcVersion(&major, &minor), "nvrtcVersion");
-  std::string key = kernelSource(kernel) + "\n// nvrtc " + std::to_string(major) + "." + std::to_string(minor);
+  std::string key = source + "\n// nvrtc " + std::to_string(major) + "." + std::to_string(minor);
   for (const std::string &option : nvrtcOptions(arch))
     key += " " + option;
   key += "\n";
@@ -279,45 +284,55 @@ std::pair<std::filesystem::path, std::string> cacheEntry(const KernelSpec &kerne
   return {std::filesystem::path(cacheDir) / name, key};
 }
 
-/// Writes an entry under a name of this process and thread first, then
+/// The cubin `entry` holds, where its file is whole and has the same key.
+std::optional<std::string> readEntry(const CacheEntry &entry) {
+  std::ifstream in{entry.path, std::ios::binary};
+  if (!in)
+    return std::nullopt;
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string header = "bytes ";
+  if (text.compare(0, entry.key.size(), entry.key) != 0 ||
+      text.compare(entry.key.size(), header.size(), header) != 0)
+    return std::nullopt;
+  size_t sizeAt = entry.key.size() + header.size(), newline = text.find('\n', sizeAt), size = 0;
+  if (newline == std::string::npos)
+    return std::nullopt;
+  auto [end, error] = std::from_chars(text.data() + sizeAt, text.data() + newline, size);
+  if (error != std::errc() || end != text.data() + newline || text.size() - newline - 1 != size)
+    return std::nullopt;
+  return text.substr(newline + 1);
+}
+
+/// Writes `entry` under a name of this process and thread first, then
 /// renames it into place: ranks filling the same entry never write one
 /// file, and a reader sees a whole entry or none.
-void writeEntry(const std::filesystem::path &path, const std::string &key, const std::string &cubin) {
+void writeEntry(const CacheEntry &entry, const std::string &cubin) {
   std::error_code ignored;
-  std::filesystem::create_directories(path.parent_path(), ignored);
-  std::filesystem::path partial = path;
+  std::filesystem::create_directories(entry.path.parent_path(), ignored);
+  std::filesystem::path partial = entry.path;
   partial += "." + std::to_string(::getpid()) + "." +
              std::to_string(std::hash<std::thread::id>()(std::this_thread::get_id())) + ".partial";
   if (std::ofstream out{partial, std::ios::binary | std::ios::trunc}) {
-    out << key << "bytes " << cubin.size() << "\n" << cubin;
+    out << entry.key << "bytes " << cubin.size() << "\n" << cubin;
     out.close();
     if (out)
-      std::filesystem::rename(partial, path, ignored); // another rank writing the same entry is harmless
+      std::filesystem::rename(partial, entry.path, ignored); // another rank writing the same entry is harmless
   }
   std::filesystem::remove(partial, ignored);
 }
 
-/// The cubin for `kernel` on `arch`: from `cacheDir` when a whole entry
-/// holds the same key, else compiled (and written there).
-Cubin cachedCubin(const KernelSpec &kernel, int arch, const std::string &cacheDir) {
+/// The cubin for `kernel` on `arch`: from `cacheDir` when it holds a whole
+/// entry for it (and `readCache`), else compiled (and written there).
+Cubin cachedCubin(const KernelSpec &kernel, int arch, const std::string &cacheDir, bool readCache = true) {
+  std::string source = kernelSource(kernel);
   if (cacheDir.empty())
-    return {compileSource(kernel, kernelSource(kernel), arch), false};
-  auto [path, key] = cacheEntry(kernel, arch, cacheDir);
-  if (std::ifstream in{path, std::ios::binary}) {
-    std::string entry((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::string header = "bytes ";
-    if (entry.compare(0, key.size(), key) == 0 && entry.compare(key.size(), header.size(), header) == 0) {
-      size_t sizeAt = key.size() + header.size(), newline = entry.find('\n', sizeAt);
-      size_t size = 0;
-      if (newline != std::string::npos) {
-        auto [end, error] = std::from_chars(entry.data() + sizeAt, entry.data() + newline, size);
-        if (error == std::errc() && end == entry.data() + newline && entry.size() - newline - 1 == size)
-          return {entry.substr(newline + 1), true};
-      }
-    }
-  }
-  std::string cubin = compileSource(kernel, kernelSource(kernel), arch);
-  writeEntry(path, key, cubin);
+    return {compileSource(kernel, source, arch), false};
+  CacheEntry entry = cacheEntry(source, arch, cacheDir);
+  if (readCache)
+    if (std::optional<std::string> cubin = readEntry(entry))
+      return {std::move(*cubin), true};
+  std::string cubin = compileSource(kernel, source, arch);
+  writeEntry(entry, cubin);
   return {std::move(cubin), false};
 }
 
@@ -373,10 +388,7 @@ LoadedKernels::LoadedKernels(const std::vector<KernelSpec> &specs, c10::Device d
         if (!cubins[i].cached)
           throw;
         // A damaged cache entry: compiled again, and the entry replaced.
-        std::string cubin = compileSource(kernels[i], kernelSource(kernels[i]), arch);
-        auto [path, key] = cacheEntry(kernels[i], arch, cacheDir);
-        writeEntry(path, key, cubin);
-        load(kernels[i], cubin);
+        load(kernels[i], cachedCubin(kernels[i], arch, cacheDir, /*readCache=*/false).bytes);
       }
     }
   } catch (...) {
@@ -391,17 +403,19 @@ void LoadedKernels::load(const KernelSpec &kernel, const std::string &cubin) {
   Loaded entry;
   checkCuda(cudaLibraryLoadData(&entry.library, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
             "loading kernel " + kernel.name);
-  auto found = cudaLibraryGetKernel(&entry.kernel, entry.library, (kernel.name + "_kernel").c_str());
-  cudaFuncAttributes attributes{};
-  auto described = found == cudaSuccess
-                       ? cudaFuncGetAttributes(&attributes, reinterpret_cast<const void *>(entry.kernel))
-                       : found;
-  if (described != cudaSuccess || attributes.maxThreadsPerBlock < kernel.block) {
+  try {
+    checkCuda(cudaLibraryGetKernel(&entry.kernel, entry.library, (kernel.name + "_kernel").c_str()),
+              "finding kernel " + kernel.name);
+    cudaFuncAttributes attributes{};
+    checkCuda(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void *>(entry.kernel)),
+              "loading kernel " + kernel.name);
+    if (attributes.maxThreadsPerBlock < kernel.block)
+      throw std::runtime_error("kernel " + kernel.name + " runs at most " +
+                               std::to_string(attributes.maxThreadsPerBlock) + " threads per block on this GPU; " +
+                               "the program launches " + std::to_string(kernel.block));
+  } catch (...) {
     cudaLibraryUnload(entry.library);
-    checkCuda(described, "finding kernel " + kernel.name);
-    throw std::runtime_error("kernel " + kernel.name + " runs at most " +
-                             std::to_string(attributes.maxThreadsPerBlock) + " threads per block on this GPU; " +
-                             "the program launches " + std::to_string(kernel.block));
+    throw;
   }
   loaded.push_back(entry);
 }
