@@ -50,6 +50,7 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 namespace fsdp_rt {
 
@@ -802,6 +803,21 @@ private:
   StepOutputs out;
 };
 
+/// Whether `event` completes by `deadline`, polled with sleeps: the
+/// runtime's events are made without blocking sync, so `synchronize` would
+/// spin a core that the host optimizer's own threads need, and would never
+/// return behind a hung transfer.
+bool completesBy(const c10::Event &event, std::chrono::steady_clock::time_point deadline) {
+  auto pause = std::chrono::microseconds(20);
+  while (!event.query()) {
+    if (std::chrono::steady_clock::now() >= deadline)
+      return false;
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
 } // namespace
 
 void HostUpdate::finish() {
@@ -904,8 +920,11 @@ GradientLandings::next(std::chrono::milliseconds timeout) {
   }
   std::string name = ready->name;
   lock.unlock();
+  auto deadline = std::chrono::steady_clock::now() + timeout;
   for (const std::shared_ptr<c10::Event> &copy : pending)
-    copy->synchronize();
+    if (!completesBy(*copy, deadline))
+      throw std::runtime_error("the copies of unit @" + name + "'s gradients to host memory did not finish within " +
+                               std::to_string(timeout.count() / 1000.0) + " s");
   return std::make_pair(std::move(name), std::move(grads));
 }
 
