@@ -1,8 +1,11 @@
 """Starts a CPU job's ranks directly, with the rendezvous environment torchrun
-gives them, without torchrun's agent: the agent costs a Python and torch
-start per job, seconds of CI each. The tests that show how users launch (the
-README, the examples, the two hosts, the GPU runs) keep torchrun."""
+gives them, without torchrun's agent, each rank a process forked from a
+server that imported torch once (forked_rank.py runs the script there): a
+fresh Python spends 3 to 4 s of CPU importing torch, and CI starts about a
+hundred ranks. The tests that show how users launch (the README, the two
+hosts, the GPU runs) keep torchrun."""
 
+import multiprocessing
 import os
 import socket
 import subprocess
@@ -11,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import forked_rank
 from fsdpc import find_fsdp_opt
 
 PYTHON_DIR = Path(__file__).resolve().parents[1]
@@ -36,6 +40,12 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def torchrun(ranks: int, *arguments, port: int) -> list[str]:
+    """The command that runs `python *arguments` as `ranks` ranks under torchrun on this host."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port", str(port),
+            *map(str, arguments)]
+
+
 def rank_environment(env: dict, rank: int, world: int, port: int) -> dict:
     """`env` with what torchrun tells rank `rank` of a one-host job."""
     return {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
@@ -50,18 +60,71 @@ def nccl_sharing_one_gpu(rank: int) -> dict:
             "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo"}
 
 
+class Rank:
+    """A rank process forked from the fork server, its stdout and stderr in
+    files (one where `merged`); what a test asks of it is what it would ask
+    of a subprocess.Popen."""
+
+    def __init__(self, arguments: list, env: dict, merged: bool = False):
+        server, outputs = _fork_server()
+        self._stdout = tempfile.mkstemp(dir=outputs)[1]
+        self._stderr = self._stdout if merged else tempfile.mkstemp(dir=outputs)[1]
+        self._process = server.Process(target=forked_rank.run, args=(
+            [str(a) for a in arguments], dict(env), self._stdout, self._stderr))
+        self._process.start()
+        self.pid = self._process.pid
+        self.arguments = arguments
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.arguments, timeout)
+        return self._process.exitcode
+
+    def kill(self) -> None:
+        self._process.kill()
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
+        """stdout and stderr (None where merged into stdout) once it ended."""
+        self.wait(timeout)
+        stdout = Path(self._stdout).read_text(errors="replace")
+        return stdout, None if self._stderr == self._stdout else Path(self._stderr).read_text(errors="replace")
+
+
+# Imported once by the fork server: what every rank imports before its
+# script runs (fsdpc itself is not: it reads its environment at import).
+SERVER_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "torch.distributed.tensor",
+                  "torch.export", "torch._dynamo"]
+_server = None
+
+
+def _fork_server() -> tuple:
+    """The fork server's context, and the folder of the ranks' output files
+    (removed when this process exits)."""
+    global _server
+    if _server is None:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(SERVER_PRELOAD)
+        _server = (context, tempfile.TemporaryDirectory(prefix="fsdpc-ranks-"))
+    return _server[0], _server[1].name
+
+
 def run_ranks(world: int, arguments: list, *, env: dict, port: int, timeout: float) -> subprocess.CompletedProcess:
     """Runs `python *arguments` as ranks 0..world-1 of one job on this host;
     returns the first failing rank's exit code (else 0) and every rank's
     stdout and stderr, in rank order."""
-    outputs = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(world)]
-    ranks = [subprocess.Popen([sys.executable, *map(str, arguments)], stdout=stdout, stderr=stderr, text=True,
-                              env=rank_environment(env, rank, world, port))
-             for rank, (stdout, stderr) in enumerate(outputs)]
+    ranks = [Rank(arguments, rank_environment(env, rank, world, port)) for rank in range(world)]
     deadline, code = time.monotonic() + timeout, 0
     try:
         while any(rank.poll() is None for rank in ranks) and time.monotonic() < deadline:
-            failed = next((rank.returncode for rank in ranks if rank.returncode not in (None, 0)), 0)
+            failed = next((rank.poll() for rank in ranks if rank.poll() not in (None, 0)), 0)
             if failed and not code:
                 code, deadline = failed, min(deadline, time.monotonic() + GRACE_SECONDS)
             time.sleep(0.05)
@@ -71,10 +134,6 @@ def run_ranks(world: int, arguments: list, *, env: dict, port: int, timeout: flo
                 rank.kill()
             rank.wait()
     code = code or next((rank.returncode for rank in ranks if rank.returncode != 0), 0)
-    texts = []
-    for files in outputs:
-        for file in files:
-            file.seek(0)
-            texts.append(file.read())
-            file.close()
-    return subprocess.CompletedProcess(arguments, code, "".join(texts[0::2]), "".join(texts[1::2]))
+    outputs = [rank.communicate() for rank in ranks]
+    return subprocess.CompletedProcess(arguments, code, "".join(out for out, _ in outputs),
+                                       "".join(err for _, err in outputs))

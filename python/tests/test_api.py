@@ -1,38 +1,43 @@
-"""fsdpc.shard end to end: CPU ranks (launch.py, or torchrun where a user's
-launch is the point) that run a scenario of
-api_train.py, each of which checks itself against eager PyTorch; the
-checkpoint tests compare losses across jobs of different sizes."""
+"""fsdpc.shard end to end: CPU ranks (launch.py, or torchrun for the
+README's loop, whose launch is the point) that run a scenario of
+api_train.py, each of which checks itself against eager PyTorch, or an
+example; the checkpoint tests compare losses across jobs of different
+sizes."""
 
 import os
 import re
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from launch import environment, run_ranks
+from launch import Rank, environment, rank_environment, run_ranks, torchrun
 
 SCRIPT = Path(__file__).with_name("api_train.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def torchrun(ranks: int, *arguments, port_offset: int = 0, port: int | None = None) -> list[str]:
-    port = port if port is not None else 29300 + (os.getpid() + port_offset) % 250
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-            "--master-port", str(port), *map(str, arguments)]
+def port(offset: int = 0) -> int:
+    return 29300 + (os.getpid() + offset) % 250
 
 
-def run(ranks: int, scenario: str, *extra, port_offset: int = 0) -> subprocess.CompletedProcess:
-    done = run_ranks(ranks, [SCRIPT, scenario, *extra], env=environment(),
-                     port=29300 + (os.getpid() + port_offset) % 250, timeout=600)
+def run_job(ranks: int, arguments: list, port_offset: int = 0) -> subprocess.CompletedProcess:
+    done = run_ranks(ranks, arguments, env=environment(), port=port(port_offset), timeout=600)
     # Each failed rank's reason first: the tails may hold only the other ranks' reactions.
     reasons = [line for line in (done.stdout + done.stderr).splitlines() if "RuntimeError: scenario '" in line]
     assert done.returncode == 0, "\n".join(reasons) + "\n" + done.stdout[-3000:] + done.stderr[-6000:]
     return done
+
+
+def run(ranks: int, scenario: str, *extra, port_offset: int = 0) -> subprocess.CompletedProcess:
+    return run_job(ranks, [SCRIPT, scenario, *extra], port_offset)
+
+
+def run_example(name: str, *arguments, port_offset: int = 0) -> str:
+    """An example trained by 2 ranks; its output."""
+    return run_job(2, [ROOT / "examples" / name, *arguments], port_offset).stdout
 
 
 # Scenarios at one rank count share a job (each checks itself and names
@@ -70,18 +75,18 @@ def test_checkpoints_resume_on_other_rank_counts_with_the_same_losses(tmp_path):
 
 def test_a_save_killed_half_way_leaves_the_previous_checkpoint(tmp_path):
     target, marker = tmp_path / "ckpt", tmp_path / "first-save-done"
-    job = subprocess.Popen(torchrun(2, SCRIPT, "slow_save", "--save", target, "--out", marker),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environment(),
-                           start_new_session=True)
+    ranks = [Rank([SCRIPT, "slow_save", "--save", target, "--out", marker],
+                  rank_environment(environment(), rank, 2, port())) for rank in range(2)]
     try:
         deadline = time.monotonic() + 300
         while not (marker.exists() and list(tmp_path.glob(".ckpt.partial-*/*.distcp"))):
-            assert job.poll() is None, "the job ended before its second save began"
+            assert all(rank.poll() is None for rank in ranks), "the job ended before its second save began"
             assert time.monotonic() < deadline, "the second save never started"
             time.sleep(0.05)
     finally:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
     assert (target / ".metadata").is_file()
     assert torch.load(target / "fsdpc_extra.pt")["step"] == 1
     partial = next(tmp_path.glob(".ckpt.partial-*"))
@@ -99,7 +104,7 @@ def test_the_readme_training_loop_runs_as_written(tmp_path):
     assert block, "README has no training example under '## Training with fsdpc'"
     script = tmp_path / "readme_train.py"
     script.write_text(block.group(1))
-    done = subprocess.run(torchrun(2, script), capture_output=True, text=True, env=environment(),
+    done = subprocess.run(torchrun(2, script, port=port()), capture_output=True, text=True, env=environment(),
                           cwd=tmp_path, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert "loss" in done.stdout
@@ -110,24 +115,17 @@ def demo_losses(output: str) -> dict[int, str]:
 
 
 def test_the_demo_resumes_from_its_checkpoint_with_the_same_losses(tmp_path):
-    trainer = ROOT / "examples" / "train_gpt.py"
-    first = subprocess.run(torchrun(2, trainer, "--steps", 6, "--save-at", 3, "--out", tmp_path),
-                           capture_output=True, text=True, env=environment(), timeout=600, check=False)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-6000:]
-    second = subprocess.run(torchrun(2, trainer, "--steps", 6, "--resume", tmp_path / "checkpoint",
-                                     "--out", tmp_path / "resumed", port_offset=3),
-                            capture_output=True, text=True, env=environment(), timeout=600, check=False)
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-6000:]
-    whole, resumed = demo_losses(first.stdout), demo_losses(second.stdout)
+    first = run_example("train_gpt.py", "--steps", 6, "--save-at", 3, "--out", tmp_path)
+    second = run_example("train_gpt.py", "--steps", 6, "--resume", tmp_path / "checkpoint", "--out",
+                         tmp_path / "resumed", port_offset=3)
+    whole, resumed = demo_losses(first), demo_losses(second)
     assert sorted(whole) == [1, 2, 3, 4, 5, 6] and sorted(resumed) == [4, 5, 6]
     assert all(resumed[i] == whole[i] for i in (4, 5, 6)), (whole, resumed)
 
 
 def test_the_hugging_face_fine_tuning_example_trains_with_the_models_own_loss(tmp_path):
     pytest.importorskip("transformers")
-    done = subprocess.run(torchrun(2, ROOT / "examples" / "finetune_hf.py", "--steps", 8, "--out", tmp_path),
-                          capture_output=True, text=True, env=environment(), timeout=600, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    losses = [float(m) for m in re.findall(r"loss (\d+\.\d+)\n", done.stdout)]
+    output = run_example("finetune_hf.py", "--steps", 8, "--out", tmp_path)
+    losses = [float(m) for m in re.findall(r"loss (\d+\.\d+)\n", output)]
     assert len(losses) == 8 and losses[-1] < losses[0], losses
-    assert "in a plain LlamaForCausalLM" in done.stdout
+    assert "in a plain LlamaForCausalLM" in output

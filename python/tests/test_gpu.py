@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import environment, free_port, run_ranks
-from test_api import SCRIPT, torchrun
+from launch import environment, free_port, run_ranks, torchrun
+from test_api import SCRIPT
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA GPU on this machine: make test-gpu runs these on a GPU host")
