@@ -11,7 +11,9 @@
 #include <fstream>
 #include <atomic>
 #include <charconv>
+#include <algorithm>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <limits>
 #include <optional>
@@ -369,6 +371,50 @@ struct LoadedKernels::Loaded {
   cudaKernel_t kernel = nullptr;
 };
 
+namespace {
+
+/// Libraries of dropped programs, unloaded once the streams their kernels
+/// ran on have passed the events recorded at the drop: a program dropped
+/// right after a step returned still has kernels queued, which must not
+/// lose their code, and waiting for them at the drop could hang behind a
+/// hung collective.
+struct Retired {
+  std::vector<cudaEvent_t> after;
+  std::vector<cudaLibrary_t> libraries;
+};
+
+std::mutex retiredMutex;
+
+std::vector<Retired> &retired() {
+  static auto *entries = new std::vector<Retired>; // kept at exit: the driver reclaims what is left with the context
+  return *entries;
+}
+
+/// Whether the stream has passed `event` (an error counts as passed: the
+/// context is broken and nothing runs).
+bool passed(cudaEvent_t event) {
+  cudaError_t state = cudaEventQuery(event);
+  if (state == cudaErrorNotReady)
+    cudaGetLastError(); // not an error, yet CUDA's last error
+  return state != cudaErrorNotReady;
+}
+
+/// Unloads the retired libraries whose streams have passed their events.
+/// Holds retiredMutex.
+void unloadFinished() {
+  std::erase_if(retired(), [](const Retired &entry) {
+    if (!std::all_of(entry.after.begin(), entry.after.end(), passed))
+      return false;
+    for (cudaEvent_t event : entry.after)
+      cudaEventDestroy(event);
+    for (cudaLibrary_t library : entry.libraries)
+      cudaLibraryUnload(library); // at exit the context may be gone already: nothing to report
+    return true;
+  });
+}
+
+} // namespace
+
 LoadedKernels::LoadedKernels(const std::vector<KernelSpec> &specs, c10::Device device, const std::string &cacheDir)
     : kernels(specs), device(device) {
   c10::cuda::CUDAGuard guard(device);
@@ -378,6 +424,10 @@ LoadedKernels::LoadedKernels(const std::vector<KernelSpec> &specs, c10::Device d
   checkCuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index()),
             "the GPU's compute capability");
   int arch = major * 10 + minor;
+  {
+    std::lock_guard<std::mutex> lock(retiredMutex);
+    unloadFinished();
+  }
   std::vector<Cubin> cubins(kernels.size());
   inParallel(kernels.size(), [&](size_t i) { cubins[i] = cachedCubin(kernels[i], arch, cacheDir); });
   try {
@@ -392,7 +442,7 @@ LoadedKernels::LoadedKernels(const std::vector<KernelSpec> &specs, c10::Device d
       }
     }
   } catch (...) {
-    unloadAll();
+    retire();
     throw;
   }
 }
@@ -420,13 +470,40 @@ void LoadedKernels::load(const KernelSpec &kernel, const std::string &cubin) {
   loaded.push_back(entry);
 }
 
-void LoadedKernels::unloadAll() {
-  for (const Loaded &entry : loaded)
-    cudaLibraryUnload(entry.library); // at exit the context may be gone already: nothing to report
+void LoadedKernels::retire() {
+  Retired entry;
+  for (const Loaded &kernel : loaded)
+    entry.libraries.push_back(kernel.library);
   loaded.clear();
+  {
+    std::lock_guard<std::mutex> lock(launchedMutex);
+    // Events are recorded on their own device's streams; a guard would throw here once the context is gone.
+    int caller = -1;
+    bool switched = !launchedOn.empty() && cudaGetDevice(&caller) == cudaSuccess && caller != device.index() &&
+                    cudaSetDevice(device.index()) == cudaSuccess;
+    for (const c10::Stream &stream : launchedOn) {
+      cudaEvent_t event = nullptr;
+      if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError(); // the context is broken: nothing runs, nothing to wait for
+        continue;
+      }
+      if (cudaEventRecord(event, c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, stream).stream()) ==
+          cudaSuccess)
+        entry.after.push_back(event);
+      else
+        cudaEventDestroy(event);
+    }
+    launchedOn.clear();
+    if (switched)
+      cudaSetDevice(caller);
+  }
+  cudaGetLastError(); // what failed above only means there is nothing to wait for
+  std::lock_guard<std::mutex> lock(retiredMutex);
+  retired().push_back(std::move(entry));
+  unloadFinished();
 }
 
-LoadedKernels::~LoadedKernels() { unloadAll(); }
+LoadedKernels::~LoadedKernels() { retire(); }
 
 std::vector<at::Tensor> LoadedKernels::launch(size_t index, const std::vector<at::Tensor> &inputs) const {
   const KernelSpec &kernel = kernels.at(index);
@@ -459,7 +536,13 @@ std::vector<at::Tensor> LoadedKernels::launch(size_t index, const std::vector<at
   for (size_t i = 0; i < inputs.size() + outputs.size(); ++i)
     arguments[i] = &pointers[i];
   RECORD_FUNCTION(kKernelLaunchRecord, c10::ArrayRef<const c10::IValue>{});
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device.index());
+  {
+    std::lock_guard<std::mutex> lock(launchedMutex);
+    if (std::find(launchedOn.begin(), launchedOn.end(), current.unwrap()) == launchedOn.end())
+      launchedOn.push_back(current.unwrap());
+  }
+  cudaStream_t stream = current.stream();
   checkCuda(cudaLaunchKernel(reinterpret_cast<const void *>(loaded[index].kernel),
                              dim3(static_cast<unsigned>(kernel.grid)), dim3(static_cast<unsigned>(kernel.block)),
                              arguments, 0, stream),

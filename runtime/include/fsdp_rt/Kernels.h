@@ -32,7 +32,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <c10/core/Stream.h>
+
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -71,10 +74,14 @@ public:
 private:
   struct Loaded;
   void load(const KernelSpec &kernel, const std::string &cubin);
-  void unloadAll();
+  /// Hands the libraries over to be unloaded once the streams the kernels
+  /// were launched on have finished what is queued now.
+  void retire();
   std::vector<KernelSpec> kernels;
   c10::Device device;
   std::vector<Loaded> loaded;
+  mutable std::mutex launchedMutex;
+  mutable std::vector<c10::Stream> launchedOn; // each stream a kernel was launched on
 };
 
 } // namespace fsdp_rt
