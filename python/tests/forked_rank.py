@@ -5,17 +5,38 @@ themselves after the rank's environment is in place, as they would at a
 fresh start."""
 
 import atexit
+import multiprocessing
 import os
 import runpy
+import select
+import signal
 import sys
 import threading
 import traceback
 
 
+def end_with(requester: int) -> None:
+    """Kills this rank when the test process that started it ends: one
+    killed by ctest's timeout must not leave ranks blocked in a collective
+    behind (the fork server outlives it while its ranks run)."""
+    try:
+        ended = os.pidfd_open(requester)
+    except ProcessLookupError:
+        os._exit(1)
+
+    def watch() -> None:
+        select.select([ended], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="fsdpc-test-requester", daemon=True).start()
+
+
 def run(arguments: list[str], env: dict, stdout_path: str, stderr_path: str) -> None:
     """Runs `arguments` (a script and its arguments, or "-c" and code) with
     exactly `env` as the environment, stdout and stderr appended to the two
-    files (one file for both where the paths are equal)."""
+    files (one file for both where the paths are equal), and exits with its
+    exit code."""
+    end_with(multiprocessing.parent_process().pid)
     for path, fd in ((stdout_path, 1), (stderr_path, 2)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(target, fd)
