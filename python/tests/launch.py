@@ -66,7 +66,11 @@ class Rank:
     of a subprocess.Popen."""
 
     def __init__(self, arguments: list, env: dict, merged: bool = False):
-        server, outputs = _fork_server()
+        server, outputs, server_env = _fork_server()
+        fixed = [name for name in READ_AT_START if env.get(name) != server_env.get(name)]
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)} take effect only when a process starts, and a forked rank inherits "
+                             f"the fork server's: start this rank with subprocess")
         self._stdout = tempfile.mkstemp(dir=outputs)[1]
         self._stderr = self._stdout if merged else tempfile.mkstemp(dir=outputs)[1]
         self._process = server.Process(target=forked_rank.run, args=(
@@ -102,18 +106,23 @@ class Rank:
 # script runs (fsdpc itself is not: it reads its environment at import).
 SERVER_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "torch.distributed.tensor",
                   "torch.export", "torch._dynamo"]
+# What the loader and the interpreter read at a process's start: a rank
+# asked to run with other values than the fork server's is refused.
+READ_AT_START = ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONMALLOC", "PYTHONHASHSEED")
 _server = None
 
 
 def _fork_server() -> tuple:
-    """The fork server's context, and the folder of the ranks' output files
-    (removed when this process exits)."""
+    """The fork server's context, the folder of the ranks' output files
+    (removed when this process exits) and the environment the server
+    starts with (this process's at the first rank)."""
     global _server
     if _server is None:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(SERVER_PRELOAD)
-        _server = (context, tempfile.TemporaryDirectory(prefix="fsdpc-ranks-"))
-    return _server[0], _server[1].name
+        _server = (context, tempfile.TemporaryDirectory(prefix="fsdpc-ranks-"), dict(os.environ))
+    context, outputs, server_env = _server
+    return context, outputs.name, server_env
 
 
 def run_ranks(world: int, arguments: list, *, env: dict, port: int, timeout: float) -> subprocess.CompletedProcess:
