@@ -1,17 +1,17 @@
 """Failures across ranks: every rank ends, fast, with an error that names what
 failed and where; no rank hangs and no process is left behind. Ranks are
-started by hand (MASTER_ADDR/PORT, RANK, WORLD_SIZE) as separate processes
-(launch.py), without torchrun's agent, which would kill the survivors
-itself."""
+started by hand (MASTER_ADDR/PORT, RANK, WORLD_SIZE) as separate processes,
+without torchrun's agent, which would kill the survivors itself."""
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from launch import Rank, environment, nccl_sharing_one_gpu, rank_environment
+from launch import environment, nccl_sharing_one_gpu, rank_environment
 
 WORKER = Path(__file__).with_name("failure_worker.py")
 STEP_TIMEOUT = 5
@@ -21,18 +21,19 @@ LONG_STEP_TIMEOUT = 12
 
 
 def start(scenario: str, world: int, victim: int, port: int, timeout: float = STEP_TIMEOUT,
-          device: str = "cpu", backend: str = "gloo") -> list[Rank]:
+          device: str = "cpu", backend: str = "gloo") -> list[subprocess.Popen]:
     ranks = []
     for rank in range(world):
         env = rank_environment(environment(STEP_TIMEOUT=str(timeout), DEVICE=device, BACKEND=backend), rank,
                                world, port)
         if backend == "nccl":
             env.update(nccl_sharing_one_gpu(rank))
-        ranks.append(Rank([WORKER, scenario, victim], env, merged=True))
+        ranks.append(subprocess.Popen([sys.executable, str(WORKER), scenario, str(victim)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return ranks
 
 
-def finish(ranks: list[Rank | subprocess.Popen], within: float, spare: set[int] = frozenset()) -> dict[int, tuple]:
+def finish(ranks: list[subprocess.Popen], within: float, spare: set[int] = frozenset()) -> dict[int, tuple]:
     """Waits for every rank not in `spare` to exit within `within` seconds;
     returns {rank: (exit code, output, seconds)}; kills whatever is left."""
     began = time.monotonic()

@@ -879,6 +879,7 @@ void GradientLandings::close(std::optional<std::string> why) {
 
 std::optional<std::pair<std::string, GradientLandings::Grads>>
 GradientLandings::next(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
   std::unique_lock<std::mutex> lock(mutex);
   Unit *ready = nullptr;
   auto settled = [&] {
@@ -899,7 +900,7 @@ GradientLandings::next(std::chrono::milliseconds timeout) {
     }
     return !waiting || closed;
   };
-  if (!changed.wait_for(lock, timeout, settled))
+  if (!changed.wait_until(lock, deadline, settled))
     throw std::runtime_error("no offloaded unit's gradients landed in host memory within " +
                              std::to_string(timeout.count() / 1000.0) + " s");
   if (failure)
@@ -920,11 +921,10 @@ GradientLandings::next(std::chrono::milliseconds timeout) {
   }
   std::string name = ready->name;
   lock.unlock();
-  auto deadline = std::chrono::steady_clock::now() + timeout;
   for (const std::shared_ptr<c10::Event> &copy : pending)
     if (!completesBy(*copy, deadline))
       throw std::runtime_error("the copies of unit @" + name + "'s gradients to host memory did not finish within " +
-                               std::to_string(timeout.count() / 1000.0) + " s");
+                               std::to_string(timeout.count() / 1000.0) + " s of the host thread's wait");
   return std::make_pair(std::move(name), std::move(grads));
 }
 

@@ -390,13 +390,16 @@ std::vector<Retired> &retired() {
   return *entries;
 }
 
-/// Whether the stream has passed `event` (an error counts as passed: the
-/// context is broken and nothing runs).
+/// Whether the stream has passed `event`. Anything but success counts as
+/// not yet (a query refused during another thread's graph capture says
+/// nothing about the stream; in a broken context the libraries stay until
+/// the driver drops them with the context), and the error it set is
+/// cleared, so that no later launch check reports it.
 bool passed(cudaEvent_t event) {
-  cudaError_t state = cudaEventQuery(event);
-  if (state == cudaErrorNotReady)
-    cudaGetLastError(); // not an error, yet CUDA's last error
-  return state != cudaErrorNotReady;
+  if (cudaEventQuery(event) == cudaSuccess)
+    return true;
+  cudaGetLastError();
+  return false;
 }
 
 /// Unloads the retired libraries whose streams have passed their events.
@@ -477,27 +480,29 @@ void LoadedKernels::retire() {
   loaded.clear();
   {
     std::lock_guard<std::mutex> lock(launchedMutex);
-    // Events are recorded on their own device's streams; a guard would throw here once the context is gone.
+    // Events are recorded on their own device's streams; a guard would throw here once the context is gone. A
+    // call that fails means there is nothing to wait for; the error it set is cleared, and only that one.
+    auto succeeds = [](cudaError_t result) {
+      if (result != cudaSuccess)
+        cudaGetLastError();
+      return result == cudaSuccess;
+    };
     int caller = -1;
-    bool switched = !launchedOn.empty() && cudaGetDevice(&caller) == cudaSuccess && caller != device.index() &&
-                    cudaSetDevice(device.index()) == cudaSuccess;
+    bool switched = !launchedOn.empty() && succeeds(cudaGetDevice(&caller)) && caller != device.index() &&
+                    succeeds(cudaSetDevice(device.index()));
     for (const c10::Stream &stream : launchedOn) {
       cudaEvent_t event = nullptr;
-      if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
-        cudaGetLastError(); // the context is broken: nothing runs, nothing to wait for
+      if (!succeeds(cudaEventCreateWithFlags(&event, cudaEventDisableTiming)))
         continue;
-      }
-      if (cudaEventRecord(event, c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, stream).stream()) ==
-          cudaSuccess)
+      if (succeeds(cudaEventRecord(event, c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, stream).stream())))
         entry.after.push_back(event);
       else
         cudaEventDestroy(event);
     }
     launchedOn.clear();
     if (switched)
-      cudaSetDevice(caller);
+      succeeds(cudaSetDevice(caller));
   }
-  cudaGetLastError(); // what failed above only means there is nothing to wait for
   std::lock_guard<std::mutex> lock(retiredMutex);
   retired().push_back(std::move(entry));
   unloadFinished();
