@@ -1,10 +1,11 @@
 """A test job's rank, run in a process that launch.py's fork server forks
 (torch already imported there) as `python script args...` would run it.
-Only the standard library is imported here: fsdpc and the script import
-themselves after the rank's environment is in place, as they would at a
-fresh start."""
+Only the standard library is imported at the top (torch is already in the
+server): fsdpc and the script import themselves after the rank's
+environment is in place, as they would at a fresh start."""
 
 import atexit
+import ctypes
 import multiprocessing
 import os
 import runpy
@@ -12,6 +13,7 @@ import select
 import signal
 import sys
 import threading
+import time
 import traceback
 
 
@@ -23,12 +25,28 @@ def end_with(requester: int) -> None:
         ended = os.pidfd_open(requester)
     except ProcessLookupError:
         os._exit(1)
+    except OSError:  # no pidfds here: asked once a second instead
+        ended = None
 
     def watch() -> None:
-        select.select([ended], [], [])
+        if ended is not None:
+            select.select([ended], [], [])
+        else:
+            while os.path.exists(f"/proc/{requester}"):
+                time.sleep(1)
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="fsdpc-test-requester", daemon=True).start()
+
+
+def fresh_search_path(arguments: list[str], env: dict) -> list[str]:
+    """`sys.path` as `python *arguments` would start with: the script's
+    folder (or "" for -c), PYTHONPATH, then the installation's own entries,
+    without what the test process added."""
+    search = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    installed = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix})
+    own = [entry for entry in sys.path if entry.startswith(installed)]
+    return ["" if arguments[0] == "-c" else os.path.dirname(os.path.abspath(arguments[0])), *search, *own]
 
 
 def run(arguments: list[str], env: dict, stdout_path: str, stderr_path: str) -> None:
@@ -43,12 +61,16 @@ def run(arguments: list[str], env: dict, stdout_path: str, stderr_path: str) -> 
         os.close(target)
     os.environ.clear()
     os.environ.update(env)
-    search = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
-    sys.path[:0] = [os.path.dirname(os.path.abspath(arguments[0])) if arguments[0] != "-c" else "", *search]
+    sys.path[:] = fresh_search_path(arguments, env)
+    # multiprocessing made this process's default start method the fork server's; a fresh one has none set.
+    multiprocessing.set_start_method(None, force=True)
+    import torch
+
+    if torch.cuda.is_initialized():
+        raise RuntimeError("the fork server initialized CUDA, which a forked process cannot use: a module it "
+                           "preloads (launch.SERVER_PRELOAD) touched the GPU")
     # The server's OpenMP read its thread count when torch loaded, before this rank's environment existed.
     if "OMP_NUM_THREADS" in env:
-        import torch
-
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     code = 0
     try:
@@ -67,10 +89,12 @@ def run(arguments: list[str], env: dict, stdout_path: str, stderr_path: str) -> 
     except BaseException:
         traceback.print_exc()
         code = 1
-    # What an interpreter's exit does, which the fork server's child skips: join the script's threads, run its
-    # exit handlers, flush.
+    # What an interpreter's exit does that a test reads, which the fork server's child skips: join the script's
+    # threads, run its exit handlers, flush. Not the rest (modules torn down, C++ static destructors): tests of how
+    # a process ends start fresh Pythons (test_failures.py, the README's loop and the examples under torchrun).
     threading._shutdown()
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
+    ctypes.CDLL(None).fflush(None)  # what C and C++ code printed
     os._exit(code)

@@ -2,16 +2,23 @@
 gives them, without torchrun's agent, each rank a process forked from a
 server that imported torch once (forked_rank.py runs the script there): a
 fresh Python spends 3 to 4 s of CPU importing torch, and CI starts about a
-hundred ranks. The tests that show how users launch (the README, the two
-hosts, the GPU runs) keep torchrun."""
+hundred ranks. A forked rank differs from a fresh one in what happens
+before its script and after it: it shares the server's string-hash seed
+and start-up variables (`read_at_start`; refused where they would differ)
+and ends without an interpreter's shutdown. So the tests whose point is a
+launch or an exit start fresh Pythons: the README's loop and the examples
+(torchrun), the failure tests, the two hosts, the GPU runs."""
 
+import atexit
 import multiprocessing
+import multiprocessing.util  # its exit handler registered before this module's
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 import forked_rank
@@ -67,15 +74,17 @@ class Rank:
 
     def __init__(self, arguments: list, env: dict, merged: bool = False):
         server, outputs, server_env = _fork_server()
-        fixed = [name for name in READ_AT_START if env.get(name) != server_env.get(name)]
+        fixed = sorted(name for name in {*env, *server_env}
+                       if read_at_start(name) and env.get(name) != server_env.get(name))
         if fixed:
-            raise ValueError(f"{', '.join(fixed)} take effect only when a process starts, and a forked rank inherits "
-                             f"the fork server's: start this rank with subprocess")
-        self._stdout = tempfile.mkstemp(dir=outputs)[1]
-        self._stderr = self._stdout if merged else tempfile.mkstemp(dir=outputs)[1]
+            raise ValueError(f"{', '.join(fixed)} take effect when a process starts or torch loads, and a forked rank "
+                             f"has the fork server's: start this rank with subprocess")
+        self._stdout = _output_file(outputs)
+        self._stderr = self._stdout if merged else _output_file(outputs)
         self._process = server.Process(target=forked_rank.run, args=(
             [str(a) for a in arguments], dict(env), self._stdout, self._stderr))
         self._process.start()
+        _running.add(self)
         self.pid = self._process.pid
         self.arguments = arguments
 
@@ -106,10 +115,34 @@ class Rank:
 # script runs (fsdpc itself is not: it reads its environment at import).
 SERVER_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "torch.distributed.tensor",
                   "torch.export", "torch._dynamo"]
-# What the loader and the interpreter read at a process's start: a rank
-# asked to run with other values than the fork server's is refused.
-READ_AT_START = ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONMALLOC", "PYTHONHASHSEED")
 _server = None
+# Ranks started, killed at this process's exit where still running: each
+# waits for this process to end before it ends itself, and multiprocessing's
+# exit handler (registered before this module's) would wait for them.
+_running: "weakref.WeakSet[Rank]" = weakref.WeakSet()
+
+
+def read_at_start(variable: str) -> bool:
+    """Whether the loader, the interpreter, or torch and the modules the
+    fork server preloads read `variable` when they start, so that a rank
+    asked to run with another value than the server's cannot have it."""
+    return (variable in ("LD_PRELOAD", "LD_LIBRARY_PATH", "TORCH_LOGS", "TORCH_CPP_LOG_LEVEL",
+                         "TORCH_COMPILE_DISABLE", "TORCH_SHOW_CPP_STACKTRACES")
+            or variable.startswith("TORCHDYNAMO_") or (variable.startswith("PYTHON") and variable != "PYTHONPATH"))
+
+
+def _output_file(folder: str) -> str:
+    descriptor, path = tempfile.mkstemp(dir=folder)
+    os.close(descriptor)
+    return path
+
+
+@atexit.register
+def _kill_running() -> None:
+    for rank in list(_running):
+        if rank.poll() is None:
+            rank.kill()
+            rank.wait()
 
 
 def _fork_server() -> tuple:
@@ -129,9 +162,11 @@ def run_ranks(world: int, arguments: list, *, env: dict, port: int, timeout: flo
     """Runs `python *arguments` as ranks 0..world-1 of one job on this host;
     returns the first failing rank's exit code (else 0) and every rank's
     stdout and stderr, in rank order."""
-    ranks = [Rank(arguments, rank_environment(env, rank, world, port)) for rank in range(world)]
+    ranks = []
     deadline, code = time.monotonic() + timeout, 0
     try:
+        for rank in range(world):
+            ranks.append(Rank(arguments, rank_environment(env, rank, world, port)))
         while any(rank.poll() is None for rank in ranks) and time.monotonic() < deadline:
             failed = next((rank.poll() for rank in ranks if rank.poll() not in (None, 0)), 0)
             if failed and not code:

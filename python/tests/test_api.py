@@ -1,8 +1,7 @@
-"""fsdpc.shard end to end: CPU ranks (launch.py, or torchrun for the
-README's loop, whose launch is the point) that run a scenario of
-api_train.py, each of which checks itself against eager PyTorch, or an
-example; the checkpoint tests compare losses across jobs of different
-sizes."""
+"""fsdpc.shard end to end: CPU ranks (launch.py) that run a scenario of
+api_train.py, each of which checks itself against eager PyTorch, and the
+README's loop and the examples under torchrun, as users launch them; the
+checkpoint tests compare losses across jobs of different sizes."""
 
 import os
 import re
@@ -35,9 +34,15 @@ def run(ranks: int, scenario: str, *extra, port_offset: int = 0) -> subprocess.C
     return run_job(ranks, [SCRIPT, scenario, *extra], port_offset)
 
 
-def run_example(name: str, *arguments, port_offset: int = 0) -> str:
-    """An example trained by 2 ranks; its output."""
-    return run_job(2, [ROOT / "examples" / name, *arguments], port_offset).stdout
+def run_torchrun(script, *arguments, cwd=None, port_offset: int = 0) -> str:
+    """`script` trained by 2 ranks under torchrun, as users launch the
+    README's loop and the examples: fresh processes, whose exit is part of
+    what is tested (launch.Rank's forks end without an interpreter's
+    shutdown); its output."""
+    done = subprocess.run(torchrun(2, script, *arguments, port=port(port_offset)), capture_output=True, text=True,
+                          env=environment(), cwd=cwd, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return done.stdout
 
 
 # Scenarios at one rank count share a job (each checks itself and names
@@ -104,10 +109,7 @@ def test_the_readme_training_loop_runs_as_written(tmp_path):
     assert block, "README has no training example under '## Training with fsdpc'"
     script = tmp_path / "readme_train.py"
     script.write_text(block.group(1))
-    done = subprocess.run(torchrun(2, script, port=port()), capture_output=True, text=True, env=environment(),
-                          cwd=tmp_path, timeout=600, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    assert "loss" in done.stdout
+    assert "loss" in run_torchrun(script, cwd=tmp_path)
 
 
 def demo_losses(output: str) -> dict[int, str]:
@@ -115,9 +117,10 @@ def demo_losses(output: str) -> dict[int, str]:
 
 
 def test_the_demo_resumes_from_its_checkpoint_with_the_same_losses(tmp_path):
-    first = run_example("train_gpt.py", "--steps", 6, "--save-at", 3, "--out", tmp_path)
-    second = run_example("train_gpt.py", "--steps", 6, "--resume", tmp_path / "checkpoint", "--out",
-                         tmp_path / "resumed", port_offset=3)
+    trainer = ROOT / "examples" / "train_gpt.py"
+    first = run_torchrun(trainer, "--steps", 6, "--save-at", 3, "--out", tmp_path)
+    second = run_torchrun(trainer, "--steps", 6, "--resume", tmp_path / "checkpoint", "--out", tmp_path / "resumed",
+                          port_offset=3)
     whole, resumed = demo_losses(first), demo_losses(second)
     assert sorted(whole) == [1, 2, 3, 4, 5, 6] and sorted(resumed) == [4, 5, 6]
     assert all(resumed[i] == whole[i] for i in (4, 5, 6)), (whole, resumed)
@@ -125,7 +128,7 @@ def test_the_demo_resumes_from_its_checkpoint_with_the_same_losses(tmp_path):
 
 def test_the_hugging_face_fine_tuning_example_trains_with_the_models_own_loss(tmp_path):
     pytest.importorskip("transformers")
-    output = run_example("finetune_hf.py", "--steps", 8, "--out", tmp_path)
+    output = run_torchrun(ROOT / "examples" / "finetune_hf.py", "--steps", 8, "--out", tmp_path)
     losses = [float(m) for m in re.findall(r"loss (\d+\.\d+)\n", output)]
     assert len(losses) == 8 and losses[-1] < losses[0], losses
     assert "in a plain LlamaForCausalLM" in output

@@ -1,7 +1,9 @@
 """Failures across ranks: every rank ends, fast, with an error that names what
 failed and where; no rank hangs and no process is left behind. Ranks are
 started by hand (MASTER_ADDR/PORT, RANK, WORLD_SIZE) as separate processes,
-without torchrun's agent, which would kill the survivors itself."""
+without torchrun's agent, which would kill the survivors itself, each a
+fresh Python (not launch.Rank's fork): how fast a rank ends includes its
+interpreter's exit."""
 
 import os
 import subprocess
