@@ -69,46 +69,35 @@ def nccl_sharing_one_gpu(rank: int) -> dict:
 
 class Rank:
     """A rank process forked from the fork server, its stdout and stderr in
-    files (one where `merged`); what a test asks of it is what it would ask
-    of a subprocess.Popen."""
+    files."""
 
-    def __init__(self, arguments: list, env: dict, merged: bool = False):
+    def __init__(self, arguments: list, env: dict):
         server, outputs, server_env = _fork_server()
         fixed = sorted(name for name in {*env, *server_env}
                        if read_at_start(name) and env.get(name) != server_env.get(name))
         if fixed:
             raise ValueError(f"{', '.join(fixed)} take effect when a process starts or torch loads, and a forked rank "
                              f"has the fork server's: start this rank with subprocess")
-        self._stdout = _output_file(outputs)
-        self._stderr = self._stdout if merged else _output_file(outputs)
+        self._stdout, self._stderr = _output_file(outputs), _output_file(outputs)
         self._process = server.Process(target=forked_rank.run, args=(
             [str(a) for a in arguments], dict(env), self._stdout, self._stderr))
         self._process.start()
         _running.add(self)
-        self.pid = self._process.pid
-        self.arguments = arguments
-
-    @property
-    def returncode(self) -> int | None:
-        return self._process.exitcode
 
     def poll(self) -> int | None:
         return self._process.exitcode
 
-    def wait(self, timeout: float | None = None) -> int:
-        self._process.join(timeout)
-        if self._process.exitcode is None:
-            raise subprocess.TimeoutExpired(self.arguments, timeout)
+    def wait(self) -> int:
+        self._process.join()
         return self._process.exitcode
 
     def kill(self) -> None:
         self._process.kill()
 
-    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
-        """stdout and stderr (None where merged into stdout) once it ended."""
-        self.wait(timeout)
-        stdout = Path(self._stdout).read_text(errors="replace")
-        return stdout, None if self._stderr == self._stdout else Path(self._stderr).read_text(errors="replace")
+    def output(self) -> tuple[str, str]:
+        """stdout and stderr, once it ended."""
+        self.wait()
+        return Path(self._stdout).read_text(errors="replace"), Path(self._stderr).read_text(errors="replace")
 
 
 # Imported once by the fork server: what every rank imports before its
@@ -177,7 +166,7 @@ def run_ranks(world: int, arguments: list, *, env: dict, port: int, timeout: flo
             if rank.poll() is None:
                 rank.kill()
             rank.wait()
-    code = code or next((rank.returncode for rank in ranks if rank.returncode != 0), 0)
-    outputs = [rank.communicate() for rank in ranks]
+    code = code or next((rank.poll() for rank in ranks if rank.poll() != 0), 0)
+    outputs = [rank.output() for rank in ranks]
     return subprocess.CompletedProcess(arguments, code, "".join(out for out, _ in outputs),
                                        "".join(err for _, err in outputs))

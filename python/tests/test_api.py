@@ -22,16 +22,12 @@ def port(offset: int = 0) -> int:
     return 29300 + (os.getpid() + offset) % 250
 
 
-def run_job(ranks: int, arguments: list, port_offset: int = 0) -> subprocess.CompletedProcess:
-    done = run_ranks(ranks, arguments, env=environment(), port=port(port_offset), timeout=600)
+def run(ranks: int, scenario: str, *extra, port_offset: int = 0) -> subprocess.CompletedProcess:
+    done = run_ranks(ranks, [SCRIPT, scenario, *extra], env=environment(), port=port(port_offset), timeout=600)
     # Each failed rank's reason first: the tails may hold only the other ranks' reactions.
     reasons = [line for line in (done.stdout + done.stderr).splitlines() if "RuntimeError: scenario '" in line]
     assert done.returncode == 0, "\n".join(reasons) + "\n" + done.stdout[-3000:] + done.stderr[-6000:]
     return done
-
-
-def run(ranks: int, scenario: str, *extra, port_offset: int = 0) -> subprocess.CompletedProcess:
-    return run_job(ranks, [SCRIPT, scenario, *extra], port_offset)
 
 
 def run_torchrun(script, *arguments, cwd=None, port_offset: int = 0) -> str:

@@ -5,20 +5,20 @@
 #include <ATen/ops/empty_strided.h>
 #include <ATen/record_function.h>
 
+#include <algorithm>
+#include <atomic>
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <atomic>
-#include <charconv>
-#include <algorithm>
 #include <functional>
-#include <mutex>
-#include <thread>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #if FSDP_RT_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -212,11 +212,18 @@ void checkNvrtc(nvrtcResult result, const char *call) {
     throw std::runtime_error(std::string(call) + ": " + nvrtcGetErrorString(result));
 }
 
+/// Whether `result` is success; a failure's error is cleared, else the next
+/// launch checked on this thread (ATen's) would report it again.
+bool succeeded(cudaError_t result) {
+  if (result == cudaSuccess)
+    return true;
+  cudaGetLastError();
+  return false;
+}
+
 void checkCuda(cudaError_t result, const std::string &what) {
-  if (result != cudaSuccess) {
-    cudaGetLastError(); // else the next launch checked on this thread (ATen's) reports it again
+  if (!succeeded(result))
     throw std::runtime_error(what + ": " + cudaGetErrorString(result));
-  }
 }
 
 /// NVRTC's options for `arch`: part of a cache entry's key.
@@ -391,16 +398,10 @@ std::vector<Retired> &retired() {
 }
 
 /// Whether the stream has passed `event`. Anything but success counts as
-/// not yet (a query refused during another thread's graph capture says
-/// nothing about the stream; in a broken context the libraries stay until
-/// the driver drops them with the context), and the error it set is
-/// cleared, so that no later launch check reports it.
-bool passed(cudaEvent_t event) {
-  if (cudaEventQuery(event) == cudaSuccess)
-    return true;
-  cudaGetLastError();
-  return false;
-}
+/// not yet: a query refused during another thread's graph capture says
+/// nothing about the stream, and in a broken context the libraries stay
+/// until the driver drops them with the context.
+bool passed(cudaEvent_t event) { return succeeded(cudaEventQuery(event)); }
 
 /// Unloads the retired libraries whose streams have passed their events.
 /// Holds retiredMutex.
@@ -481,27 +482,22 @@ void LoadedKernels::retire() {
   {
     std::lock_guard<std::mutex> lock(launchedMutex);
     // Events are recorded on their own device's streams; a guard would throw here once the context is gone. A
-    // call that fails means there is nothing to wait for; the error it set is cleared, and only that one.
-    auto succeeds = [](cudaError_t result) {
-      if (result != cudaSuccess)
-        cudaGetLastError();
-      return result == cudaSuccess;
-    };
+    // call that fails means there is nothing to wait for.
     int caller = -1;
-    bool switched = !launchedOn.empty() && succeeds(cudaGetDevice(&caller)) && caller != device.index() &&
-                    succeeds(cudaSetDevice(device.index()));
+    bool switched = !launchedOn.empty() && succeeded(cudaGetDevice(&caller)) && caller != device.index() &&
+                    succeeded(cudaSetDevice(device.index()));
     for (const c10::Stream &stream : launchedOn) {
       cudaEvent_t event = nullptr;
-      if (!succeeds(cudaEventCreateWithFlags(&event, cudaEventDisableTiming)))
+      if (!succeeded(cudaEventCreateWithFlags(&event, cudaEventDisableTiming)))
         continue;
-      if (succeeds(cudaEventRecord(event, c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, stream).stream())))
+      if (succeeded(cudaEventRecord(event, c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, stream).stream())))
         entry.after.push_back(event);
       else
         cudaEventDestroy(event);
     }
     launchedOn.clear();
     if (switched)
-      succeeds(cudaSetDevice(caller));
+      succeeded(cudaSetDevice(caller));
   }
   std::lock_guard<std::mutex> lock(retiredMutex);
   retired().push_back(std::move(entry));
