@@ -6,7 +6,7 @@
 # In order of need (each stands alone; a session's 15 minutes of device time,
 # the machine's start included, hold `quick` and little else):
 #
-#   scripts/gpu-session.sh quick        # first, in one call: the new code's GPU tests (CUDA graphs, generated kernels), GPT 23M and Llama 0.9B once each (fsdpc, replayed, tuned, FSDP2); fsdpc-unfused where fsdpc fails
+#   scripts/gpu-session.sh quick        # first, in one call: the new code's GPU tests (CUDA graphs and a failed capture, generated kernels), GPT 23M and Llama 0.9B once each (fsdpc, replayed, tuned, FSDP2); fsdpc-unfused where fsdpc fails
 #   scripts/gpu-session.sh tests        # runtime build, make test-gpu (6 workers), the host's CPU time per step
 #   scripts/gpu-session.sh bench-llama  # Llama 0.9B: fsdpc (also with the plan's search's settings), FSDP2, FSDP2 + compile, torch.compile; fsdpc's warm start
 #   scripts/gpu-session.sh bench-gpt    # GPT 23M: fsdpc (also replayed as a CUDA graph), FSDP2, FSDP2 + compile, torch.compile, twice (cold and warm); the Llama 0.9B replayed
@@ -40,7 +40,7 @@ make runtime JOBS="$(nproc)" > "$OUT/build-$stage.log" 2>&1 || { tail -40 "$OUT/
 case "$stage" in
   quick)
     (cd python/tests && timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -n 4 --timeout 180 test_gpu.py \
-      -k "cuda_graph or llama or launches" test_pointwise_kernels.py 2>&1 | tee "$OUT/test-quick.log") || true
+      -k "cuda_graph or uncapturable or llama or launches" test_pointwise_kernels.py 2>&1 | tee "$OUT/test-quick.log") || true
     timeout 160 python3 benchmarks/gpu.py --models gpt-23m --repeats 1 --steps 8 --warmup 4 --json "$OUT/gpt-quick.json" \
       --systems fsdpc fsdpc-graph fsdp2 2>&1 | tee "$OUT/gpt-quick.log" || true
     timeout 200 python3 benchmarks/gpu.py --models llama-0.9b --repeats 1 --steps 8 --warmup 4 \

@@ -607,8 +607,10 @@ class ShardedModule(nn.Module):
             raise StepError(f"rank {dist.get_rank()}: gathered parameters outlived their reshard: "
                             f"{', '.join(out['reshard_leaks'])}")
         if out["replay_abandoned"]:
-            warnings.warn(f"fsdpc: {out['replay_abandoned']}; this step runs as instructions from now on "
-                          "(one launch per instruction, as without cuda-graph=true)", stacklevel=2)
+            cause, _, hints = out["replay_abandoned"].partition("\n")  # CUDA's errors go on with hints
+            said = (f"fsdpc: {cause}; this step runs as instructions from now on (one launch per instruction, as "
+                    "without cuda-graph=true)")
+            warnings.warn(said + ("\n" + hints if hints else ""), stacklevel=2)
         if out["recaptured_for"]:
             warnings.warn(f"fsdpc: the step replayed as a CUDA graph was captured anew: its {out['recaptured_for']} "
                           "is another tensor than at the last capture (a capture costs about an eager step and "

@@ -981,6 +981,58 @@ def scenario_cuda_graph(args):
           rtol=1e-6)
 
 
+class HistogramGPT(nn.Module):
+    """The GPT with its logits scaled by how peaked their histogram is.
+    torch.histc with min == max measures the range first, which on CUDA
+    copies it to the host: a step a CUDA graph cannot capture."""
+
+    def __init__(self):
+        super().__init__()
+        self.gpt = GPT(CONFIG)
+
+    def forward(self, tokens):
+        logits = self.gpt(tokens)
+        counts = torch.histc(logits.detach().float(), bins=8)
+        return logits * (1 + 1e-3 * counts.max() / counts.sum())  # small: a count near a bin edge moves no loss
+
+
+def histogram_model() -> HistogramGPT:
+    torch.manual_seed(0)
+    return HistogramGPT()
+
+
+def scenario_uncapturable(args):
+    """A step with `pipeline="cuda-graph=true"` that a CUDA graph cannot
+    capture. On one NCCL rank the capture at the second call fails, which is
+    said once, naming the instruction; the step runs as instructions from
+    then on (no capture tried again) and trains as eager does. With more
+    ranks a half-captured step may have left collectives others wait for:
+    the call raises with the reason. Elsewhere (CPU, gloo) the compiler
+    refuses cuda-graph (scenario cuda_graph) and the model trains as eager."""
+    from fsdpc.device import collective_backend
+
+    data = batches(4)
+    replayed = DEVICE.type == "cuda" and collective_backend(DEVICE) == "nccl"
+    options = {"pipeline": "cuda-graph=true"} if replayed else {}
+    sharded = fsdpc.shard(histogram_model(), mine(data[0]), next_token_loss, **options)
+    if replayed and dist.get_world_size() > 1:
+        sharded(*mine(data[0]))  # the first call runs the instructions, the second captures
+        expect_error(lambda: sharded(*mine(data[1])),
+                     r"could not be captured into a CUDA graph, .*compile it without cuda-graph.*histc")
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses, _ = train(sharded, optimizer_for(sharded), data)
+    said = [str(w.message) for w in caught if "could not be captured" in str(w.message)]
+    if replayed:
+        assert len(said) == 1 and "histc" in said[0] and "runs as instructions from now on" in said[0], said
+        assert not sharded._programs_any().runtime.captured_graphs(), "a graph is held after its capture failed"
+    else:
+        assert not said, said
+    expected, _ = eager_losses(histogram_model(), data, schedule=False)
+    close(torch.tensor(losses), torch.tensor(expected), "losses of a step a CUDA graph cannot capture")
+
+
 SCENARIOS = {name.removeprefix("scenario_"): value for name, value in globals().items()
              if name.startswith("scenario_")}
 

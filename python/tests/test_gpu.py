@@ -5,7 +5,8 @@ CUDA tensors between them); and 2 to 4 ranks sharing it over NCCL, each rank
 claiming a host of its own (NCCL refuses two ranks of one host on one GPU),
 talking over sockets: every strategy, accumulation, hybrid meshes, meta
 initialization, CPU offload, the Llama with its generated kernels and with
-nn.RMSNorm's fused kernels, checkpoints GPU <-> CPU and fsdpc <-> FSDP2, a
+nn.RMSNorm's fused kernels, steps replayed as CUDA graphs and one a graph
+cannot capture, checkpoints GPU <-> CPU and fsdpc <-> FSDP2, a
 dead or stalled rank on Gloo and on NCCL. Where there is no GPU every test
 is skipped with that reason (make test-gpu prints it)."""
 
@@ -33,7 +34,8 @@ def run(ranks: int, scenario: str, *extra, device: str = "cuda", backend: str | 
 
 
 @pytest.mark.parametrize("scenario", ["train", "accumulate", "shapes", "misuse", "scalar", "fsdp2", "meta",
-                                      "offload", "llama", "llama_torch_norms", "into_results", "cuda_graph"])
+                                      "offload", "llama", "llama_torch_norms", "into_results", "cuda_graph",
+                                      "uncapturable"])
 def test_one_rank_on_nccl(scenario, tmp_path):
     run(1, scenario, "--save", tmp_path)
 
@@ -73,6 +75,7 @@ def nccl_shares_the_gpu():
 
 @pytest.mark.parametrize("scenario, ranks", [
     ("train", 2), ("hybrid", 4), ("accumulate", 2), ("offload", 2), ("llama", 2), ("scalar", 4), ("into_results", 3),
+    ("uncapturable", 2),
 ])
 def test_ranks_sharing_the_gpu_over_nccl(scenario, ranks, nccl_shares_the_gpu, tmp_path):
     run(ranks, scenario, "--save", tmp_path, backend="nccl")

@@ -254,10 +254,12 @@ private:
       outputs = StepOutputs();
       batch.clear();
       c10::cuda::CUDACachingAllocator::emptyCache();
-      std::string why = "@" + function.name + " could not be captured into a CUDA graph: " + error.what();
+      // The cause last: CUDA's errors run on over lines that callers cut.
+      std::string failed = "@" + function.name + " could not be captured into a CUDA graph";
       if (aloneInEveryGroup(function, in))
-        return why;
-      throw std::runtime_error("fsdp_rt: " + why + " (compile it without cuda-graph)");
+        return failed + ": " + error.what();
+      throw std::runtime_error("fsdp_rt: " + failed + ", and its collectives span other ranks (compile it without " +
+                               "cuda-graph): " + error.what());
     }
     state = State::Captured;
     return "";
