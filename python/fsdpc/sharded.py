@@ -204,8 +204,9 @@ class ShardedModule(nn.Module):
 
         self.device = device
         # Offloaded shards (CPUOffloadPolicy, or the pipeline's offload options)
-        # live in host memory, pinned for asynchronous copies to a GPU unless
-        # CPUOffloadPolicy(pin_memory=False) says otherwise.
+        # and their gradients live in host memory, pinned for asynchronous
+        # copies to and from a GPU unless CPUOffloadPolicy(pin_memory=False)
+        # says otherwise.
         self._pin_shards = device.type != "cpu" and (offload is None or bool(offload.pin_memory))
         self._config = dict(loss_fn=loss_fn, options=options, wrap=wrap, mixed_precision=policy)
         # Per-call agreement runs here, under the step's timeout (the default
@@ -588,7 +589,8 @@ class ShardedModule(nn.Module):
             out = compiled.runtime.run(name, params, buffers, accumulated, list(batch), self._groups,
                                        self._timeout.total_seconds(), trace=trace,
                                        check_reshard_frees=self._check_reshard_frees, host_updates=updating,
-                                       device_waits=waits, gradient_landings=landings)
+                                       device_waits=waits, gradient_landings=landings,
+                                       pin_host_results=self._pin_shards)
         except Exception as error:
             if landings is not None:
                 landings.close(_first_line(error))

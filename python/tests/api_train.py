@@ -673,9 +673,10 @@ def scenario_offload(args):
     """CPUOffloadPolicy: shards, gradients and optimizer state in host memory
     (pinned on a GPU), the optimizer steps there; clipping, eval and full
     state work; fp32 equals eager, also with one unit offloaded. On a GPU
-    also a checkpoint round trip (DCP with host shards on a GPU mesh) and
-    bf16 equal to the same step without offload (the device runs the same
-    kernels); on a CPU both are the paths the other scenarios test."""
+    also pin_memory=False (shards and gradients pageable), a checkpoint
+    round trip (DCP with host shards on a GPU mesh) and bf16 equal to the
+    same step without offload (the device runs the same kernels); on a CPU
+    those are the paths the other scenarios test."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
     pin = DEVICE.type == "cuda"
@@ -693,7 +694,8 @@ def scenario_offload(args):
     assert sharded.memory_report["train_step"]["host"]["total"] > 0
     optimizer, _, full = train_like_eager(sharded, data, "offloaded ")
     for name, param in sharded.named_parameters():
-        assert param.grad.to_local().device.type == "cpu", name
+        grad = param.grad.to_local()
+        assert grad.device.type == "cpu" and grad.is_pinned() == pin, (name, grad.device, grad.is_pinned())
         assert all(state.device.type == "cpu" for state in optimizer.state[param].values()
                    if isinstance(state, torch.Tensor) and state.dim()), name
     sharded.eval()
@@ -726,6 +728,13 @@ def scenario_offload(args):
     close(torch.tensor(losses), torch.tensor(expected), "losses with one unit offloaded")
     if DEVICE.type != "cuda":
         return
+    # CPUOffloadPolicy(pin_memory=False): shards and gradients in pageable host memory, the same training.
+    pageable = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
+                           offload_policy=CPUOffloadPolicy(pin_memory=False))
+    losses, _ = train(pageable, optimizer_for(pageable), data, clip=0.5)
+    close(torch.tensor(losses), torch.tensor(expected), "losses with pageable host memory")
+    for name, param in pageable.named_parameters():
+        assert not param.to_local().is_pinned() and not param.grad.to_local().is_pinned(), name
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     results = []
     for offload in (None, CPUOffloadPolicy(pin_memory=pin)):

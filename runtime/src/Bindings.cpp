@@ -29,7 +29,7 @@ py::dict run(const fsdp_rt::Program &program, const std::string &name, TensorMap
              TensorMap buffers, TensorMap accumulated, std::vector<at::Tensor> batch, GroupMap groups,
              double timeoutSeconds, bool trace, bool checkReshardFrees, const HostUpdateMap &hostUpdates,
              std::shared_ptr<fsdp_rt::DeviceWaits> deviceWaits,
-             std::shared_ptr<fsdp_rt::GradientLandings> landings) {
+             std::shared_ptr<fsdp_rt::GradientLandings> landings, bool pinHostResults) {
   if (!(timeoutSeconds > 0))
     throw std::invalid_argument("timeout must be positive, got " + std::to_string(timeoutSeconds) + " s");
   fsdp_rt::StepInputs inputs;
@@ -45,6 +45,7 @@ py::dict run(const fsdp_rt::Program &program, const std::string &name, TensorMap
   inputs.checkReshardFrees = checkReshardFrees;
   inputs.deviceWaits = deviceWaits;
   inputs.landings = landings;
+  inputs.pinHostResults = pinHostResults;
   const fsdp_rt::Function &function = program.function(name);
   fsdp_rt::StepOutputs outputs;
   {
@@ -189,6 +190,6 @@ PYBIND11_MODULE(_fsdp_rt, m) {
            py::arg("accumulated"), py::arg("batch"), py::arg("groups"), py::arg("timeout_seconds"),
            py::arg("trace") = false, py::arg("check_reshard_frees") = false,
            py::arg("host_updates") = HostUpdateMap(), py::arg("device_waits") = nullptr,
-           py::arg("gradient_landings") = nullptr,
-           "Runs one function (`host_updates`: {unit: HostUpdate} still running on offloaded shards); returns {loss, grads, returned, trace, reshard_leaks, collectives: [(c10d op, buffer bytes, group size)], recaptured_for: the changed input for which a step replayed as a CUDA graph was captured anew, or None, replay_abandoned: why such a step's capture failed, where it runs as instructions from then on (every group of one rank), or None}; `device_waits` notes the collectives whose waits leave the host running; `gradient_landings` receives offloaded units' gradients as they land in host memory");
+           py::arg("gradient_landings") = nullptr, py::arg("pin_host_results") = true,
+           "Runs one function (`host_updates`: {unit: HostUpdate} still running on offloaded shards); returns {loss, grads, returned, trace, reshard_leaks, collectives: [(c10d op, buffer bytes, group size)], recaptured_for: the changed input for which a step replayed as a CUDA graph was captured anew, or None, replay_abandoned: why such a step's capture failed, where it runs as instructions from then on (every group of one rank), or None}; `device_waits` notes the collectives whose waits leave the host running; `gradient_landings` receives offloaded units' gradients as they land in host memory, pinned unless `pin_host_results` is false");
 }

@@ -722,15 +722,16 @@ private:
     in.landings->land(params, grads, std::move(copied));
   }
 
-  /// Copies device results to pinned host memory on the device-to-host
-  /// stream; their device memory is recorded on it, so it is reused only
-  /// after the copy. run() waits for the stream before the step returns.
+  /// Copies device results to host memory (pinned unless the caller says
+  /// otherwise) on the device-to-host stream; their device memory is
+  /// recorded on it, so it is reused only after the copy. run() waits for
+  /// the stream before the step returns.
   std::vector<at::Tensor> copyToHost(const std::vector<at::Tensor> &values) {
     c10::Stream &stream = transferAfterCompute(Transfer::ToHost);
     c10::impl::VirtualGuardImpl guard(device.type());
     std::vector<at::Tensor> onHost;
     for (const at::Tensor &value : values) {
-      at::Tensor host = at::empty(value.sizes(), value.options().device(c10::kCPU).pinned_memory(true));
+      at::Tensor host = at::empty(value.sizes(), value.options().device(c10::kCPU).pinned_memory(in.pinHostResults));
       {
         c10::StreamGuard onTransfer(stream);
         host.copy_(value, /*non_blocking=*/true);

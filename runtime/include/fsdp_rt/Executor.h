@@ -108,6 +108,10 @@ struct StepInputs {
   /// optimizer stepping in backward; null: nobody takes them before the
   /// step returns.
   std::shared_ptr<GradientLandings> landings;
+  /// Whether host reductions land their results (offloaded units'
+  /// gradients) in pinned host memory: CPUOffloadPolicy(pin_memory). Pinned,
+  /// their copies run beside the step; else each copy holds the host.
+  bool pinHostResults = true;
 };
 
 /// One instruction as it ran: wall-clock microseconds since the epoch.
