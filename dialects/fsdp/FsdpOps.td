@@ -225,6 +225,13 @@ def Fsdp_AtenOp : Fsdp_Op<"aten", [Fsdp_InFunction,
     forward it differentiates. Wrap units and activation checkpointing are
     chosen by it.
 
+    `checkpoint` numbers the model's own activation-checkpoint region the
+    forward call ran in (`torch.utils.checkpoint.checkpoint`, which
+    `checkpoint_wrapper` and Hugging Face's gradient checkpointing call):
+    `fsdp-activation-checkpoint` recomputes each region's saved values in
+    backward, as PyTorch would. Regions are numbered in forward order; a
+    region nested in another is a region of its own.
+
     ```mlir
     %y = fsdp.aten "aten::addmm" (%b, %x, %w) args [0 : index, 1 : index, 2 : index, 1 : i64, 1 : i64]
            : (tensor<64xf32>, tensor<8x32xf32>, tensor<32x64xf32>) -> tensor<8x64xf32>
@@ -233,15 +240,17 @@ def Fsdp_AtenOp : Fsdp_Op<"aten", [Fsdp_InFunction,
     Rules: inside a function; the name has the form `ns::name[.overload]` with identifier
     characters; it is not an in-place operator (`name_`), since capture is
     functional; every operand is referenced exactly once by `args`, every
-    index is in range, and every literal is of a supported kind.
+    index is in range, and every literal is of a supported kind; a
+    checkpoint region's number is not negative (and, checked by
+    `fsdp-activation-checkpoint`, marks only forward calls).
   }];
   let arguments = (ins StrAttr:$callee, Variadic<AnyType>:$inputs,
                        OptionalAttr<ArrayAttr>:$args, UnitAttr:$random,
-                       OptionalAttr<StrAttr>:$module);
+                       OptionalAttr<StrAttr>:$module, OptionalAttr<I64Attr>:$checkpoint);
   let results = (outs Variadic<AnyType>:$outputs);
   let assemblyFormat = [{
     $callee `(` $inputs `)` (`args` $args^)? (`random` $random^)?
-    (`module` $module^)? attr-dict
+    (`module` $module^)? (`checkpoint` $checkpoint^)? attr-dict
     `:` functional-type($inputs, $outputs)
   }];
   let hasVerifier = 1;

@@ -161,7 +161,7 @@ def ShardParametersPass : Pass<"fsdp-shard-parameters", "::mlir::ModuleOp"> {
 }
 
 def ActivationCheckpointPass : Pass<"fsdp-activation-checkpoint", "::mlir::ModuleOp"> {
-  let summary = "Recompute wrap units' forward in backward instead of saving it.";
+  let summary = "Recompute wrap units' and the model's checkpoint regions' forward in backward.";
   let description = [{
     For each listed wrap unit, the forward values of the unit that backward
     uses are recomputed right before their first backward use from the
@@ -169,8 +169,16 @@ def ActivationCheckpointPass : Pass<"fsdp-activation-checkpoint", "::mlir::Modul
     backward. Random operators are never recomputed (their results are
     saved), so dropout masks stay identical.
 
+    The model's own checkpoint regions (`fsdp.aten ... checkpoint N`: the
+    calls torch.utils.checkpoint ran, as capture marks them) are recomputed
+    the same way, each region on its own, after the units (a region in a
+    recomputed unit has nothing left to recompute), whether or not units
+    are named: what the model asks PyTorch to recompute, fsdpc recomputes.
+    A backward call marked as in a region is an error. With neither units
+    nor regions the pass changes nothing.
+
     `policy=ops` is torchtitan's op-level selective activation
-    checkpointing: within each unit the results of fused attention and of
+    checkpointing: within each unit and region the results of fused attention and of
     every odd `aten::mm` in forward order (the first, third, ...) are saved,
     and everything else is recomputed, so the recomputation costs about
     half of the unit's matrix products' FLOPs instead of all of them.

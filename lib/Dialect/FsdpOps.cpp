@@ -461,6 +461,8 @@ LogicalResult AtenOp::verify() {
   if (name->isInPlace())
     return emitOpError() << "'" << getCallee()
                          << "' is an in-place operator; capture must be functional";
+  if (std::optional<int64_t> region = getCheckpoint(); region && *region < 0)
+    return emitOpError() << "checkpoint region " << *region << " is negative; regions are numbered from 0";
   ArrayAttr args = getArgsAttr();
   if (!args)
     return success();
@@ -895,11 +897,11 @@ bool mlir::fsdp::isReshape(AtenOp op) {
 }
 
 Value mlir::fsdp::createView(OpBuilder &builder, Location loc, Value value, ArrayRef<int64_t> shape,
-                             StringAttr module) {
+                             StringAttr module, IntegerAttr checkpoint) {
   auto type = RankedTensorType::get(shape, cast<RankedTensorType>(value.getType()).getElementType());
   return AtenOp::create(builder, loc, TypeRange{type}, builder.getStringAttr("aten::view"), ValueRange{value},
                         builder.getArrayAttr({builder.getIndexAttr(0), integerListAttr(builder, shape)}), UnitAttr(),
-                        module)
+                        module, checkpoint)
       ->getResult(0);
 }
 

@@ -1,4 +1,4 @@
-//===- ActivationCheckpoint.cpp - recompute units' forward in backward ----===//
+//===- ActivationCheckpoint.cpp - recompute forward values in backward -----===//
 //
 // Before (units=blocks.0):
 //
@@ -15,6 +15,11 @@
 //   %h2 = fsdp.aten "aten::mm" (%x, %w) module "blocks.0"    // recomputed
 //   %a2 = fsdp.aten "aten::relu" (%h2) module "blocks.0"
 //   %g = fsdp.aten "aten::threshold_backward" (%d, %a2) ...
+//
+// The model's own checkpoint regions (calls marked `checkpoint N`, from
+// torch.utils.checkpoint) are recomputed the same way, each on its own,
+// whether or not units are named: `... module "blocks.0.mlp" checkpoint 0`
+// before the loss is cloned before its first backward reader.
 //
 // With policy=ops, attention results and every odd mm's result are saved
 // instead: the clones start from them.
@@ -47,20 +52,21 @@ bool inUnit(StringRef module, StringRef unit) {
   return module == unit || module.starts_with((unit + ".").str());
 }
 
-/// Recomputes one unit's saved forward values in one step.
+/// Recomputes the saved forward values of one set of forward calls (a
+/// unit's, or one checkpoint region's) in one step.
 class Recomputer {
 public:
-  Recomputer(Step &step, StringRef unit, bool saveComputeOps)
-      : step(step), unit(unit), saveComputeOps(saveComputeOps) {}
+  Recomputer(Step &step, llvm::function_ref<bool(AtenOp)> covers, bool saveComputeOps)
+      : step(step), covers(covers), saveComputeOps(saveComputeOps) {}
 
   void run() {
-    // The unit's recomputable forward ops, in order.
+    // The recomputable forward ops, in order.
     llvm::SetVector<Operation *> forward;
     for (Operation &op : step.body()) {
       if (&op == step.loss.getOperation())
         break;
       auto aten = dyn_cast<AtenOp>(op);
-      if (aten && aten.getModule() && inUnit(*aten.getModule(), unit) && !aten.getRandom())
+      if (aten && covers(aten) && !aten.getRandom())
         forward.insert(&op);
     }
     // policy=ops: what stays saved, so the recomputation starts from it.
@@ -104,8 +110,11 @@ public:
     OpBuilder builder(firstBackwardUse);
     IRMapping recomputed;
     for (Operation *op : forward)
-      if (needed.contains(op))
-        builder.clone(*op, recomputed)->setAttr(kRecomputedAttr, builder.getUnitAttr());
+      if (needed.contains(op)) {
+        auto clone = cast<AtenOp>(builder.clone(*op, recomputed));
+        clone->setAttr(kRecomputedAttr, builder.getUnitAttr());
+        clone.removeCheckpointAttr(); // a backward call, in no region
+      }
     // The clones read the mapped values, so every backward use left is a reader.
     for (Value value : saved)
       value.replaceUsesWithIf(recomputed.lookup(value), [&](OpOperand &use) {
@@ -115,9 +124,29 @@ public:
 
 private:
   Step &step;
-  StringRef unit;
+  llvm::function_ref<bool(AtenOp)> covers;
   bool saveComputeOps;
 };
+
+/// The checkpoint regions of `step`'s forward, in order; fails where a
+/// backward call is marked as in one.
+FailureOr<SmallVector<int64_t>> regionsOf(Step &step) {
+  llvm::SetVector<int64_t, SmallVector<int64_t>> regions;
+  bool backward = false;
+  for (Operation &op : step.body()) {
+    if (&op == step.loss.getOperation())
+      backward = true;
+    auto aten = dyn_cast<AtenOp>(op);
+    std::optional<int64_t> region = aten ? aten.getCheckpoint() : std::nullopt;
+    if (!region)
+      continue;
+    if (backward)
+      return aten.emitOpError() << "is a backward call marked as in checkpoint region " << *region
+                                << "; regions mark the forward calls that backward recomputes";
+    regions.insert(*region);
+  }
+  return regions.takeVector();
+}
 
 struct ActivationCheckpointPass
     : public fsdp::impl::ActivationCheckpointPassBase<ActivationCheckpointPass> {
@@ -129,9 +158,22 @@ struct ActivationCheckpointPass
       module.emitError() << "activation checkpointing: unknown policy '" << policy << "'; use full or ops";
       return signalPassFailure();
     }
-    if (units.empty()) {
+    SmallVector<Step> steps = collectSteps(module);
+    SmallVector<SmallVector<int64_t>> regions;
+    bool anyRegion = false;
+    for (Step &step : steps) {
+      FailureOr<SmallVector<int64_t>> found = regionsOf(step);
+      if (failed(found))
+        return signalPassFailure();
+      anyRegion |= !found->empty();
+      regions.push_back(std::move(*found));
+    }
+    if (units.empty() && !anyRegion) {
+      if (policy == "full")
+        return; // nothing to recompute
       module.emitError() << "activation checkpointing: policy '" << policy
-                         << "' applies to the units it recomputes, and none is named (checkpoint=...)";
+                         << "' applies to the units it recomputes and to the model's checkpoint regions; no "
+                            "unit is named (checkpoint=...) and the model checkpoints nothing";
       return signalPassFailure();
     }
     // Modules recompute one by one: a unit grouped of several
@@ -161,9 +203,16 @@ struct ActivationCheckpointPass
         module.emitError() << "activation checkpointing names unknown unit '" << name << "'";
         return signalPassFailure();
       }
-    for (Step &step : collectSteps(module))
+    for (auto [step, stepRegions] : llvm::zip(steps, regions)) {
       for (const std::string &unit : chosen)
-        Recomputer(step, unit, policy == "ops").run();
+        Recomputer(step, [&](AtenOp op) { return op.getModule() && inUnit(*op.getModule(), unit); },
+                   policy == "ops")
+            .run();
+      // After the units: a region inside a recomputed unit has nothing
+      // saved left to recompute.
+      for (int64_t region : stepRegions)
+        Recomputer(step, [&](AtenOp op) { return op.getCheckpoint() == region; }, policy == "ops").run();
+    }
   }
 };
 

@@ -88,6 +88,8 @@ std::optional<Fold> foldOf(AtenOp add, EagerStrides &strides) {
     auto productType = cast<RankedTensorType>(product->getResult(0).getType());
     if (productType.getElementType() != sumType.getElementType() || !definedBefore(addend, product))
       continue;
+    if (product.getCheckpointAttr() != add.getCheckpointAttr())
+      continue; // the sum would move into or out of a region the model recomputes
     std::optional<Strides> laidOut = strides.of(addend);
     if (!laidOut || !sameLayout(sumType.getShape(), *laidOut, contiguousStrides(sumType.getShape())))
       continue;
@@ -101,20 +103,22 @@ void rewrite(const Fold &fold) {
   OpBuilder builder(product);
   Location loc = product.getLoc();
   StringAttr module = product.getModuleAttr();
+  IntegerAttr region = product.getCheckpointAttr();
   auto productType = cast<RankedTensorType>(product->getResult(0).getType());
   Value addend = fold.addend;
   if (fold.reshape)
-    addend = createView(builder, loc, addend, productType.getShape(), module);
+    addend = createView(builder, loc, addend, productType.getShape(), module, region);
   Value a = product.getInputs()[0], b = product.getInputs()[1];
   Value sum = AtenOp::create(builder, loc, TypeRange{productType}, builder.getStringAttr("aten::addmm"),
                              ValueRange{addend, a, b},
                              builder.getArrayAttr({builder.getIndexAttr(0), builder.getIndexAttr(1),
                                                    builder.getIndexAttr(2), builder.getI64IntegerAttr(1),
                                                    builder.getI64IntegerAttr(1)}),
-                             UnitAttr(), module)
+                             UnitAttr(), module, region)
                   ->getResult(0);
   if (fold.reshape)
-    sum = createView(builder, loc, sum, cast<RankedTensorType>(fold.add->getResult(0).getType()).getShape(), module);
+    sum = createView(builder, loc, sum, cast<RankedTensorType>(fold.add->getResult(0).getType()).getShape(), module,
+                     region);
   fold.add->getResult(0).replaceAllUsesWith(sum);
   fold.add->erase();
   if (fold.reshape)

@@ -689,7 +689,7 @@ private:
         ValueRange{},
         builder.getArrayAttr({builder.getI64IntegerAttr(2), TypeAttr::get(element), builder.getStringAttr("strided"),
                               builder.getStringAttr("<device>"), builder.getBoolAttr(false)}),
-        UnitAttr(), StringAttr());
+        UnitAttr(), StringAttr(), IntegerAttr());
     Value index = sliceOf(builder, loc, identity->getResult(0), 1, 1, StringAttr());
     SmallVector<int64_t> shape = halfIndexShape(split);
     if (shapeOf(index) != ArrayRef<int64_t>(shape))
@@ -707,7 +707,7 @@ private:
                           builder.getArrayAttr({builder.getIndexAttr(0), builder.getI64IntegerAttr(dim),
                                                 builder.getI64IntegerAttr(start), builder.getI64IntegerAttr(start + 1),
                                                 builder.getI64IntegerAttr(1)}),
-                          UnitAttr(), module)
+                          UnitAttr(), module, IntegerAttr())
         ->getResult(0);
   }
 
@@ -773,7 +773,7 @@ private:
                                                                                   builder.getI1Type())},
                                     builder.getStringAttr("aten::ne.Scalar"), ValueRange{halfIndexArg},
                                     builder.getArrayAttr({builder.getIndexAttr(0), builder.getI64IntegerAttr(0)}),
-                                    UnitAttr(), module)
+                                    UnitAttr(), module, IntegerAttr())
                          ->getResult(0);
       }
       return secondHalf;
@@ -793,7 +793,7 @@ private:
         Value first = build(op.getInputs()[0], -1), second = build(op.getInputs()[1], -1);
         result = AtenOp::create(builder, op.getLoc(), TypeRange{splitType(value, false)},
                                 builder.getStringAttr("aten::where.self"), ValueRange{inSecondHalf(), second, first},
-                                ArrayAttr(), UnitAttr(), op.getModuleAttr())
+                                ArrayAttr(), UnitAttr(), op.getModuleAttr(), IntegerAttr())
                      ->getResult(0);
       } else {
         SmallVector<Value> operands;

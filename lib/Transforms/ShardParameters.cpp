@@ -224,7 +224,7 @@ private:
                               builder.getStringAttr("aten::add.Tensor"), ValueRange{grad, acc.getResult()},
                               builder.getArrayAttr({builder.getIndexAttr(0), builder.getIndexAttr(1),
                                                     builder.getI64IntegerAttr(1)}),
-                              UnitAttr(), StringAttr())
+                              UnitAttr(), StringAttr(), IntegerAttr())
                    .getResult(0);
       }
       auto gradType = cast<RankedTensorType>(grad.getType());

@@ -3,7 +3,8 @@
 // `fsdp-sharding-pipeline` takes FSDP2's knobs and runs, in order:
 // fold-views, simplify-backward, group-units (if units-per-group is not 1
 // or unit-bucket-mib is given), shard-parameters, fuse-casts,
-// activation-checkpoint (if units are named), selective-recompute,
+// activation-checkpoint (named units and the model's own checkpoint
+// regions), selective-recompute,
 // reshard-after-forward, bucket-collectives, prefetch, overlap-reductions,
 // verify-schedule, fuse-pointwise and fold-views again (CUDA steps, unless
 // fuse-pointwise=false), plan-lifetimes, offload-units (if units are named),
@@ -157,12 +158,12 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
   FuseCastsPassOptions casts;
   casts.reduceDtype = options.reduceDtype;
   pm.addPass(createFuseCastsPass(casts));
-  if (!options.checkpoint.empty() || options.checkpointPolicy != "full") {
-    ActivationCheckpointPassOptions recompute;
-    recompute.units = llvm::to_vector(options.checkpoint);
-    recompute.policy = options.checkpointPolicy;
-    pm.addPass(createActivationCheckpointPass(recompute));
-  }
+  // The named units and the model's own checkpoint regions (nothing where
+  // there are neither).
+  ActivationCheckpointPassOptions recompute;
+  recompute.units = llvm::to_vector(options.checkpoint);
+  recompute.policy = options.checkpointPolicy;
+  pm.addPass(createActivationCheckpointPass(recompute));
   if (options.selectiveRecompute)
     pm.addPass(createSelectiveRecomputePass());
   ReshardAfterForwardPassOptions reshard;

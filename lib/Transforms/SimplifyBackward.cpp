@@ -131,7 +131,7 @@ Operation *concatenateScatters(AtenOp outer) {
                             builder.getArrayAttr({builder.getArrayAttr({builder.getIndexAttr(0),
                                                                         builder.getIndexAttr(1)}),
                                                   builder.getI64IntegerAttr(low.dim)}),
-                            UnitAttr(), low.op.getModuleAttr());
+                            UnitAttr(), low.op.getModuleAttr(), IntegerAttr());
   outer->setOperands({rest, cat->getResult(0)});
   outer.setArgsAttr(builder.getArrayAttr({builder.getIndexAttr(0), builder.getIndexAttr(1),
                                           builder.getI64IntegerAttr(1)}));

@@ -101,6 +101,14 @@ func.func @f(%x: tensor<4xf32>) {
 // -----
 
 func.func @f(%x: tensor<4xf32>) {
+  // expected-error @+1 {{'fsdp.aten' op checkpoint region -1 is negative; regions are numbered from 0}}
+  %0 = fsdp.aten "aten::relu" (%x) module "mlp" checkpoint -1 : (tensor<4xf32>) -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<4xf32>) {
   // expected-error @+1 {{'fsdp.aten' op '::relu' is not an operator name of the form ns::name[.overload]}}
   %0 = fsdp.aten "::relu" (%x) : (tensor<4xf32>) -> tensor<4xf32>
   return

@@ -424,6 +424,7 @@ func.func @step(%x: tensor<8x32xf32>) -> tensor<f32> {
 // CHECK-NEXT:    %[[F:.*]] = fsdp.get_buffer @rope.inv_freq : tensor<2xf32>
 // CHECK-NEXT:    %{{.*}} = fsdp.aten "aten::neg"(%[[F]]) module "layers.0.attn" : (tensor<2xf32>) -> tensor<2xf32>
 // CHECK-NEXT:    %{{.*}} = fsdp.aten "aten::rand"() args {{\[}}[2], f32] random module "" : () -> tensor<2xf32>
+// CHECK-NEXT:    %{{.*}} = fsdp.aten "aten::relu"(%{{.*}}) module "layers.0.mlp" checkpoint 3 : (tensor<2xf32>) -> tensor<2xf32>
 shard.grid @dp(shape = 4)
 fsdp.unit @root root
 fsdp.param @"tok_emb.weight" : tensor<11x4xf32> unit @root tied ["lm_head.weight"]
@@ -433,7 +434,8 @@ func.func @uses() -> (tensor<2xf32>, tensor<2xf32>) {
   %f = fsdp.get_buffer @"rope.inv_freq" : tensor<2xf32>
   %n = fsdp.aten "aten::neg" (%f) module "layers.0.attn" : (tensor<2xf32>) -> tensor<2xf32>
   %r = fsdp.aten "aten::rand" () args [[2], f32] random module "" : () -> tensor<2xf32>
-  return %n, %r : tensor<2xf32>, tensor<2xf32>
+  %c = fsdp.aten "aten::relu" (%n) module "layers.0.mlp" checkpoint 3 : (tensor<2xf32>) -> tensor<2xf32>
+  return %c, %r : tensor<2xf32>, tensor<2xf32>
 }
 
 // -----

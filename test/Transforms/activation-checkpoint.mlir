@@ -74,4 +74,38 @@ func.func @ops(%x: tensor<4x4xf32>, %w: tensor<4x4xf32>) -> tensor<f32> {
 // RUN: not fsdp-opt %s --fsdp-activation-checkpoint="units=l0 policy=half" 2>&1 | FileCheck %s --check-prefix=POLICY
 // POLICY: error: activation checkpointing: unknown policy 'half'; use full or ops
 // RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 checkpoint-policy=ops" 2>&1 | FileCheck %s --check-prefix=NOUNITS
-// NOUNITS: error: activation checkpointing: policy 'ops' applies to the units it recomputes, and none is named (checkpoint=...)
+// NOUNITS: error: activation checkpointing: policy 'ops' applies to the units it recomputes and to the model's checkpoint regions; no unit is named (checkpoint=...) and the model checkpoints nothing
+// RUN: not fsdp-opt %S/Inputs/backward-in-region.mlir --fsdp-activation-checkpoint 2>&1 | FileCheck %s --check-prefix=BACKWARD
+// BACKWARD: backward-in-region.mlir:6:8: error: 'fsdp.aten' op is a backward call marked as in checkpoint region 0; regions mark the forward calls that backward recomputes
+
+// The model's own checkpoint regions, with no unit named: region 0 (l0's
+// mm and relu) is recomputed from %x and %w right before backward first
+// reads it, region 1 (l1's relu alone) from l1's mm, which stays saved.
+// The clones are in no region.
+func.func @regions(%x: tensor<4x4xf32>, %w: tensor<4x4xf32>) -> tensor<f32> {
+  %m1 = fsdp.aten "aten::mm" (%x, %w) module "l0" checkpoint 0 : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  %r1 = fsdp.aten "aten::relu" (%m1) module "l0" checkpoint 0 : (tensor<4x4xf32>) -> tensor<4x4xf32>
+  %m2 = fsdp.aten "aten::mm" (%r1, %w) module "l1" : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  %r2 = fsdp.aten "aten::relu" (%m2) module "l1" checkpoint 1 : (tensor<4x4xf32>) -> tensor<4x4xf32>
+  %l = fsdp.aten "aten::sum" (%r2) module "" : (tensor<4x4xf32>) -> tensor<f32>
+  fsdp.loss %l : tensor<f32>
+  %g1 = fsdp.aten "aten::mul.Tensor" (%m2, %r2) module "l1" : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  %g2 = fsdp.aten "aten::mul.Tensor" (%g1, %r1) module "l0" : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  return %l : tensor<f32>
+}
+// RUN: fsdp-opt %s --fsdp-activation-checkpoint | FileCheck %s --check-prefix=REGIONS
+// REGIONS-LABEL: func.func @regions
+// REGIONS:       %[[M2:.*]] = fsdp.aten "aten::mm"(%{{.*}}, %arg1) module "l1" :
+// REGIONS:       fsdp.loss
+// REGIONS-NEXT:  %[[R2:.*]] = fsdp.aten "aten::relu"(%[[M2]]) module "l1" {fsdp.recomputed}
+// REGIONS-NEXT:  %[[G1:.*]] = fsdp.aten "aten::mul.Tensor"(%[[M2]], %[[R2]])
+// REGIONS-NEXT:  %[[M1:.*]] = fsdp.aten "aten::mm"(%arg0, %arg1) module "l0" {fsdp.recomputed}
+// REGIONS-NEXT:  %[[R1:.*]] = fsdp.aten "aten::relu"(%[[M1]]) module "l0" {fsdp.recomputed}
+// REGIONS-NEXT:  fsdp.aten "aten::mul.Tensor"(%[[G1]], %[[R1]])
+// A unit named as well (l0) recomputes region 0 as part of itself, once.
+// RUN: fsdp-opt %s --fsdp-activation-checkpoint="units=l0" | FileCheck %s --check-prefix=UNITANDREGION
+// UNITANDREGION-LABEL: func.func @regions
+// UNITANDREGION:       fsdp.loss
+// UNITANDREGION-COUNT-1: fsdp.aten "aten::mm"{{.*}} {fsdp.recomputed}
+// UNITANDREGION-NOT:   fsdp.aten "aten::mm"{{.*}} {fsdp.recomputed}
+// UNITANDREGION:       return

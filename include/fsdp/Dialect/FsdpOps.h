@@ -51,7 +51,8 @@ ArrayAttr integerListAttr(Builder &builder, ArrayRef<int64_t> values);
 bool isReshape(AtenOp op);
 /// `aten::view` of `value` to `shape`, in `module`: the caller knows the
 /// layout lets ATen reshape it without a copy.
-Value createView(OpBuilder &builder, Location loc, Value value, ArrayRef<int64_t> shape, StringAttr module);
+Value createView(OpBuilder &builder, Location loc, Value value, ArrayRef<int64_t> shape, StringAttr module,
+                 IntegerAttr checkpoint = {});
 /// `value` and every ATen view derived from it, transitively (`value` first):
 /// the values that keep its storage alive.
 SmallVector<Value> viewClosure(Value value);
