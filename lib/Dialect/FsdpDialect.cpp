@@ -107,6 +107,8 @@ LogicalResult FsdpDialect::verifyOperationAttribute(Operation *op, NamedAttribut
     if (!isa<UnitAttr>(value) || !isa_and_nonnull<FunctionOpInterface>(parent))
       return op->emitError("fsdp.recomputed must be a unit attribute on an op of a function "
                            "or of an fsdp.pointwise body in one");
+    if (auto aten = dyn_cast<AtenOp>(op); aten && aten.getCheckpoint())
+      return op->emitError("a recomputed call runs in backward, and checkpoint regions mark forward calls");
     return success();
   }
   return op->emitError() << "unknown fsdp attribute '" << name << "'";

@@ -896,6 +896,14 @@ bool mlir::fsdp::isReshape(AtenOp op) {
   return op && (op.getCallee() == "aten::view" || op.getCallee() == "aten::_unsafe_view");
 }
 
+Operation *mlir::fsdp::cloneRecomputed(OpBuilder &builder, Operation &op, IRMapping &mapping) {
+  Operation *clone = builder.clone(op, mapping);
+  clone->setAttr(kRecomputedAttr, builder.getUnitAttr());
+  if (auto aten = dyn_cast<AtenOp>(clone))
+    aten.removeCheckpointAttr();
+  return clone;
+}
+
 Value mlir::fsdp::createView(OpBuilder &builder, Location loc, Value value, ArrayRef<int64_t> shape,
                              StringAttr module, IntegerAttr checkpoint) {
   auto type = RankedTensorType::get(shape, cast<RankedTensorType>(value.getType()).getElementType());

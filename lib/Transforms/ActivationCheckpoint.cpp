@@ -110,11 +110,8 @@ public:
     OpBuilder builder(firstBackwardUse);
     IRMapping recomputed;
     for (Operation *op : forward)
-      if (needed.contains(op)) {
-        auto clone = cast<AtenOp>(builder.clone(*op, recomputed));
-        clone->setAttr(kRecomputedAttr, builder.getUnitAttr());
-        clone.removeCheckpointAttr(); // a backward call, in no region
-      }
+      if (needed.contains(op))
+        cloneRecomputed(builder, *op, recomputed);
     // The clones read the mapped values, so every backward use left is a reader.
     for (Value value : saved)
       value.replaceUsesWithIf(recomputed.lookup(value), [&](OpOperand &use) {

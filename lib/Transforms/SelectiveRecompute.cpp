@@ -124,7 +124,7 @@ private:
       members.insert(op);
     for (Operation *op = chain.front(); op && op != step.loss.getOperation(); op = op->getNextNode())
       if (members.contains(op) || (isViewOf(op) && aliasSet.contains(op->getOperand(0))))
-        builder.clone(*op, mapping)->setAttr(kRecomputedAttr, builder.getUnitAttr());
+        cloneRecomputed(builder, *op, mapping);
     // Views made in backward are themselves backward readers: they now view
     // the clone, and need no clone of their own.
     for (Value alias : aliases)

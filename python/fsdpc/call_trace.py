@@ -55,6 +55,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from fsdpc.cache import source_digests
+from fsdpc.checkpointing import CheckpointRegions
 from fsdpc.capture import MixedPrecision, _definition_of, _TrainingStep, _unparametrized, capture_modes
 
 _FORMAT = "fsdpc call trace 1"
@@ -70,15 +71,18 @@ class _Incomplete(Exception):
 class CallTrace:
     """A step's recorded calls: `fingerprint` digests them; `printed` and
     `complained` are what the step wrote to stdout and stderr while it ran
-    (a start served from the cache shows them, as export would have)."""
+    and `regions` its checkpoint calls (a start served from the cache shows
+    them, and says what capture would have)."""
 
     fingerprint: str
     printed: str
     complained: str
+    regions: CheckpointRegions
 
     def echo(self) -> None:
         sys.stdout.write(self.printed)
         sys.stderr.write(self.complained)
+        self.regions.say()
 
 
 class _CallRecorder(TorchFunctionMode):
@@ -268,7 +272,7 @@ def trace_calls(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callab
         with recorder, contextlib.redirect_stdout(printed), contextlib.redirect_stderr(complained), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with capture_modes(model, units, mixed_precision, device):
+            with capture_modes(model, units, mixed_precision, device) as regions:
                 # Named under the casts, which move each parameter to its parametrization.
                 recorder.name_tensors({f"parameter {_unparametrized(name)}": p
                                        for name, p in step.named_parameters(remove_duplicate=False)})
@@ -290,4 +294,5 @@ def trace_calls(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callab
     record = (_FORMAT, device, repr(mixed_precision), str(_definition_of(loss_fn)), tuple(unit_modules),
               _environment(), _inputs(model, batch), frames, source_digests(file for file, _, _ in frames),
               tuple(recorder.calls), result)
-    return CallTrace(hashlib.sha256(repr(record).encode()).hexdigest(), printed.getvalue(), complained.getvalue())
+    return CallTrace(hashlib.sha256(repr(record).encode()).hexdigest(), printed.getvalue(), complained.getvalue(),
+                     regions)

@@ -46,6 +46,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 
 from fsdpc import cache
 from fsdpc.attention import FusedAttentionFor
+from fsdpc.checkpointing import REGION_KEY, checkpoint_regions, regions_of
 from fsdpc.rms_norm import FusedRmsNormFor, fuse_written_out_rms_norms
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -118,6 +119,8 @@ class CapturedStep:
     # Per call_function node: issuing module FQN ("" = the model) and source line.
     modules: dict[fx.Node, str]
     locations: dict[fx.Node, SourceLocation]
+    # Forward calls in one of the model's activation-checkpoint regions: its number.
+    regions: dict[fx.Node, int] = field(default_factory=dict)
     mixed_precision: MixedPrecision | None = None
     device: str = "cpu"  # the device kind the step was captured for
 
@@ -404,10 +407,11 @@ class _ScalarTensorsAsOps(torch.overrides.TorchFunctionMode):
 def capture_modes(model: nn.Module, units: list[nn.Module], mixed_precision: MixedPrecision | None,
                   device: str):
     """What forward runs under while it is traced for `device`: the policy's
-    casts, and the fused attention, RMSNorm and scalar-tensor modes."""
+    casts, the fused attention, RMSNorm and scalar-tensor modes, and the
+    marks on the model's own checkpoint regions (fsdpc.checkpointing)."""
     with (_mixed_precision_casts(model, units, mixed_precision), FusedAttentionFor(device),
-          FusedRmsNormFor(device), _ScalarTensorsAsOps()):
-        yield
+          FusedRmsNormFor(device), _ScalarTensorsAsOps(), checkpoint_regions() as regions):
+        yield regions
 
 
 @dataclass
@@ -430,7 +434,8 @@ class ForwardTrace:
         source stack (so whatever Python the trace ran is in it as the value
         it had), the contents of the source files in those stacks, the
         signature, the parameters', buffers' and batch's metadata, ties,
-        names, the loss's definition, the policy and the target device."""
+        names, the loss's definition, the policy, the target device and the
+        model's checkpoint regions."""
         parts = [self.device, repr(self.mixed_precision), str(_definition_of(self.loss_fn)),
                  sorted(self.aliases.values()), sorted(self.real_fqn.items()), str(self.program.graph_signature),
                  [(name, tuple(t.shape), str(t.dtype), t.requires_grad)
@@ -441,7 +446,7 @@ class ForwardTrace:
             shape = ((tuple(value.shape), str(value.dtype), value.stride(), str(value.device))
                      if isinstance(value, torch.Tensor) else repr(value))
             parts.append((node.format_node(), shape, node.meta.get("stack_trace"),
-                          repr(node.meta.get("nn_module_stack"))))
+                          repr(node.meta.get("nn_module_stack")), (node.meta.get("custom") or {}).get(REGION_KEY)))
         parts.append(cache.source_digests(match.group(1) for node in self.program.graph.nodes
                                     for match in _FRAME_RE.finditer(node.meta.get("stack_trace") or "")))
         return hashlib.sha256(repr(parts).encode()).hexdigest()
@@ -467,10 +472,11 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
     step = _TrainingStep(model, loss_fn)
     units = [model.get_submodule(name) for name in unit_modules]
     with _tracing_safe_names(model) as real_fqn:
-        with capture_modes(model, units, mixed_precision, device):
+        with capture_modes(model, units, mixed_precision, device) as regions:
             program = _export(step, batch)
             aliases = {identity: [real_fqn.get(n, n) for n in names]
                        for identity, names in _alias_groups(model).items()}
+        regions.say()
         if device == "cuda":
             fuse_written_out_rms_norms(program.graph_module)
         _check_outputs(program)
@@ -551,6 +557,7 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
         gradients=gradients,
         modules=modules,
         locations=locations,
+        regions=regions_of(joint.graph, loss),
         mixed_precision=mixed_precision,
         device=device,
     )

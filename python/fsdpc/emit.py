@@ -219,6 +219,9 @@ class _StepPrinter:
         module = self.step.modules.get(node)
         if module is not None:
             attrs += f" module {string(module)}"
+        region = self.step.regions.get(node)
+        if region is not None:
+            attrs += f" checkpoint {region}"
         self.lines.append(
             f"    {lhs}fsdp.aten {string(callee)} ({', '.join(operands)}){attrs} : "
             f"({', '.join(operand_types)}) -> ({', '.join(results)})"

@@ -114,16 +114,18 @@ def train(sharded, optimizer, data, *, clip=None, scheduler=None):
                      scheduler, data, clip=clip)
 
 
-def train_like_eager(sharded, data, what: str, *, optimizer_kind=torch.optim.AdamW, overlap=False):
+def train_like_eager(sharded, data, what: str, *, optimizer_kind=torch.optim.AdamW, overlap=False,
+                     reference_from=reference_model):
     """Trains with the optimizer groups, a scheduler and clipping (`overlap`:
     the host optimizer overlapped); the losses, clipped norms and full state
-    must equal eager's. Returns the optimizer."""
+    must equal eager's (of the model `reference_from()` builds). Returns the
+    optimizer."""
     optimizer = optimizer_for(sharded, optimizer_kind)
     if overlap:
         sharded.overlap_host_optimizer(optimizer)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
     losses, norms = train(sharded, optimizer, data, clip=0.5, scheduler=scheduler)
-    reference = reference_model()
+    reference = reference_from()
     expected, expected_norms = eager_losses(reference, data, clip=0.5)
     close(torch.tensor(losses), torch.tensor(expected), f"{what}losses")
     close(torch.tensor(norms), torch.tensor(expected_norms), f"{what}clipped norms", rtol=1e-6, atol=0)
@@ -988,6 +990,53 @@ def scenario_cuda_graph(args):
     expected = [float(sharded(*mine(batch), trace=True)) for batch in order]
     close(torch.tensor(turns), torch.tensor(expected), "losses of alternating shapes against the instructions'",
           rtol=1e-6)
+
+
+class Checkpointed(nn.Module):
+    """`inner` under torch.utils.checkpoint: its activations are recomputed in
+    backward instead of kept."""
+
+    def __init__(self, inner: nn.Module, reentrant: bool):
+        super().__init__()
+        self.inner = inner
+        self.reentrant = reentrant
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=self.reentrant)
+
+
+def checkpointed_model() -> GPT:
+    """The GPT with each block's MLP checkpointed (a region inside its wrap
+    unit), block 1's the reentrant way."""
+    model = reference_model()
+    for index, block in enumerate(model.blocks):
+        block.mlp = Checkpointed(block.mlp, reentrant=index == 1)
+    return model
+
+
+def scenario_checkpointed(args):
+    """The model's own activation checkpointing (torch.utils.checkpoint
+    around each block's MLP): each region is in the IR and recomputed in
+    backward, the step's memory, reported and measured, is below the same
+    model's without checkpointing, and training equals eager's with the same
+    checkpointing."""
+    data = batches(4)
+    plain = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)
+    sharded = fsdpc.shard(checkpointed_model(), mine(data[0]), next_token_loss)
+    ir = sharded.sharded_ir
+    regions = sorted(set(re.findall(r'module "blocks\.(\d)\.mlp\.inner[.\d]*" checkpoint (\d+)', ir)))
+    assert regions == [("0", "0"), ("1", "1")], regions
+    assert re.search(r'"aten::gelu"\(.* module "blocks\.1\.mlp\.inner\.1" \{fsdp\.recomputed\}', ir), \
+        "block 1's MLP is not recomputed"
+    reported = [module.memory_report["train_step"]["peak"]["above_step_start"] for module in (plain, sharded)]
+    measured = [peak_allocated_above_start(lambda module=module: module(*mine(data[0])))[0]
+                for module in (plain, sharded)]
+    assert reported[1] < reported[0] and measured[1] < measured[0], \
+        f"checkpointed against not: reported {reported} B, measured {measured} B"
+    for predicted, peak in zip(reported, measured):
+        assert abs(peak - predicted) <= 0.05 * predicted, f"measured {peak} B against the report's {predicted} B"
+    sharded.zero_grad(set_to_none=True)
+    train_like_eager(sharded, data, "checkpointed: ", reference_from=checkpointed_model)
 
 
 class HistogramGPT(nn.Module):

@@ -1,6 +1,7 @@
 """Models fsdpc must refuse, each with a precise error (used by test_capture)."""
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 
@@ -35,6 +36,20 @@ class WithBatchNorm(nn.Module):
         return self.bn(x)
 
 
+class ReentrantOnTheBatch(nn.Module):
+    """Checkpoints its first layer the reentrant way on the batch, which
+    requires no grad: PyTorch gives that layer no gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 1)
+
+    def forward(self, x):
+        hidden = torch.utils.checkpoint.checkpoint(self.fc, x, use_reentrant=True)
+        return self.out(hidden)
+
+
 def _sum_loss(model, x):
     return model(x).sum()
 
@@ -66,3 +81,7 @@ def _scaling_loss(model, x):
 
 def batch_update():
     return nn.Linear(4, 4), (torch.randn(2, 4),), _scaling_loss
+
+
+def reentrant_on_the_batch():
+    return ReentrantOnTheBatch(), (torch.randn(2, 4),), _sum_loss

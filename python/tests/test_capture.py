@@ -1,6 +1,7 @@
 """Capture: the joint graph computes what eager PyTorch computes, and the IR
 describes the model's parameters, buffers, units and gradients exactly."""
 
+import functools
 import re
 import sys
 from pathlib import Path
@@ -191,6 +192,63 @@ def test_batch_updates_are_refused():
 def test_loss_must_be_a_scalar():
     with pytest.raises(CaptureError, match="scalar floating-point loss"):
         export_training_step(*load_bad("vector_loss"))
+
+
+def test_reentrant_checkpoint_of_inputs_without_grad_is_refused_by_line():
+    """PyTorch gives the parameters inside such a region no gradient (with a
+    warning); fsdpc names the call instead of reproducing that."""
+    where = f"{BAD_MODELS}:{line_of('use_reentrant=True')}: checkpoint(use_reentrant=True) of inputs none of"
+    with pytest.raises(CaptureError, match=re.escape(where)):
+        export_training_step(*load_bad("reentrant_on_the_batch"))
+
+
+class Checkpointed(nn.Module):
+    def __init__(self, inner, how):
+        super().__init__()
+        self.inner, self.how = inner, how
+
+    def forward(self, x):
+        import torch.utils.checkpoint as checkpointing
+
+        if self.how == "selective":
+            policy = functools.partial(checkpointing.create_selective_checkpoint_contexts, [torch.ops.aten.mm.default])
+            return checkpointing.checkpoint(self.inner, x, use_reentrant=False, context_fn=policy)
+        return checkpointing.checkpoint(self.inner, x, use_reentrant=self.how == "reentrant")
+
+
+@pytest.mark.parametrize("how", ["non-reentrant", "reentrant", "wrapper"])
+def test_the_models_checkpoint_regions_are_marked_and_recomputed(how):
+    """Each block's MLP checkpointed: its forward calls, and only those,
+    carry the block's region; the joint graph is eager's; the pipeline
+    recomputes each region in backward."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    model, batch, loss_fn = make("gpt")
+    for block in model.blocks:
+        block.mlp = checkpoint_wrapper(block.mlp) if how == "wrapper" else Checkpointed(block.mlp, how)
+    result = export_training_step(model, batch, loss_fn)
+    forward, backward = result.mlir.split("fsdp.loss")
+    marked = re.findall(r'module "(blocks\.\d+)\.mlp\.[^"]*" checkpoint (\d+)', forward)
+    assert sorted(set(marked)) == [(f"blocks.{i}", str(i)) for i in range(len(model.blocks))], marked
+    assert len(marked) == len(re.findall(r'module "blocks\.\d+\.mlp\.', forward)), "an MLP call outside its region"
+    assert " checkpoint " not in backward
+    loss, grads = run_joint(result, model, batch)
+    eager_loss = loss_fn(model, *batch)
+    eager_loss.backward()
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+    for fqn, grad in grads.items():
+        torch.testing.assert_close(grad, model.get_parameter(fqn).grad, rtol=1e-5, atol=1e-6)
+    sharded = run_fsdp_opt(result.mlir, ["--fsdp-sharding-pipeline=ranks=2"])
+    recomputed = set(re.findall(r'module "(blocks\.\d+)\.mlp\.[^"]*" \{fsdp\.recomputed\}', sharded))
+    assert recomputed == {f"blocks.{i}" for i in range(len(model.blocks))}, recomputed
+
+
+def test_a_selective_checkpoint_is_recomputed_whole_and_said():
+    model, batch, loss_fn = make("mlp")
+    model.fc1 = Checkpointed(model.fc1, "selective")
+    with pytest.warns(UserWarning, match="selective activation checkpoint .* is recomputed whole"):
+        result = export_training_step(model, batch, loss_fn)
+    assert re.search(r'module "fc1\.inner" checkpoint 0', result.mlir)
 
 
 def test_in_place_operators_in_the_joint_graph_are_named():

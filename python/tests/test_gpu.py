@@ -35,7 +35,7 @@ def run(ranks: int, scenario: str, *extra, device: str = "cuda", backend: str | 
 
 @pytest.mark.parametrize("scenario", ["train", "accumulate", "shapes", "misuse", "scalar", "fsdp2", "meta",
                                       "offload", "llama", "llama_torch_norms", "into_results", "cuda_graph",
-                                      "uncapturable"])
+                                      "uncapturable", "checkpointed"])
 def test_one_rank_on_nccl(scenario, tmp_path):
     run(1, scenario, "--save", tmp_path)
 

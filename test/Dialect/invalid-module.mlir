@@ -367,6 +367,14 @@ module attributes {fsdp.recomputed} {
 
 // -----
 
+func.func @f(%x: tensor<2xf32>) {
+  // expected-error @+1 {{a recomputed call runs in backward, and checkpoint regions mark forward calls}}
+  %y = fsdp.aten "aten::relu" (%x) module "mlp" checkpoint 0 {fsdp.recomputed} : (tensor<2xf32>) -> tensor<2xf32>
+  return
+}
+
+// -----
+
 // expected-error @+1 {{unknown fsdp attribute 'fsdp.memroy'}}
 func.func private @f() attributes {fsdp.memroy = {peak = 1}}
 

@@ -8,6 +8,7 @@
 #include "mlir/Bytecode/BytecodeOpInterface.h"
 #include "mlir/Dialect/Shard/IR/ShardOps.h"
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/IRMapping.h"
 #include "mlir/IR/OpDefinition.h"
 #include "mlir/IR/SymbolTable.h"
 #include "mlir/Interfaces/FunctionInterfaces.h"
@@ -49,6 +50,10 @@ std::optional<bool> boolLiteral(AtenOp op, unsigned position);
 ArrayAttr integerListAttr(Builder &builder, ArrayRef<int64_t> values);
 /// Whether `op` reshapes without reordering: `aten::view` or `_unsafe_view`.
 bool isReshape(AtenOp op);
+/// A copy of forward op `op` at `builder`'s point for backward to read
+/// (operands through `mapping`): marked fsdp.recomputed, and in no
+/// checkpoint region, which marks forward calls only.
+Operation *cloneRecomputed(OpBuilder &builder, Operation &op, IRMapping &mapping);
 /// `aten::view` of `value` to `shape`, in `module`: the caller knows the
 /// layout lets ATen reshape it without a copy.
 Value createView(OpBuilder &builder, Location loc, Value value, ArrayRef<int64_t> shape, StringAttr module,
