@@ -238,6 +238,29 @@ def test_the_reshard_check_catches_a_view_that_outlives_its_buffer():
     torch.testing.assert_close(out["returned"][0], weight.t())
 
 
+def test_a_callers_autocast_does_not_change_what_a_program_computes():
+    """Every call's dtypes are the program's: under the caller's
+    torch.autocast a matrix product stays fp32 (autocast would compute it in
+    bf16 and hand later calls a dtype the program never meant)."""
+    text = json.dumps({
+        "format": "fsdpc.program", "version": VERSION, "device": "cpu", "groups": [], "params": [], "buffers": [],
+        "kernels": [],
+        "functions": [{
+            "name": "product", "step": False, "cuda_graph": False, "inputs": [0, 1],
+            "input_types": [{"shape": [3, 2], "dtype": "f32"}, {"shape": [2, 4], "dtype": "f32"}],
+            "slots": 3, "futures": 0,
+            "instructions": [
+                {"op": "aten", "name": "aten::mm", "overload": "", "args": [{"tensor": 0}, {"tensor": 1}],
+                 "results": [2]},
+                {"op": "return", "values": [2]}]}]})
+    runtime = runtime_extension().Program(text, "cpu")
+    a, b = torch.randn(3, 2), torch.randn(2, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (under_autocast,) = runtime.run("product", {}, {}, {}, [a, b], {}, 10.0)["returned"]
+    assert under_autocast.dtype == torch.float32
+    torch.testing.assert_close(under_autocast, a @ b, rtol=0, atol=0)
+
+
 def test_capture_prints_only_element_types_the_runtime_knows():
     """One table of element types crosses the boundary: every dtype the
     capture can print is in the runtime's (fsdp_rt/ElementTypes.h) and the

@@ -36,6 +36,7 @@
 
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <ATen/core/LegacyTypeDispatch.h>
@@ -144,6 +145,9 @@ public:
     // The program is its own backward and no value in it requires grad, so
     // autograd's kernels (view tracking, version counters) are skipped.
     at::AutoDispatchBelowADInplaceOrView belowAutograd;
+    // Every call's dtypes are the program's: a caller's torch.autocast must
+    // not cast its inputs again.
+    c10::impl::ExcludeDispatchKeyGuard noAutocast(c10::autocast_dispatch_keyset);
     checkInputs();
     for (size_t i = 0; i < function.inputs.size(); ++i)
       slots[function.inputs[i]] = in.batch[i].contiguous(); // row-major, as the compiler laid out its reads
