@@ -404,13 +404,41 @@ class _ScalarTensorsAsOps(torch.overrides.TorchFunctionMode):
 
 
 @contextlib.contextmanager
+def _refusing_autocast() -> Iterator[None]:
+    """`torch.autocast` entered (enabled) inside the step is refused by line:
+    capture runs on the meta device, where autocast casts nothing, so the
+    step would silently compute in the dtypes it was written in. Disabling
+    autocast (Hugging Face's rotary embeddings do) changes nothing and
+    passes."""
+    autocast = torch.amp.autocast_mode.autocast
+    enter = autocast.__enter__
+
+    def entered(self):
+        if self._enabled:
+            where = user_frame(traceback.extract_stack()[:-1])
+            raise CaptureError(
+                f"{where or 'the model'}: torch.autocast({self.device!r}, dtype={self.fast_dtype}) inside the step: "
+                "capture runs on the meta device, where autocast casts nothing; for low-precision compute pass "
+                "mp_policy=MixedPrecisionPolicy(param_dtype=...) to fsdpc.shard (fp32 master weights, each wrap "
+                "unit computing in param_dtype), or cast explicitly (.to(torch.bfloat16))")
+        return enter(self)
+
+    autocast.__enter__ = entered
+    try:
+        yield
+    finally:
+        autocast.__enter__ = enter
+
+
+@contextlib.contextmanager
 def capture_modes(model: nn.Module, units: list[nn.Module], mixed_precision: MixedPrecision | None,
                   device: str):
     """What forward runs under while it is traced for `device`: the policy's
-    casts, the fused attention, RMSNorm and scalar-tensor modes, and the
-    marks on the model's own checkpoint regions (fsdpc.checkpointing)."""
+    casts, the fused attention, RMSNorm and scalar-tensor modes, the marks
+    on the model's own checkpoint regions (fsdpc.checkpointing), and the
+    refusal of autocast."""
     with (_mixed_precision_casts(model, units, mixed_precision), FusedAttentionFor(device),
-          FusedRmsNormFor(device), _ScalarTensorsAsOps(), checkpoint_regions() as regions):
+          FusedRmsNormFor(device), _ScalarTensorsAsOps(), checkpoint_regions() as regions, _refusing_autocast()):
         yield regions
 
 

@@ -195,6 +195,7 @@ class ShardedModule(nn.Module):
                 backend = collective_backend(device)
             except DeviceError as error:
                 raise StepError(str(error)) from None
+            _refuse_autocast(device, "fsdpc.shard called")
             offload = self._check_offload(offload_policy, device)
             policy = _mixed_precision(mp_policy)
             return device, policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, offload is not None,
@@ -540,6 +541,7 @@ class ShardedModule(nn.Module):
         train = torch.is_grad_enabled() and self.training
         try:
             self._check_ready()
+            _refuse_autocast(self.device, "the sharded module called")
             self._check_batch(batch)
             if train and self._host_optimizer is not None and self._host_optimizer.in_backward:
                 self._host_optimizer.check_training_call()
@@ -910,6 +912,17 @@ def _gradient_dtensor(param: nn.Parameter, local: torch.Tensor) -> DTensor:
         raise StepError(f"the program returned a {local.dtype} gradient for a {param.dtype} parameter of shape "
                         f"{tuple(param.shape)}: the compiled step and this module disagree")
     return DTensor(local, param._spec, requires_grad=False)
+
+
+def _refuse_autocast(device: torch.device, what: str) -> None:
+    """fsdpc compiles every call's dtype into the step: a torch.autocast
+    around a call would not apply (the runtime excludes it)."""
+    if torch.is_autocast_enabled(device.type):
+        dtype = torch.get_autocast_dtype(device.type)
+        raise StepError(f"{what} under torch.autocast({device.type!r}, dtype={dtype}): fsdpc compiles every call's "
+                        f"dtype into the step, so autocast cannot apply; for {dtype} compute with fp32 master weights "
+                        f"pass mp_policy=MixedPrecisionPolicy(param_dtype={dtype}) to fsdpc.shard and call the module "
+                        "outside autocast")
 
 
 def _first_line(error: Exception) -> str:

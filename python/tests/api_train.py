@@ -454,8 +454,17 @@ def scenario_misuse(args):
     stale = torch.optim.AdamW(model.parameters())
     sharded = fsdpc.shard(model, mine(data[0]), next_token_loss)
     sharded(*mine(data[0]))
+
+    def under_autocast(attempt):
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            return attempt()
+
     for attempt, expected in [
         (lambda: stale.step(), "build the optimizer over sharded.parameters()"),
+        (lambda: under_autocast(lambda: sharded(*mine(data[0]))),
+         "mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16) to fsdpc.shard and call the module outside"),
+        (lambda: under_autocast(lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)),
+         "fsdpc.shard called under torch.autocast"),
         (lambda: model(mine(data[0])[0]), "call the sharded module it returned"),
         (lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
                              mp_policy=fsdpc.MixedPrecision(reduce_dtype=torch.bfloat16),
@@ -473,6 +482,7 @@ def scenario_misuse(args):
             assert expected in str(error), f"{expected!r} not in {error}"
         else:
             raise AssertionError(f"no error; expected one saying {expected!r}")
+    sharded(*mine(data[0]))  # a refused call left the module as it was
     # A non-finite gradient norm is reported, never applied.
     grad = sharded.get_parameter("ln_f.weight").grad.to_local()
     grad[0] = float("inf")

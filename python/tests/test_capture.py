@@ -202,6 +202,14 @@ def test_reentrant_checkpoint_of_inputs_without_grad_is_refused_by_line():
         export_training_step(*load_bad("reentrant_on_the_batch"))
 
 
+def test_autocast_enabled_inside_the_step_is_refused_by_line():
+    """On the meta device, where capture runs, autocast casts nothing: the
+    step would silently compute in fp32. Disabling it passes."""
+    where = f"{BAD_MODELS}:{line_of('dtype=torch.bfloat16')}: torch.autocast('cpu', dtype=torch.bfloat16) inside"
+    with pytest.raises(CaptureError, match=re.escape(where)):
+        export_training_step(*load_bad("autocast_inside"))
+
+
 class Checkpointed(nn.Module):
     def __init__(self, inner, how):
         super().__init__()
