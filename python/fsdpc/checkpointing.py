@@ -23,7 +23,8 @@ instead, which gives the same gradients wherever PyTorch gives any: where
 none of the region's tensor inputs requires grad, PyTorch gives the
 parameters inside none (its warning "None of the inputs have
 requires_grad=True"), and capture refuses the step, naming the call,
-rather than train them or not.
+rather than train them or not (a forward-only step, under no_grad, has no
+gradients to lose and passes).
 
 Selective checkpointing (a `context_fn` such as
 `create_selective_checkpoint_contexts`) saves what its policy says; capture
@@ -97,7 +98,7 @@ def checkpoint_regions() -> Iterator[CheckpointRegions]:
             self._fsdpc_region.close()
 
     def reentrant(run, preserve_rng_state, *args):
-        if not any(isinstance(arg, torch.Tensor) and arg.requires_grad for arg in args):
+        if torch.is_grad_enabled() and not any(isinstance(arg, torch.Tensor) and arg.requires_grad for arg in args):
             from fsdpc.capture import CaptureError, user_frame  # capture imports this module
 
             line = user_frame(traceback.extract_stack()[:-1])
