@@ -17,6 +17,8 @@ step), the final loss, and for fsdpc its memory report's prediction and the
 exposed-communication share of a measured trace. Ratios are against FSDP2
 eager. --json writes every run. A system `fsdpc:<options>` is fsdpc with
 those fsdp-sharding-pipeline options (`fsdpc:units-per-group=2`).
+`--checkpoint-blocks` runs every system with each block under
+`checkpoint_wrapper` (the model's own activation checkpointing).
 """
 
 import argparse
@@ -33,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ["fsdpc", "fsdp2", "fsdp2-compile", "ddp"]
 
 
-def run(system: str, ranks: int, caches: Path, steps: int, trace: Path | None) -> dict:
+def run(system: str, ranks: int, caches: Path, steps: int, trace: Path | None, checkpoint_blocks: bool) -> dict:
     name, _, pipeline = system.partition(":")
     out = caches / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', system)}-{ranks}.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "OMP_NUM_THREADS": "1",
@@ -43,6 +45,8 @@ def run(system: str, ranks: int, caches: Path, steps: int, trace: Path | None) -
                "--system", name, "--steps", str(steps), "--out", str(out)]
     if pipeline:
         command += ["--pipeline", pipeline]
+    if checkpoint_blocks:
+        command.append("--checkpoint-blocks")
     if trace is not None and system == "fsdpc":
         command += ["--trace", str(trace)]
     for attempt in range(2):
@@ -108,6 +112,8 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", default=SYSTEMS)
     parser.add_argument("--json", default=None)
     parser.add_argument("--trace", default=None, help="write fsdpc's measured trace (last run) here")
+    parser.add_argument("--checkpoint-blocks", action="store_true",
+                        help="every system with each block under checkpoint_wrapper")
     args = parser.parse_args()
     everything = {}
     for ranks in args.ranks:
@@ -117,7 +123,7 @@ def main() -> None:
             for repeat in range(args.repeats):
                 for system in args.systems:
                     trace = Path(args.trace) if args.trace else None
-                    runs[system].append(run(system, ranks, caches, args.steps, trace))
+                    runs[system].append(run(system, ranks, caches, args.steps, trace, args.checkpoint_blocks))
                     print(f"[{ranks} ranks, repeat {repeat}] {system}: "
                           f"{runs[system][-1][0]['step_s'] * 1e3:.0f} ms/step", file=sys.stderr, flush=True)
         table = summarize(runs)

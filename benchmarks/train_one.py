@@ -8,6 +8,9 @@ Not meant to be run by hand (compare.py launches it), but it can be:
 Systems: fsdpc (compiled step), fsdp2 (fully_shard per block and the root,
 eager), fsdp2-compile (the same under torch.compile), ddp. Every system
 starts from the same initialization and sees the same batches.
+`--checkpoint-blocks` wraps every block in `checkpoint_wrapper` first (the
+model's own activation checkpointing, as torchtitan applies it before
+fully_shard).
 
 Measured per rank: compile time (capture to the end of the first step),
 median step time (forward + backward + AdamW), the step's peak allocated
@@ -93,6 +96,8 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--trace", default=None, help="fsdpc: write a measured Chrome trace here")
     parser.add_argument("--pipeline", default="", help="fsdpc: extra fsdp-sharding-pipeline options")
+    parser.add_argument("--checkpoint-blocks", action="store_true",
+                        help="every block under checkpoint_wrapper (torch.utils.checkpoint, non-reentrant)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -104,6 +109,11 @@ def main() -> None:
 
     torch.manual_seed(0)
     model = GPT(GPT_23M)
+    if args.checkpoint_blocks:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for index, block in enumerate(model.blocks):
+            model.blocks[index] = checkpoint_wrapper(block)
     start = time.perf_counter()
     forward_backward, params, extras = build(args.system, model, data[0], world, args.pipeline)
     optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1)
