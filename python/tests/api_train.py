@@ -1045,8 +1045,9 @@ def scenario_checkpointed(args):
                 for module in (plain, sharded)]
     assert reported[1] < reported[0] and measured[1] < measured[0], \
         f"checkpointed against not: reported {reported} B, measured {measured} B"
+    within = 0.05 if DEVICE.type == "cpu" else 0.1  # CUDA's allocator rounds each block up to 512 B
     for predicted, peak in zip(reported, measured):
-        assert abs(peak - predicted) <= 0.05 * predicted, f"measured {peak} B against the report's {predicted} B"
+        assert abs(peak - predicted) <= within * predicted, f"measured {peak} B against the report's {predicted} B"
     sharded.zero_grad(set_to_none=True)
     _, reference, _ = train_like_eager(sharded, data, "checkpointed: ", reference_from=checkpointed_model)
     # Forward only (a program of its own, captured under no_grad): the reentrant region has no gradient to lose.
