@@ -247,7 +247,8 @@ class ShardedModule(nn.Module):
         # (Hugging Face's from_pretrained hands models over in eval mode).
         model.train()
 
-        first = self._program_for(self._example, train=True)
+        self._param_slots: dict[str, tuple[nn.Module, str]] | None = None  # set once the shards are placed
+        first = self._program_for(self._example, train=True, frozen=self._frozen())
         self.layout: dict[str, ParamSpec] = {spec.name: spec for spec in first.program.params}
         self.mesh = mesh if mesh is not None else self._mesh_of(first.program)
         self._on_meta = any(p.is_meta for p in model.parameters())
@@ -394,8 +395,18 @@ class ShardedModule(nn.Module):
             for owner, leaf, kind, real, _ in slots:
                 (owner._parameters if kind == "param" else owner._buffers)[leaf] = real
 
-    def _program_for(self, batch: Sequence[torch.Tensor], *, train: bool) -> CompiledProgram:
-        signature = (train, self.training, tuple((tuple(t.shape), t.dtype) for t in batch))
+    def _frozen(self) -> tuple[str, ...]:
+        """The parameters that take no gradient now (requires_grad False), by
+        FQN: a training step is compiled for one such set, and freezing or
+        unfreezing a parameter later (as fine-tuning does) compiles another,
+        as eager PyTorch would stop or start computing its gradient."""
+        if self._param_slots is None:
+            return tuple(fqn for fqn, param in self.named_parameters() if not param.requires_grad)
+        return tuple(fqn for fqn, (owner, leaf) in self._param_slots.items()
+                     if not owner._parameters[leaf].requires_grad)
+
+    def _program_for(self, batch: Sequence[torch.Tensor], *, train: bool, frozen: tuple[str, ...]) -> CompiledProgram:
+        signature = (train, self.training, tuple((tuple(t.shape), t.dtype) for t in batch), frozen if train else ())
         found = self._programs.get(signature)
         if found is not None:
             return found
@@ -556,12 +567,14 @@ class ShardedModule(nn.Module):
         name = STEP if (sync or not train) else NO_SYNC_STEP
         kind = ("a forward-only" if not train else "a synchronizing" if sync else
                 "an accumulating (no gradient sync)")
+        frozen = self._frozen() if train else ()
         # A call that is wrong on one rank is refused on all, before any collective.
-        self._agree_on_call(f"a call refused with: {problem}" if problem else f"{kind} step on {_describe(batch)}")
+        self._agree_on_call(f"a call refused with: {problem}" if problem else
+                            f"{kind} step on {_describe(batch)}{_frozen_text(frozen)}")
         if problem:
             raise problem
         batch = tuple(t.contiguous() for t in batch)  # the program was compiled for dense row-major inputs
-        compiled = self._program_for(batch, train=train)
+        compiled = self._program_for(batch, train=train, frozen=frozen)
         if name not in compiled.program.functions:
             raise StepError(f"the step was compiled without '{name}': fsdpc.shard(..., gradient_accumulation=True)")
         if compiled.program.functions[name].cuda_graph and not (trace or self._check_reshard_frees):
@@ -572,9 +585,9 @@ class ShardedModule(nn.Module):
         if train and sync and NO_SYNC_STEP in compiled.program.functions:
             # Nothing accumulated reads as a zero broadcast to the gradient's
             # shape: one element, not a full-size unsharded gradient.
-            accumulated = {fqn: self._accumulated[fqn] if fqn in self._accumulated
-                           else torch.zeros((), dtype=named[fqn].dtype, device=self.device).expand(spec.shape)
-                           for fqn, spec in self.layout.items() if spec.trainable}
+            accumulated = {spec.name: self._accumulated[spec.name] if spec.name in self._accumulated
+                           else torch.zeros((), dtype=named[spec.name].dtype, device=self.device).expand(spec.shape)
+                           for spec in compiled.program.params if spec.trainable}
         buffers = {name: owner._buffers[leaf] for name, (owner, leaf) in self._buffer_slots.items()}
         updating = self._host_optimizer.pending() if self._host_optimizer else {}
         landings = None  # in backward: the host thread steps each offloaded unit as its gradients land
@@ -912,6 +925,16 @@ def _gradient_dtensor(param: nn.Parameter, local: torch.Tensor) -> DTensor:
         raise StepError(f"the program returned a {local.dtype} gradient for a {param.dtype} parameter of shape "
                         f"{tuple(param.shape)}: the compiled step and this module disagree")
     return DTensor(local, param._spec, requires_grad=False)
+
+
+def _frozen_text(frozen: tuple[str, ...]) -> str:
+    """The frozen parameters in a call's description: every name counts
+    (ranks that froze different ones must disagree), a few are shown."""
+    if not frozen:
+        return ""
+    digest = hashlib.sha256("\0".join(frozen).encode()).hexdigest()[:12]
+    shown = ", ".join(frozen[:3]) + (", ..." if len(frozen) > 3 else "")
+    return f" with {len(frozen)} parameters frozen ({shown}; set {digest})"
 
 
 def _refuse_autocast(device: torch.device, what: str) -> None:

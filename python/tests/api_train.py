@@ -1058,6 +1058,46 @@ def scenario_checkpointed(args):
               torch.tensor(float(next_token_loss(reference, *data[0]))), "checkpointed eval loss")
 
 
+def scenario_freezing(args):
+    """Parameters frozen (requires_grad_(False)) and unfrozen between steps,
+    as fine-tuning does: each set compiles a step of its own, frozen
+    parameters get no gradient, and training equals eager's doing the same;
+    ranks that froze different parameters are refused before any
+    collective."""
+    data = batches(6)
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)
+    reference = reference_model()
+    optimizers = [optimizer_for(sharded), optimizer_for(reference)]
+
+    def freeze(frozen: bool, module, prefix="blocks.0."):
+        for name, param in module.named_parameters():
+            param.requires_grad_(not (frozen and name.startswith(prefix)))
+
+    losses, expected = [], []
+    for index, batch in enumerate(data):
+        for module in (sharded, reference):
+            freeze(2 <= index < 4, module)
+        losses.append(mean_over_ranks(sharded(*mine(batch))))
+        loss = next_token_loss(reference, *batch)
+        loss.backward()
+        expected.append(float(loss))
+        without = sorted(name for name, param in sharded.named_parameters() if param.grad is None)
+        assert without == (sorted(n for n, _ in sharded.named_parameters() if n.startswith("blocks.0."))
+                           if 2 <= index < 4 else []), f"step {index}: no gradient for {without}"
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    close(torch.tensor(losses), torch.tensor(expected), "losses, blocks.0 frozen for steps 2 and 3")
+    full = sharded.full_state_dict()
+    for name, value in reference.state_dict().items():
+        close(full[name], value, name, atol=5e-6)
+    if dist.get_world_size() > 1:
+        freeze(dist.get_rank() == 1, sharded, prefix="ln_f.")
+        expect_error(lambda: sharded(*mine(data[0])), "the ranks disagree about this call")
+        freeze(False, sharded)
+        sharded(*mine(data[0]))  # agreed again: the module stayed usable
+
+
 class HistogramGPT(nn.Module):
     """The GPT with its logits scaled by how peaked their histogram is.
     torch.histc with min == max measures the range first, which on CUDA

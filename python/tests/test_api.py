@@ -44,7 +44,8 @@ def run_torchrun(script, *arguments, cwd=None, port_offset: int = 0) -> str:
 # Scenarios at one rank count share a job (each checks itself and names
 # itself when it fails): a job's start costs seconds on the CI machine.
 @pytest.mark.parametrize("scenarios, ranks", [
-    ("train,meta,accumulate,shapes,fsdp2,misuse,offload,llama,into_results,cuda_graph,uncapturable,checkpointed", 2),
+    ("train,meta,accumulate,shapes,fsdp2,misuse,offload,llama,into_results,cuda_graph,uncapturable,checkpointed,"
+     "freezing", 2),
     ("hybrid,scalar", 4),
 ])
 def test_scenarios(scenarios, ranks, tmp_path):
