@@ -401,9 +401,9 @@ class ShardedModule(nn.Module):
         unfreezing a parameter later (as fine-tuning does) compiles another,
         as eager PyTorch would stop or start computing its gradient."""
         if self._param_slots is None:
-            return tuple(fqn for fqn, param in self.named_parameters() if not param.requires_grad)
-        return tuple(fqn for fqn, (owner, leaf) in self._param_slots.items()
-                     if not owner._parameters[leaf].requires_grad)
+            return tuple(sorted(fqn for fqn, param in self.named_parameters() if not param.requires_grad))
+        return tuple(sorted(fqn for fqn, (owner, leaf) in self._param_slots.items()
+                            if not owner._parameters[leaf].requires_grad))
 
     def _program_for(self, batch: Sequence[torch.Tensor], *, train: bool, frozen: tuple[str, ...]) -> CompiledProgram:
         signature = (train, self.training, tuple((tuple(t.shape), t.dtype) for t in batch), frozen if train else ())

@@ -1091,6 +1091,12 @@ def scenario_freezing(args):
     full = sharded.full_state_dict()
     for name, value in reference.state_dict().items():
         close(full[name], value, name, atol=5e-6)
+    # Frozen before fsdpc.shard (LoRA-style): the first call runs the program compiled at shard time.
+    model = reference_model()
+    freeze(True, model)
+    adapted = fsdpc.shard(model, mine(data[0]), next_token_loss)
+    adapted(*mine(data[0]))
+    assert len(adapted._programs) == 1, f"{len(adapted._programs)} programs for one set of frozen parameters"
     if dist.get_world_size() > 1:
         freeze(dist.get_rank() == 1, sharded, prefix="ln_f.")
         expect_error(lambda: sharded(*mine(data[0])), "the ranks disagree about this call")
