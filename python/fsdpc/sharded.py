@@ -554,6 +554,8 @@ class ShardedModule(nn.Module):
             self._check_ready()
             _refuse_autocast(self.device, "the sharded module called")
             self._check_batch(batch)
+            if train:
+                self._check_gradient_hooks(self._gradient_sync if sync is None else sync)
             if train and self._host_optimizer is not None and self._host_optimizer.in_backward:
                 self._host_optimizer.check_training_call()
             problem = None
@@ -646,7 +648,29 @@ class ShardedModule(nn.Module):
         for fqn, grad in out["grads"].items():
             if fqn not in stepping:  # those the host thread attached as they landed
                 self._attach_grad(fqn, named[fqn], grad)
+        for fqn in out["grads"]:  # optimizer-in-backward recipes step here, as eager's backward would let them
+            param = named[fqn]
+            for hook in list((param._post_accumulate_grad_hooks or {}).values()):
+                hook(param)
         return out["loss"]
+
+    def _check_gradient_hooks(self, sync: bool) -> None:
+        """Gradient hooks on the parameters (`register_hook`,
+        `register_post_accumulate_grad_hook`) run when a synchronizing call
+        attaches the gradients; where they cannot, the call is refused
+        instead of leaving them silently unrun."""
+        hooked = [fqn for fqn, (owner, leaf) in self._param_slots.items()
+                  if owner._parameters[leaf]._backward_hooks or owner._parameters[leaf]._post_accumulate_grad_hooks]
+        if not hooked:
+            return
+        where = f"parameter '{hooked[0]}'" + (f" (and {len(hooked) - 1} more)" if len(hooked) > 1 else "")
+        if not sync:
+            raise StepError(f"{where} has a gradient hook, and this call accumulates without syncing: fsdpc keeps a "
+                            "microbatch's gradients inside the step, where no hook sees them (hooks run when a "
+                            "synchronizing call attaches the gradients); remove the hooks or accumulate in the loop")
+        if self._host_optimizer is not None and self._host_optimizer.in_backward:
+            raise StepError(f"{where} has a gradient hook, and the host optimizer steps offloaded units as their "
+                            "gradients land, on its own thread: use one or the other")
 
     def _attach_grad(self, fqn: str, param: nn.Parameter, grad: torch.Tensor) -> None:
         """A step's gradient (this rank's padded shard of `fqn`) onto the
@@ -654,6 +678,12 @@ class ShardedModule(nn.Module):
         passes the parameter it holds: compiling another program swaps the
         module's own for a while."""
         local = rows(grad, 0, self._local_rows[fqn])
+        if param._backward_hooks:  # register_hook: each sees this call's gradient first, as in autograd
+            incoming = _gradient_dtensor(param, local)
+            for hook in list(param._backward_hooks.values()):
+                changed = hook(incoming)
+                incoming = incoming if changed is None else changed
+            local = incoming._local_tensor
         if param.grad is None:
             param.grad = _gradient_dtensor(param, local)
         else:

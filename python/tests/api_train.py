@@ -1104,6 +1104,45 @@ def scenario_freezing(args):
         sharded(*mine(data[0]))  # agreed again: the module stayed usable
 
 
+def scenario_hooks(args):
+    """Gradient hooks on the sharded parameters run as in eager PyTorch: a
+    `register_hook` that zeroes one parameter's gradient (weight decay alone
+    moves it), and
+    optimizer-in-backward (torchtune's recipe: a post-accumulate-grad hook
+    per parameter steps that parameter's own AdamW and frees its gradient);
+    training equals eager doing the same. An accumulating call, whose
+    gradients no hook could see, is refused."""
+    data = batches(3)
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, gradient_accumulation=True)
+    reference = reference_model()
+
+    def hook(module):
+        module.get_parameter("ln_f.weight").register_hook(lambda grad: grad * 0)
+        optimizers = {param: torch.optim.AdamW([param], lr=3e-3, eps=1e-4) for param in module.parameters()}
+
+        def step(param):
+            optimizers[param].step()
+            optimizers[param].zero_grad(set_to_none=True)
+
+        for param in module.parameters():
+            param.register_post_accumulate_grad_hook(step)
+
+    hook(sharded)
+    hook(reference)
+    losses, expected = [], []
+    for batch in data:
+        losses.append(mean_over_ranks(sharded(*mine(batch))))
+        loss = next_token_loss(reference, *batch)
+        loss.backward()
+        expected.append(float(loss))
+        assert all(param.grad is None for param in sharded.parameters()), "a hook did not step and free a gradient"
+    close(torch.tensor(losses), torch.tensor(expected), "losses with gradient hooks")
+    full = sharded.full_state_dict()
+    for name, value in reference.state_dict().items():
+        close(full[name], value, name, atol=5e-6)
+    expect_error(lambda: sharded(*mine(data[0]), sync=False), "has a gradient hook, and this call accumulates")
+
+
 class HistogramGPT(nn.Module):
     """The GPT with its logits scaled by how peaked their histogram is.
     torch.histc with min == max measures the range first, which on CUDA
