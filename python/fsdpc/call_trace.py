@@ -55,8 +55,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from fsdpc.cache import source_digests
-from fsdpc.checkpointing import CheckpointRegions
 from fsdpc.capture import MixedPrecision, _definition_of, _TrainingStep, _unparametrized, capture_modes
+from fsdpc.checkpointing import CheckpointRegions
 
 _FORMAT = "fsdpc call trace 1"
 _PLAIN = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis), torch.dtype, torch.device,
