@@ -267,7 +267,19 @@ class ShardedModule(nn.Module):
         # through it would keep it and its process groups alive until the
         # garbage collector runs, perhaps at interpreter shutdown, where
         # freeing a group kills the process (docs/design.md).
-        model.register_forward_pre_hook(_refuse_call(self._capturing))
+        refuse = model.register_forward_pre_hook(_refuse_call(self._capturing))
+        # The model's forward hooks are traced into the step: what they
+        # compute is compiled in, once; hooks added or removed later would
+        # silently not be, so a call after a change is refused.
+        self._hooked_modules = list(model.modules())
+        self._compiled_hooks = _forward_hook_ids(self._hooked_modules)
+        traced = [name or "the model" for name, module in model.named_modules()
+                  if set(module._forward_pre_hooks) - {refuse.id} or module._forward_hooks]
+        if traced:
+            warnings.warn(f"fsdpc traced the forward hooks on {', '.join(traced[:3])}"
+                          f"{' and more' if len(traced) > 3 else ''} into the step, once, on meta tensors: what they "
+                          "compute is compiled in; their side effects (logging, storing activations) do not repeat "
+                          "per call (hooks on the sharded module itself run around every call)", stacklevel=3)
         self.register_load_state_dict_post_hook(ShardedModule._loaded)
         self.register_state_dict_pre_hook(ShardedModule._settle_host_optimizer)
         self.register_load_state_dict_pre_hook(ShardedModule._settle_host_optimizer)
@@ -552,6 +564,7 @@ class ShardedModule(nn.Module):
         train = torch.is_grad_enabled() and self.training
         try:
             self._check_ready()
+            self._check_forward_hooks()
             _refuse_autocast(self.device, "the sharded module called")
             self._check_batch(batch)
             if train:
@@ -767,6 +780,17 @@ class ShardedModule(nn.Module):
         raise StepError("the ranks disagree about this call, and nothing was communicated for it: " +
                         "; ".join(f"rank {rank} runs {text}" for rank, text in enumerate(descriptions)))
 
+    def _check_forward_hooks(self) -> None:
+        if _forward_hook_ids(self._hooked_modules) == self._compiled_hooks:
+            return
+        changed = next(name or "the model" for (name, module), compiled in
+                       zip(self._original.named_modules(), self._compiled_hooks)
+                       if _forward_hook_ids([module]) != (compiled,))
+        raise StepError(f"the forward hooks on {changed} changed after fsdpc.shard compiled the step: a model's "
+                        "hooks are traced into the step when it is compiled (once, on meta tensors), not run per "
+                        "call; register them before fsdpc.shard (what they compute is compiled in, their side "
+                        "effects happen once), or hook the sharded module itself, whose hooks run around every call")
+
     def _check_ready(self) -> None:
         if self._on_meta:
             raise StepError("the parameters were created on the meta device and hold no values yet: call "
@@ -955,6 +979,13 @@ def _gradient_dtensor(param: nn.Parameter, local: torch.Tensor) -> DTensor:
         raise StepError(f"the program returned a {local.dtype} gradient for a {param.dtype} parameter of shape "
                         f"{tuple(param.shape)}: the compiled step and this module disagree")
     return DTensor(local, param._spec, requires_grad=False)
+
+
+def _forward_hook_ids(modules: list[nn.Module]) -> tuple:
+    """Each module's forward pre-hooks and hooks, by handle: a change is a
+    hook added or removed. Global module hooks (profilers and FLOP counters
+    add them around calls) are not the model's and are left out."""
+    return tuple((tuple(module._forward_pre_hooks), tuple(module._forward_hooks)) for module in modules)
 
 
 def _frozen_text(frozen: tuple[str, ...]) -> str:

@@ -459,12 +459,21 @@ def scenario_misuse(args):
         with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
             return attempt()
 
+    def hooked_since_shard(attempt):  # a forward hook the compiled step never traced
+        handle = sharded.get_submodule("blocks.0").register_forward_hook(lambda module, inputs, output: output * 2)
+        try:
+            return attempt()
+        finally:
+            handle.remove()
+
     for attempt, expected in [
         (lambda: stale.step(), "build the optimizer over sharded.parameters()"),
         (lambda: under_autocast(lambda: sharded(*mine(data[0]))),
          "mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16) to fsdpc.shard and call the module outside"),
         (lambda: under_autocast(lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)),
          "fsdpc.shard called under torch.autocast"),
+        (lambda: hooked_since_shard(lambda: sharded(*mine(data[0]))),
+         "the forward hooks on blocks.0 changed after fsdpc.shard compiled the step"),
         (lambda: model(mine(data[0])[0]), "call the sharded module it returned"),
         (lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
                              mp_policy=fsdpc.MixedPrecision(reduce_dtype=torch.bfloat16),
@@ -1111,7 +1120,8 @@ def scenario_hooks(args):
     optimizer-in-backward (torchtune's recipe: a post-accumulate-grad hook
     per parameter steps that parameter's own AdamW and frees its gradient);
     training equals eager doing the same. An accumulating call, whose
-    gradients no hook could see, is refused."""
+    gradients no hook could see, is refused. A forward hook registered
+    before fsdpc.shard is traced in (said) and computes as eager's."""
     data = batches(3)
     sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, gradient_accumulation=True)
     reference = reference_model()
@@ -1141,6 +1151,20 @@ def scenario_hooks(args):
     for name, value in reference.state_dict().items():
         close(full[name], value, name, atol=5e-6)
     expect_error(lambda: sharded(*mine(data[0]), sync=False), "has a gradient hook, and this call accumulates")
+
+    # A forward hook on the model before fsdpc.shard is traced into the step (said so) and computes as eager.
+    def doubled() -> GPT:
+        model = reference_model()
+        model.get_submodule("blocks.1").register_forward_hook(lambda module, inputs, output: output * 2)
+        return model
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        traced = fsdpc.shard(doubled(), mine(data[0]), next_token_loss)
+    assert any("traced the forward hooks on blocks.1" in str(w.message) for w in caught), \
+        [str(w.message) for w in caught]
+    close(torch.tensor(mean_over_ranks(traced(*mine(data[0])))),
+          torch.tensor(float(next_token_loss(doubled(), *data[0]))), "loss with a forward hook traced in")
 
 
 class HistogramGPT(nn.Module):
