@@ -247,8 +247,7 @@ class ShardedModule(nn.Module):
         # (Hugging Face's from_pretrained hands models over in eval mode).
         model.train()
 
-        self._param_slots: dict[str, tuple[nn.Module, str]] | None = None  # set once the shards are placed
-        first = self._program_for(self._example, train=True, frozen=self._frozen())
+        first = self._program_for(self._example, train=True, frozen=_frozen(dict(self.named_parameters())))
         self.layout: dict[str, ParamSpec] = {spec.name: spec for spec in first.program.params}
         self.mesh = mesh if mesh is not None else self._mesh_of(first.program)
         self._on_meta = any(p.is_meta for p in model.parameters())
@@ -407,16 +406,6 @@ class ShardedModule(nn.Module):
             for owner, leaf, kind, real, _ in slots:
                 (owner._parameters if kind == "param" else owner._buffers)[leaf] = real
 
-    def _frozen(self) -> tuple[str, ...]:
-        """The parameters that take no gradient now (requires_grad False), by
-        FQN: a training step is compiled for one such set, and freezing or
-        unfreezing a parameter later (as fine-tuning does) compiles another,
-        as eager PyTorch would stop or start computing its gradient."""
-        if self._param_slots is None:
-            return tuple(sorted(fqn for fqn, param in self.named_parameters() if not param.requires_grad))
-        return tuple(sorted(fqn for fqn, (owner, leaf) in self._param_slots.items()
-                            if not owner._parameters[leaf].requires_grad))
-
     def _program_for(self, batch: Sequence[torch.Tensor], *, train: bool, frozen: tuple[str, ...]) -> CompiledProgram:
         signature = (train, self.training, tuple((tuple(t.shape), t.dtype) for t in batch), frozen if train else ())
         found = self._programs.get(signature)
@@ -562,13 +551,14 @@ class ShardedModule(nn.Module):
                             "in flight: rebuild the sharded module (and load a checkpoint) to go on")
         started, caller = time.monotonic(), threading.get_ident()
         train = torch.is_grad_enabled() and self.training
+        named = {fqn: owner._parameters[leaf] for fqn, (owner, leaf) in self._param_slots.items()}
         try:
             self._check_ready()
             self._check_forward_hooks()
             _refuse_autocast(self.device, "the sharded module called")
             self._check_batch(batch)
             if train:
-                self._check_gradient_hooks(self._gradient_sync if sync is None else sync)
+                self._check_gradient_hooks(named, self._gradient_sync if sync is None else sync)
             if train and self._host_optimizer is not None and self._host_optimizer.in_backward:
                 self._host_optimizer.check_training_call()
             problem = None
@@ -582,7 +572,7 @@ class ShardedModule(nn.Module):
         name = STEP if (sync or not train) else NO_SYNC_STEP
         kind = ("a forward-only" if not train else "a synchronizing" if sync else
                 "an accumulating (no gradient sync)")
-        frozen = self._frozen() if train else ()
+        frozen = _frozen(named) if train else ()
         # A call that is wrong on one rank is refused on all, before any collective.
         self._agree_on_call(f"a call refused with: {problem}" if problem else
                             f"{kind} step on {_describe(batch)}{_frozen_text(frozen)}")
@@ -594,7 +584,6 @@ class ShardedModule(nn.Module):
             raise StepError(f"the step was compiled without '{name}': fsdpc.shard(..., gradient_accumulation=True)")
         if compiled.program.functions[name].cuda_graph and not (trace or self._check_reshard_frees):
             self._replay_one_shape(compiled, train, batch)  # those two run the instructions
-        named = {fqn: owner._parameters[leaf] for fqn, (owner, leaf) in self._param_slots.items()}
         params = {fqn: self._padded(fqn, named[fqn]) for fqn in self.layout}
         accumulated = {}
         if train and sync and NO_SYNC_STEP in compiled.program.functions:
@@ -667,13 +656,12 @@ class ShardedModule(nn.Module):
                 hook(param)
         return out["loss"]
 
-    def _check_gradient_hooks(self, sync: bool) -> None:
+    def _check_gradient_hooks(self, named: dict[str, nn.Parameter], sync: bool) -> None:
         """Gradient hooks on the parameters (`register_hook`,
         `register_post_accumulate_grad_hook`) run when a synchronizing call
         attaches the gradients; where they cannot, the call is refused
         instead of leaving them silently unrun."""
-        hooked = [fqn for fqn, (owner, leaf) in self._param_slots.items()
-                  if owner._parameters[leaf]._backward_hooks or owner._parameters[leaf]._post_accumulate_grad_hooks]
+        hooked = [fqn for fqn, param in named.items() if param._backward_hooks or param._post_accumulate_grad_hooks]
         if not hooked:
             return
         where = f"parameter '{hooked[0]}'" + (f" (and {len(hooked) - 1} more)" if len(hooked) > 1 else "")
@@ -986,6 +974,14 @@ def _forward_hook_ids(modules: list[nn.Module]) -> tuple:
     hook added or removed. Global module hooks (profilers and FLOP counters
     add them around calls) are not the model's and are left out."""
     return tuple((tuple(module._forward_pre_hooks), tuple(module._forward_hooks)) for module in modules)
+
+
+def _frozen(named: dict[str, nn.Parameter]) -> tuple[str, ...]:
+    """The parameters that take no gradient now (requires_grad False), by
+    FQN, sorted: a training step is compiled for one such set, and freezing
+    or unfreezing a parameter later (as fine-tuning does) compiles another,
+    as eager PyTorch would stop or start computing its gradient."""
+    return tuple(sorted(fqn for fqn, param in named.items() if not param.requires_grad))
 
 
 def _frozen_text(frozen: tuple[str, ...]) -> str:
