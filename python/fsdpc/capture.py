@@ -46,7 +46,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 
 from fsdpc import cache
 from fsdpc.attention import FusedAttentionFor
-from fsdpc.checkpointing import REGION_KEY, checkpoint_regions, regions_of
+from fsdpc.checkpointing import REGION_KEY, checkpoint_regions, patched, regions_of
 from fsdpc.rms_norm import FusedRmsNormFor, fuse_written_out_rms_norms
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -423,11 +423,8 @@ def _refusing_autocast() -> Iterator[None]:
                 "unit computing in param_dtype), or cast explicitly (.to(torch.bfloat16))")
         return enter(self)
 
-    autocast.__enter__ = entered
-    try:
+    with patched(autocast, __enter__=entered):
         yield
-    finally:
-        autocast.__enter__ = enter
 
 
 @contextlib.contextmanager

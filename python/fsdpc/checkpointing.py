@@ -66,6 +66,25 @@ class CheckpointRegions:
                           "as torchtitan's op-level policy does", stacklevel=2)
 
 
+@contextlib.contextmanager
+def patched(owner: type, **replacements) -> Iterator[None]:
+    """`owner`'s attributes replaced while tracing, then put back as they
+    were: reassigned where `owner` defined them, removed where it inherited
+    them (capture's refusal of autocast uses it too)."""
+    inherited = object()
+    saved = {name: owner.__dict__.get(name, inherited) for name in replacements}
+    for name, value in replacements.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is inherited:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
 def _marked(regions: Iterator[int]) -> contextlib.ExitStack:
     """Marks every node traced until it closes as in the next region."""
     stack = contextlib.ExitStack()
@@ -80,8 +99,6 @@ def checkpoint_regions() -> Iterator[CheckpointRegions]:
     region number (from 0, in call order)."""
     hook = torch_checkpoint._checkpoint_hook
     enter, leave = hook.__enter__, hook.__exit__
-    function = torch_checkpoint.CheckpointFunction
-    own_apply = function.__dict__.get("apply")  # else Function's, inherited
     selective = torch_checkpoint._CachingTorchDispatchMode
     selective_enter = selective.__enter__
     regions = itertools.count()
@@ -113,18 +130,10 @@ def checkpoint_regions() -> Iterator[CheckpointRegions]:
         seen.selective = True
         return selective_enter(self)
 
-    hook.__enter__, hook.__exit__ = entered, left
-    function.apply = staticmethod(reentrant)
-    selective.__enter__ = selective_entered
-    try:
+    with (patched(hook, __enter__=entered, __exit__=left),
+          patched(torch_checkpoint.CheckpointFunction, apply=staticmethod(reentrant)),
+          patched(selective, __enter__=selective_entered)):
         yield seen
-    finally:
-        hook.__enter__, hook.__exit__ = enter, leave
-        if own_apply is None:
-            del function.apply
-        else:
-            function.apply = own_apply
-        selective.__enter__ = selective_enter
 
 
 def regions_of(graph: fx.Graph, loss: fx.Node) -> dict[fx.Node, int]:

@@ -34,7 +34,7 @@ import warnings
 import weakref
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -270,9 +270,9 @@ class ShardedModule(nn.Module):
         # The model's forward hooks are traced into the step: what they
         # compute is compiled in, once; hooks added or removed later would
         # silently not be, so a call after a change is refused.
-        self._hooked_modules = list(model.modules())
-        self._compiled_hooks = _forward_hook_ids(self._hooked_modules)
-        traced = [name or "the model" for name, module in model.named_modules()
+        self._hooked_modules = dict(model.named_modules())
+        self._compiled_hooks = _forward_hook_ids(self._hooked_modules.values())
+        traced = [name or "the model" for name, module in self._hooked_modules.items()
                   if set(module._forward_pre_hooks) - {refuse.id} or module._forward_hooks]
         if traced:
             warnings.warn(f"fsdpc traced the forward hooks on {', '.join(traced[:3])}"
@@ -679,6 +679,7 @@ class ShardedModule(nn.Module):
         passes the parameter it holds: compiling another program swaps the
         module's own for a while."""
         local = rows(grad, 0, self._local_rows[fqn])
+        incoming = None
         if param._backward_hooks:  # register_hook: each sees this call's gradient first, as in autograd
             incoming = _gradient_dtensor(param, local)
             for hook in list(param._backward_hooks.values()):
@@ -686,7 +687,7 @@ class ShardedModule(nn.Module):
                 incoming = incoming if changed is None else changed
             local = incoming._local_tensor
         if param.grad is None:
-            param.grad = _gradient_dtensor(param, local)
+            param.grad = incoming if incoming is not None else _gradient_dtensor(param, local)
         else:
             param.grad._local_tensor.add_(local)
 
@@ -769,11 +770,11 @@ class ShardedModule(nn.Module):
                         "; ".join(f"rank {rank} runs {text}" for rank, text in enumerate(descriptions)))
 
     def _check_forward_hooks(self) -> None:
-        if _forward_hook_ids(self._hooked_modules) == self._compiled_hooks:
+        now = _forward_hook_ids(self._hooked_modules.values())
+        if now == self._compiled_hooks:
             return
-        changed = next(name or "the model" for (name, module), compiled in
-                       zip(self._original.named_modules(), self._compiled_hooks)
-                       if _forward_hook_ids([module]) != (compiled,))
+        changed = next(name or "the model" for name, hooks, compiled in
+                       zip(self._hooked_modules, now, self._compiled_hooks) if hooks != compiled)
         raise StepError(f"the forward hooks on {changed} changed after fsdpc.shard compiled the step: a model's "
                         "hooks are traced into the step when it is compiled (once, on meta tensors), not run per "
                         "call; register them before fsdpc.shard (what they compute is compiled in, their side "
@@ -969,7 +970,7 @@ def _gradient_dtensor(param: nn.Parameter, local: torch.Tensor) -> DTensor:
     return DTensor(local, param._spec, requires_grad=False)
 
 
-def _forward_hook_ids(modules: list[nn.Module]) -> tuple:
+def _forward_hook_ids(modules: Iterable[nn.Module]) -> tuple:
     """Each module's forward pre-hooks and hooks, by handle: a change is a
     hook added or removed. Global module hooks (profilers and FLOP counters
     add them around calls) are not the model's and are left out."""

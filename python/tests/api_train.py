@@ -8,6 +8,7 @@ order)."""
 
 import argparse
 import datetime
+import functools
 import gc
 import json
 import os
@@ -1015,15 +1016,20 @@ def scenario_cuda_graph(args):
 
 class Checkpointed(nn.Module):
     """`inner` under torch.utils.checkpoint: its activations are recomputed in
-    backward instead of kept."""
+    backward instead of kept. `how`: "non-reentrant", "reentrant", or
+    "selective" (a policy saving matrix products)."""
 
-    def __init__(self, inner: nn.Module, reentrant: bool):
+    def __init__(self, inner: nn.Module, how: str):
         super().__init__()
         self.inner = inner
-        self.reentrant = reentrant
+        self.how = how
 
     def forward(self, x):
-        return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=self.reentrant)
+        if self.how == "selective":
+            policy = functools.partial(torch.utils.checkpoint.create_selective_checkpoint_contexts,
+                                       [torch.ops.aten.mm.default])
+            return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False, context_fn=policy)
+        return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=self.how == "reentrant")
 
 
 def checkpointed_model() -> GPT:
@@ -1031,7 +1037,7 @@ def checkpointed_model() -> GPT:
     unit), block 1's the reentrant way."""
     model = reference_model()
     for index, block in enumerate(model.blocks):
-        block.mlp = Checkpointed(block.mlp, reentrant=index == 1)
+        block.mlp = Checkpointed(block.mlp, "reentrant" if index == 1 else "non-reentrant")
     return model
 
 

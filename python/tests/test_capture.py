@@ -1,7 +1,6 @@
 """Capture: the joint graph computes what eager PyTorch computes, and the IR
 describes the model's parameters, buffers, units and gradients exactly."""
 
-import functools
 import re
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ import pytest
 import torch
 from torch import fx, nn
 
+from api_train import Checkpointed
 from fsdpc import run_fsdp_opt
 from fsdpc.capture import CaptureError
 from fsdpc.export import build, export_training_step, load_factory
@@ -208,20 +208,6 @@ def test_autocast_enabled_inside_the_step_is_refused_by_line():
     where = f"{BAD_MODELS}:{line_of('dtype=torch.bfloat16')}: torch.autocast('cpu', dtype=torch.bfloat16) inside"
     with pytest.raises(CaptureError, match=re.escape(where)):
         export_training_step(*load_bad("autocast_inside"))
-
-
-class Checkpointed(nn.Module):
-    def __init__(self, inner, how):
-        super().__init__()
-        self.inner, self.how = inner, how
-
-    def forward(self, x):
-        import torch.utils.checkpoint as checkpointing
-
-        if self.how == "selective":
-            policy = functools.partial(checkpointing.create_selective_checkpoint_contexts, [torch.ops.aten.mm.default])
-            return checkpointing.checkpoint(self.inner, x, use_reentrant=False, context_fn=policy)
-        return checkpointing.checkpoint(self.inner, x, use_reentrant=self.how == "reentrant")
 
 
 @pytest.mark.parametrize("how", ["non-reentrant", "reentrant", "wrapper"])
