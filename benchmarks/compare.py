@@ -18,7 +18,8 @@ exposed-communication share of a measured trace. Ratios are against FSDP2
 eager. --json writes every run. A system `fsdpc:<options>` is fsdpc with
 those fsdp-sharding-pipeline options (`fsdpc:units-per-group=2`).
 `--checkpoint-blocks` runs every system with each block under
-`checkpoint_wrapper` (the model's own activation checkpointing).
+`checkpoint_wrapper` (the model's own activation checkpointing);
+`--checkpoint-blocks=ops` with torchtitan's op-level selective policy.
 """
 
 import argparse
@@ -35,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ["fsdpc", "fsdp2", "fsdp2-compile", "ddp"]
 
 
-def run(system: str, ranks: int, caches: Path, steps: int, trace: Path | None, checkpoint_blocks: bool) -> dict:
+def run(system: str, ranks: int, caches: Path, steps: int, trace: Path | None, checkpoint_blocks: str | None
+        ) -> dict:
     name, _, pipeline = system.partition(":")
     out = caches / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', system)}-{ranks}.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "OMP_NUM_THREADS": "1",
@@ -46,7 +48,7 @@ def run(system: str, ranks: int, caches: Path, steps: int, trace: Path | None, c
     if pipeline:
         command += ["--pipeline", pipeline]
     if checkpoint_blocks:
-        command.append("--checkpoint-blocks")
+        command.append(f"--checkpoint-blocks={checkpoint_blocks}")
     if trace is not None and system == "fsdpc":
         command += ["--trace", str(trace)]
     for attempt in range(2):
@@ -112,8 +114,9 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", default=SYSTEMS)
     parser.add_argument("--json", default=None)
     parser.add_argument("--trace", default=None, help="write fsdpc's measured trace (last run) here")
-    parser.add_argument("--checkpoint-blocks", action="store_true",
-                        help="every system with each block under checkpoint_wrapper")
+    parser.add_argument("--checkpoint-blocks", nargs="?", const="full", choices=["full", "ops"],
+                        help="every system with each block under checkpoint_wrapper (ops: with torchtitan's "
+                             "op-level selective policy)")
     args = parser.parse_args()
     everything = {}
     for ranks in args.ranks:

@@ -10,7 +10,8 @@ eager), fsdp2-compile (the same under torch.compile), ddp. Every system
 starts from the same initialization and sees the same batches.
 `--checkpoint-blocks` wraps every block in `checkpoint_wrapper` first (the
 model's own activation checkpointing, as torchtitan applies it before
-fully_shard).
+fully_shard); `--checkpoint-blocks=ops` with torchtitan's op-level
+selective policy (attention and every other matrix product saved).
 
 Measured per rank: compile time (capture to the end of the first step),
 median step time (forward + backward + AdamW), the step's peak allocated
@@ -87,6 +88,33 @@ def build(system: str, model: GPT, example, mesh_world: int, pipeline: str = "")
     return forward_backward, list(model.parameters()), extras
 
 
+MATRIX_PRODUCTS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+ATTENTION = (torch.ops.aten._scaled_dot_product_flash_attention.default,
+             torch.ops.aten._scaled_dot_product_efficient_attention.default,
+             torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+
+
+def op_level_policy():
+    """torchtitan's op-level selective checkpointing (a fresh count per
+    checkpoint call): attention's results and every other matrix product's
+    saved, the rest recomputed (the GPT's linears have biases: addmm counts
+    as a matrix product)."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    counts = {False: 0, True: 0}
+
+    def policy(ctx, func, *args, **kwargs):
+        if func in MATRIX_PRODUCTS:
+            counts[ctx.is_recompute] += 1
+            saved = counts[ctx.is_recompute] % 2 == 1
+        else:
+            saved = func in ATTENTION
+        return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--system", required=True)
@@ -96,8 +124,9 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--trace", default=None, help="fsdpc: write a measured Chrome trace here")
     parser.add_argument("--pipeline", default="", help="fsdpc: extra fsdp-sharding-pipeline options")
-    parser.add_argument("--checkpoint-blocks", action="store_true",
-                        help="every block under checkpoint_wrapper (torch.utils.checkpoint, non-reentrant)")
+    parser.add_argument("--checkpoint-blocks", nargs="?", const="full", choices=["full", "ops"],
+                        help="every block under checkpoint_wrapper (torch.utils.checkpoint, non-reentrant); "
+                             "ops: with torchtitan's op-level selective policy")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -112,8 +141,9 @@ def main() -> None:
     if args.checkpoint_blocks:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
+        selective = {"context_fn": op_level_policy} if args.checkpoint_blocks == "ops" else {}
         for index, block in enumerate(model.blocks):
-            model.blocks[index] = checkpoint_wrapper(block)
+            model.blocks[index] = checkpoint_wrapper(block, **selective)
     start = time.perf_counter()
     forward_backward, params, extras = build(args.system, model, data[0], world, args.pipeline)
     optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1)

@@ -145,6 +145,14 @@ def ShardParametersPass : Pass<"fsdp-shard-parameters", "::mlir::ModuleOp"> {
     also writes `<step>_no_sync`, a microbatch step whose gradients stay
     local (`unreduced`), and the synchronized step adds the accumulated
     gradient before reducing.
+
+    `gradient-divide-factor F` (FSDP2's `set_gradient_divide_factor`)
+    replaces the averaging: every reduction sums and each gradient is
+    divided by F once, at its first reduction (the reduce-scatter; a hybrid
+    mesh's all-reduce across replicas then sums); 1 sums without dividing,
+    for a loss already normalized over the whole batch (torchtitan divides
+    its loss by the global token count). fp16 splits F into FSDP2's pre-
+    and post-divide.
   }];
   let options = [
     Option<"ranks", "ranks", "int64_t", "1", "Ranks in a shard group (N)">,
@@ -156,6 +164,8 @@ def ShardParametersPass : Pass<"fsdp-shard-parameters", "::mlir::ModuleOp"> {
            "Inner group size for an integer reshard-after-forward (0: none)">,
     Option<"gradientAccumulation", "gradient-accumulation", "bool", "false",
            "Also emit a <step>_no_sync microbatch step without gradient communication">,
+    Option<"gradientDivideFactor", "gradient-divide-factor", "double", "0",
+           "Sum gradients and divide each by this factor once (0: average over the data-parallel ranks)">,
   ];
   let dependentDialects = ["::mlir::fsdp::FsdpDialect", "::mlir::shard::ShardDialect"];
 }
@@ -179,7 +189,9 @@ def ActivationCheckpointPass : Pass<"fsdp-activation-checkpoint", "::mlir::Modul
 
     `policy=ops` is torchtitan's op-level selective activation
     checkpointing: within each unit and region the results of fused attention and of
-    every odd `aten::mm` in forward order (the first, third, ...) are saved,
+    every odd matrix product in forward order (the first, third, ... of its
+    `aten::mm` and `aten::addmm` calls: torchtitan's models have no biases,
+    and a linear with a bias is an addmm) are saved,
     and everything else is recomputed, so the recomputation costs about
     half of the unit's matrix products' FLOPs instead of all of them.
   }];
@@ -187,7 +199,7 @@ def ActivationCheckpointPass : Pass<"fsdp-activation-checkpoint", "::mlir::Modul
     ListOption<"units", "units", "std::string",
                "Wrap units to recompute; `*` for every unit but the root">,
     Option<"policy", "policy", "std::string", "\"full\"",
-           "full (recompute the unit's whole forward) | ops (save attention and every odd mm)">,
+           "full (recompute the unit's whole forward) | ops (save attention and every odd mm or addmm)">,
   ];
 }
 

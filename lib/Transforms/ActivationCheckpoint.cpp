@@ -21,8 +21,8 @@
 // whether or not units are named: `... module "blocks.0.mlp" checkpoint 0`
 // before the loss is cloned before its first backward reader.
 //
-// With policy=ops, attention results and every odd mm's result are saved
-// instead: the clones start from them.
+// With policy=ops, attention results and every odd matrix product's (mm or
+// addmm) result are saved instead: the clones start from them.
 //
 // Test: test/Transforms/activation-checkpoint.mlir.
 //
@@ -72,10 +72,12 @@ public:
     // policy=ops: what stays saved, so the recomputation starts from it.
     llvm::SmallPtrSet<Operation *, 16> kept;
     int64_t matmuls = 0;
-    for (Operation *op : forward)
+    for (Operation *op : forward) {
+      StringRef callee = cast<AtenOp>(op).getCallee();
       if (saveComputeOps && (workOf(op).kind == OpWork::Attention ||
-                             (cast<AtenOp>(op).getCallee() == "aten::mm" && ++matmuls % 2 == 1)))
+                             ((callee == "aten::mm" || callee == "aten::addmm") && ++matmuls % 2 == 1)))
         kept.insert(op);
+    }
     // Forward values the backward reads, and the first backward reader.
     SmallVector<Value> saved;
     Operation *firstBackwardUse = nullptr;

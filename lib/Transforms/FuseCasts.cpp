@@ -107,16 +107,25 @@ void fuseIntoReduction(ReductionOp start, Type reduceDtype) {
   if (!reduceDtype)
     return;
   start.setReduceDtype(reduceDtype);
-  // f16 overflows when summed: average as FSDP2 does, pre- and post-divided.
-  if (reduceDtype.isF16() && start.getReduction() == shard::ReductionKind::Average) {
+  // f16 overflows when summed: divide before and after, as FSDP2 does, the
+  // ranks of an average or a gradient divide factor's whole divisor.
+  if (!reduceDtype.isF16())
+    return;
+  double divide = 0;
+  if (start.getReduction() == shard::ReductionKind::Average) {
     auto grid = SymbolTable::lookupNearestSymbolFrom<shard::GridOp>(start, start.getGridAttr());
-    int64_t ranks = groupSize(grid, start.getGridAxes());
-    int64_t pre = fp16PreDivide(ranks);
-    Builder builder(start.getContext());
-    start.setReduction(shard::ReductionKind::Sum);
-    start.setPreDivideAttr(builder.getF64FloatAttr(static_cast<double>(pre)));
-    start.setPostDivideAttr(builder.getF64FloatAttr(static_cast<double>(ranks) / pre));
+    divide = static_cast<double>(groupSize(grid, start.getGridAxes()));
+  } else if (!start.getPreDivide() && start.getPostDivide()) {
+    divide = start.getPostDivide()->convertToDouble();
   }
+  if (divide < 1 || divide != std::floor(divide))
+    return;
+  int64_t pre = fp16PreDivide(static_cast<int64_t>(divide));
+  Builder builder(start.getContext());
+  start.setReduction(shard::ReductionKind::Sum);
+  if (pre > 1)
+    start.setPreDivideAttr(builder.getF64FloatAttr(static_cast<double>(pre)));
+  start.setPostDivideAttr(builder.getF64FloatAttr(divide / static_cast<double>(pre)));
 }
 
 /// The reduce dtype: the option, else the module's mixed precision policy

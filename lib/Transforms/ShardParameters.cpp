@@ -106,29 +106,41 @@ FailureOr<Layout> makeLayout(ModuleOp module, StringRef strategyName, int64_t ra
   return layout;
 }
 
-/// FSDP2's gradient averaging: AVG for fp32/bf16; for fp16, SUM with a
-/// power-of-two pre-divide near sqrt(N) and the rest after, against overflow.
+/// How a gradient reduction divides. FSDP2's averaging over the reduction's
+/// `ranks`: AVG for fp32/bf16; for fp16, SUM with a power-of-two pre-divide
+/// near sqrt(N) and the rest after, against overflow. With a gradient divide
+/// factor F (FSDP2's set_gradient_divide_factor) every reduction sums, and a
+/// gradient is divided by F once: at its first reduction (`first`), not at a
+/// hybrid mesh's all-reduce across replicas.
 struct Averaging {
   shard::ReductionKind kind = shard::ReductionKind::Average;
   FloatAttr preDivide, postDivide;
 };
 
-Averaging averagingFor(Type gradElement, int64_t ranks, Builder &builder) {
+Averaging averagingFor(Type gradElement, int64_t ranks, double divideFactor, bool first, Builder &builder) {
   Averaging averaging;
-  if (!gradElement.isF16() || ranks == 1)
+  double divide = static_cast<double>(ranks);
+  if (divideFactor > 0) {
+    averaging.kind = shard::ReductionKind::Sum;
+    if (!first || divideFactor == 1.0)
+      return averaging;
+    divide = divideFactor;
+  } else if (!gradElement.isF16() || ranks == 1) {
     return averaging;
-  int64_t pre = fp16PreDivide(ranks);
+  }
   averaging.kind = shard::ReductionKind::Sum;
-  averaging.preDivide = builder.getF64FloatAttr(static_cast<double>(pre));
-  averaging.postDivide = builder.getF64FloatAttr(static_cast<double>(ranks) / pre);
+  int64_t pre = gradElement.isF16() && divide == std::floor(divide) ? fp16PreDivide(static_cast<int64_t>(divide)) : 1;
+  if (pre > 1)
+    averaging.preDivide = builder.getF64FloatAttr(static_cast<double>(pre));
+  averaging.postDivide = builder.getF64FloatAttr(divide / static_cast<double>(pre));
   return averaging;
 }
 
 class ParameterSharder {
 public:
-  ParameterSharder(ModuleOp module, Layout layout, bool gradientAccumulation)
+  ParameterSharder(ModuleOp module, Layout layout, bool gradientAccumulation, double divideFactor)
       : module(module), layout(std::move(layout)), builder(module.getContext()),
-        gradientAccumulation(gradientAccumulation) {}
+        gradientAccumulation(gradientAccumulation), divideFactor(divideFactor) {}
 
   LogicalResult run() {
     if (SymbolTable::lookupSymbolIn(module, kGridName))
@@ -230,9 +242,11 @@ private:
       auto gradType = cast<RankedTensorType>(grad.getType());
       Value reduced;
       if (!params.contains(name) && !layout.shardAxes.empty()) {
-        reduced = allReduce(grad, paramOp.getUnitAttr(), loc, everyAxis(), layout.shardRanks * layout.replicaRanks);
+        reduced = allReduce(grad, paramOp.getUnitAttr(), loc, everyAxis(), layout.shardRanks * layout.replicaRanks,
+                            /*first=*/true);
       } else if (!layout.shardAxes.empty()) {
-        Averaging averaging = averagingFor(gradType.getElementType(), layout.shardRanks, builder);
+        Averaging averaging =
+            averagingFor(gradType.getElementType(), layout.shardRanks, divideFactor, /*first=*/true, builder);
         RankedTensorType shardType = shardTypes[name];
         auto start = ReduceScatterStartOp::create(
             builder, loc, FutureType::get(builder.getContext(), {shardType}), ValueRange{grad},
@@ -242,7 +256,8 @@ private:
             paramOp.getUnitAttr());
         reduced = WaitOp::create(builder, loc, start.getFuture()).getResult(0);
       } else {
-        reduced = allReduce(grad, paramOp.getUnitAttr(), loc, layout.replicateAxes, layout.replicaRanks);
+        reduced = allReduce(grad, paramOp.getUnitAttr(), loc, layout.replicateAxes, layout.replicaRanks,
+                            /*first=*/true);
       }
       gradients.getGradsMutable()[index].set(reduced);
       if (layout.strategy == Strategy::HybridShard && params.contains(name)) {
@@ -257,7 +272,7 @@ private:
       auto attr = cast<FlatSymbolRefAttr>(gradients.getParams()[slot]);
       auto paramOp = SymbolTable::lookupNearestSymbolFrom<ParamOp>(gradients, attr);
       gradients.getGradsMutable()[slot].set(allReduce(value, paramOp.getUnitAttr(), value.getLoc(),
-                                                      layout.replicateAxes, layout.replicaRanks));
+                                                      layout.replicateAxes, layout.replicaRanks, /*first=*/false));
     }
   }
 
@@ -268,10 +283,12 @@ private:
     return axes;
   }
 
-  /// Averages `value` over the ranks of `axes` (`ranks` of them).
-  Value allReduce(Value value, FlatSymbolRefAttr unit, Location loc, ArrayRef<int16_t> axes, int64_t ranks) {
+  /// Averages `value` over the ranks of `axes` (`ranks` of them), or sums
+  /// it (a gradient divide factor), dividing if it is the `first` reduction.
+  Value allReduce(Value value, FlatSymbolRefAttr unit, Location loc, ArrayRef<int16_t> axes, int64_t ranks,
+                  bool first) {
     auto type = cast<RankedTensorType>(value.getType());
-    Averaging averaging = averagingFor(type.getElementType(), ranks, builder);
+    Averaging averaging = averagingFor(type.getElementType(), ranks, divideFactor, first, builder);
     auto start = AllReduceStartOp::create(
         builder, loc, FutureType::get(builder.getContext(), {type}), ValueRange{value}, gridRef,
         builder.getDenseI16ArrayAttr(axes),
@@ -294,6 +311,7 @@ private:
   Layout layout;
   OpBuilder builder;
   bool gradientAccumulation;
+  double divideFactor; // 0: average
   shard::GridOp grid;
   FlatSymbolRefAttr gridRef;
   llvm::StringMap<ParamOp> params; // sharded ones; the others (scalars) stay whole
@@ -305,10 +323,16 @@ struct ShardParametersPass
   using ShardParametersPassBase::ShardParametersPassBase;
 
   void runOnOperation() override {
+    if (gradientDivideFactor < 0 || !std::isfinite(gradientDivideFactor)) {
+      getOperation().emitError() << "gradient-divide-factor must be positive and finite (0: average over the "
+                                    "data-parallel ranks), got "
+                                 << gradientDivideFactor;
+      return signalPassFailure();
+    }
     FailureOr<Layout> layout =
         makeLayout(getOperation(), strategy, ranks, replicas, reshardGroup);
     if (failed(layout) ||
-        failed(ParameterSharder(getOperation(), *layout, gradientAccumulation).run()))
+        failed(ParameterSharder(getOperation(), *layout, gradientAccumulation, gradientDivideFactor).run()))
       signalPassFailure();
   }
 };

@@ -71,6 +71,11 @@ struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOpti
   Option<int64_t> memoryBudgetMb{*this, "memory-budget-mb",
                                  llvm::cl::desc("Most MiB of gathered parameters alive (0: no limit)"),
                                  llvm::cl::init(0)};
+  Option<double> gradientDivideFactor{
+      *this, "gradient-divide-factor",
+      llvm::cl::desc("Sum gradients and divide each by this factor once (0: average over the data-parallel "
+                     "ranks; 1: sum, for a loss normalized over the whole batch)"),
+      llvm::cl::init(0)};
   Option<std::string> reduceDtype{*this, "reduce-dtype",
                                   llvm::cl::desc("f32 | bf16 | f16 (default: the module's mixed precision)"),
                                   llvm::cl::init("")};
@@ -79,7 +84,7 @@ struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOpti
   Option<std::string> checkpointPolicy{
       *this, "checkpoint-policy",
       llvm::cl::desc("full | ops (torchtitan's op-level selective checkpointing: save attention and every "
-                     "odd mm)"),
+                     "odd mm or addmm)"),
       llvm::cl::init("full")};
   Option<bool> selectiveRecompute{
       *this, "selective-recompute",
@@ -152,6 +157,7 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
   shard.strategy = options.strategy;
   shard.reshardGroup = innerGroup;
   shard.gradientAccumulation = options.gradientAccumulation;
+  shard.gradientDivideFactor = options.gradientDivideFactor;
   pm.addPass(createShardParametersPass(shard));
   // Casts fuse first, so that the later passes see each gathered buffer
   // with all of its readers (a cast's result read in backward is the buffer).

@@ -56,7 +56,6 @@ from torch.overrides import TorchFunctionMode
 
 from fsdpc.cache import source_digests
 from fsdpc.capture import MixedPrecision, _definition_of, _TrainingStep, _unparametrized, capture_modes
-from fsdpc.checkpointing import CheckpointRegions
 
 _FORMAT = "fsdpc call trace 1"
 _PLAIN = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis), torch.dtype, torch.device,
@@ -71,18 +70,15 @@ class _Incomplete(Exception):
 class CallTrace:
     """A step's recorded calls: `fingerprint` digests them; `printed` and
     `complained` are what the step wrote to stdout and stderr while it ran
-    and `regions` its checkpoint calls (a start served from the cache shows
-    them, and says what capture would have)."""
+    (a start served from the cache shows them)."""
 
     fingerprint: str
     printed: str
     complained: str
-    regions: CheckpointRegions
 
     def echo(self) -> None:
         sys.stdout.write(self.printed)
         sys.stderr.write(self.complained)
-        self.regions.say()
 
 
 class _CallRecorder(TorchFunctionMode):
@@ -293,6 +289,5 @@ def trace_calls(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callab
     frames = recorder.frame_table()
     record = (_FORMAT, device, repr(mixed_precision), str(_definition_of(loss_fn)), tuple(unit_modules),
               _environment(), _inputs(model, batch), frames, source_digests(file for file, _, _ in frames),
-              tuple(recorder.calls), result)
-    return CallTrace(hashlib.sha256(repr(record).encode()).hexdigest(), printed.getvalue(), complained.getvalue(),
-                     regions)
+              tuple(recorder.calls), result, sorted(regions.saved))
+    return CallTrace(hashlib.sha256(repr(record).encode()).hexdigest(), printed.getvalue(), complained.getvalue())

@@ -46,7 +46,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 
 from fsdpc import cache
 from fsdpc.attention import FusedAttentionFor
-from fsdpc.checkpointing import REGION_KEY, checkpoint_regions, patched, regions_of
+from fsdpc.checkpointing import REGION_KEY, SavedCall, SavingSelectively, checkpoint_regions, patched, regions_of
 from fsdpc.rms_norm import FusedRmsNormFor, fuse_written_out_rms_norms
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -452,6 +452,7 @@ class ForwardTrace:
     loss_fn: Callable
     mixed_precision: MixedPrecision | None
     device: str
+    saved: set[SavedCall]  # the calls the model's selective checkpoint policies save
 
     def fingerprint(self) -> str:
         """Everything the joint trace and the IR are made from: every op of
@@ -459,13 +460,13 @@ class ForwardTrace:
         source stack (so whatever Python the trace ran is in it as the value
         it had), the contents of the source files in those stacks, the
         signature, the parameters', buffers' and batch's metadata, ties,
-        names, the loss's definition, the policy, the target device and the
-        model's checkpoint regions."""
+        names, the loss's definition, the policy, the target device, the
+        model's checkpoint regions and what their selective policies save."""
         parts = [self.device, repr(self.mixed_precision), str(_definition_of(self.loss_fn)),
                  sorted(self.aliases.values()), sorted(self.real_fqn.items()), str(self.program.graph_signature),
                  [(name, tuple(t.shape), str(t.dtype), t.requires_grad)
                   for name, t in (*self.program.named_parameters(), *self.program.named_buffers())],
-                 [(tuple(t.shape), str(t.dtype)) for t in self.batch]]
+                 [(tuple(t.shape), str(t.dtype)) for t in self.batch], sorted(self.saved)]
         for node in self.program.graph.nodes:
             value = node.meta.get("val")
             shape = ((tuple(value.shape), str(value.dtype), value.stride(), str(value.device))
@@ -478,7 +479,7 @@ class ForwardTrace:
 
     def joint(self) -> CapturedStep:
         return _joint_step(self.program, self.step, self.batch, self.aliases, self.real_fqn, self.loss_fn,
-                           self.mixed_precision, self.device)
+                           self.mixed_precision, self.device, self.saved)
 
 
 @contextlib.contextmanager
@@ -501,14 +502,14 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
             program = _export(step, batch)
             aliases = {identity: [real_fqn.get(n, n) for n in names]
                        for identity, names in _alias_groups(model).items()}
-        regions.say()
         if device == "cuda":
             fuse_written_out_rms_norms(program.graph_module)
         _check_outputs(program)
-        yield ForwardTrace(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device)
+        yield ForwardTrace(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device, regions.saved)
 
 
-def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device) -> CapturedStep:
+def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device,
+                saved: set[SavedCall]) -> CapturedStep:
     """The joint forward + backward graph of an exported step."""
 
     state = {**dict(program.named_parameters()), **dict(program.named_buffers())}
@@ -562,7 +563,7 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
     input_names = [f"batch item {key}" if kind == "input"
                    else f"buffer '{key}' (running statistics, caches)" if kind == "buffer"
                    else f"parameter '{key}'" for kind, key in inputs]
-    joint = _trace_joint(program.graph_module, flat_args, input_names, trainable, export_to_joint)
+    joint = _trace_joint(program.graph_module, flat_args, input_names, trainable, export_to_joint, saved)
     placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
     output = next(n for n in joint.graph.nodes if n.op == "output")
     results = list(output.args[0])
@@ -616,14 +617,17 @@ class _Composites(fx.Interpreter):
 
 
 def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_names: list[str],
-                 trainable: list[int], export_to_joint: list[int]) -> fx.GraphModule:
+                 trainable: list[int], export_to_joint: list[int], saved: set[SavedCall]) -> fx.GraphModule:
     # AOTAutograd's helper that stamps backward nodes with the sequence number of
     # the forward op they differentiate (the same one torch.compile relies on).
     from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
 
+    saving = SavingSelectively(saved)
+
     def joint(*args):
         with torch.enable_grad(), preserve_node_meta():
-            (loss,) = _Composites(forward).run(*(args[i] for i in export_to_joint))
+            with saving if saved else contextlib.nullcontext():
+                (loss,) = _Composites(forward).run(*(args[i] for i in export_to_joint))
             if loss.dim() != 0 or not loss.is_floating_point():
                 raise CaptureError(
                     f"loss_fn must return a scalar floating-point loss, got shape {tuple(loss.shape)} {loss.dtype}")
@@ -653,6 +657,12 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
 
     with preserve_node_meta(), _quiet_torch_logs():
         traced = make_fx(functional_joint, tracing_mode="fake", decomposition_table=_decompositions())(*flat_args)
+    if saving.unfound:
+        unfound = ", ".join(f"{name} #{index} in checkpoint region {region}"
+                            for region, name, index in sorted(saving.unfound))
+        warnings.warn(f"fsdpc: the joint trace does not make calls the model's selective checkpoint policy saves "
+                      f"({unfound}); they are recomputed instead; please report this with your torch version "
+                      f"({torch.__version__})", stacklevel=2)
     # Export guards `.to()` calls with metadata assertions; capture has already
     # fixed every shape and dtype, so they check nothing the IR does not say.
     for node in list(traced.graph.nodes):

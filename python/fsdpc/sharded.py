@@ -104,11 +104,32 @@ def _mixed_precision(policy) -> MixedPrecision | None:
                     f"got {type(policy).__name__}")
 
 
+def _divide_factor(factor) -> str:
+    """A gradient divide factor as the pipeline option takes it."""
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 0:
+        raise StepError(f"the gradient divide factor must be a positive finite number (1: gradients summed over "
+                        f"the ranks, for a loss normalized over the whole batch), got {factor!r}")
+    return repr(float(factor))
+
+
+def _with_divide_factor(options: str, factor: str | None) -> str:
+    """`options` with `gradient-divide-factor=factor` in place of any given."""
+    kept = [option for option in options.split() if not option.startswith("gradient-divide-factor=")]
+    return " ".join(kept + ([f"gradient-divide-factor={factor}"] if factor else []))
+
+
 def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_after_forward, offload: bool,
-                  policy: MixedPrecision | None, gradient_accumulation: bool, backend: str) -> str:
+                  policy: MixedPrecision | None, gradient_accumulation: bool, backend: str,
+                  gradient_divide_factor: float | None) -> str:
     """The sharding pipeline's options from fully_shard's vocabulary; the
     same knob given twice with different values is an error."""
     given = dict(option.partition("=")[::2] for option in pipeline.split())
+    if "gradient-divide-factor" in given:  # as the argument writes it, so that the two compare
+        try:
+            given["gradient-divide-factor"] = _divide_factor(float(given["gradient-divide-factor"]))
+        except ValueError:
+            raise StepError(f"pipeline option 'gradient-divide-factor={given['gradient-divide-factor']}' is not a "
+                            "number") from None
     wanted: dict[str, str] = {}
     if mesh is not None:
         if mesh.ndim == 1:
@@ -125,6 +146,8 @@ def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_af
                                            else str(int(reshard_after_forward)))
     if gradient_accumulation:
         wanted["gradient-accumulation"] = "true"
+    if gradient_divide_factor is not None:
+        wanted["gradient-divide-factor"] = _divide_factor(gradient_divide_factor)
     if offload:
         wanted["offload"] = "*"
     wanted["backend"] = backend  # the reports count what this backend moves and allocates
@@ -177,8 +200,8 @@ class ShardedModule(nn.Module):
     def __init__(self, model: nn.Module, example_batch: Sequence[torch.Tensor], loss_fn: Callable, *,
                  mesh: DeviceMesh | None = None, reshard_after_forward: bool | int | None = None,
                  mp_policy=None, offload_policy=None, wrap: WrapPolicy = None,
-                 gradient_accumulation: bool = False, pipeline: str = "",
-                 timeout: timedelta = timedelta(minutes=5), check_reshard_frees: bool = False):
+                 gradient_accumulation: bool = False, gradient_divide_factor: float | None = None,
+                 pipeline: str = "", timeout: timedelta = timedelta(minutes=5), check_reshard_frees: bool = False):
         if not dist.is_initialized():
             raise StepError("fsdpc.shard needs torch.distributed initialized (run under torchrun)")
         if isinstance(model, ShardedModule):
@@ -199,7 +222,8 @@ class ShardedModule(nn.Module):
             offload = self._check_offload(offload_policy, device)
             policy = _mixed_precision(mp_policy)
             return device, policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, offload is not None,
-                                                 policy, gradient_accumulation, backend), offload
+                                                 policy, gradient_accumulation, backend,
+                                                 gradient_divide_factor), offload
 
         device, policy, options, offload = on_every_rank("checking fsdpc.shard's arguments", check_arguments)
 
@@ -210,6 +234,9 @@ class ShardedModule(nn.Module):
         # says otherwise.
         self._pin_shards = device.type != "cpu" and (offload is None or bool(offload.pin_memory))
         self._config = dict(loss_fn=loss_fn, options=options, wrap=wrap, mixed_precision=policy)
+        # Training calls' gradient divide factor (set_gradient_divide_factor), as the pipeline option writes it.
+        self._divide_factor: str | None = dict(option.partition("=")[::2] for option in options.split()).get(
+            "gradient-divide-factor")
         # Per-call agreement runs here, under the step's timeout (the default
         # group's may be 30 minutes).
         self._control = dist.new_group(backend="gloo", timeout=timeout)
@@ -407,14 +434,16 @@ class ShardedModule(nn.Module):
                 (owner._parameters if kind == "param" else owner._buffers)[leaf] = real
 
     def _program_for(self, batch: Sequence[torch.Tensor], *, train: bool, frozen: tuple[str, ...]) -> CompiledProgram:
-        signature = (train, self.training, tuple((tuple(t.shape), t.dtype) for t in batch), frozen if train else ())
+        signature = (train, self.training, tuple((tuple(t.shape), t.dtype) for t in batch), frozen if train else (),
+                     self._divide_factor if train else None)
         found = self._programs.get(signature)
         if found is not None:
             return found
         config = self._config
-        options = config["options"]
+        options = _with_divide_factor(config["options"], self._divide_factor)
         if not train:  # nothing to reduce, nothing to accumulate
-            options = " ".join(o for o in options.split() if not o.startswith("gradient-accumulation"))
+            options = " ".join(o for o in options.split()
+                               if not o.startswith(("gradient-accumulation", "gradient-divide-factor")))
         self.wait_for_host_optimizer()  # capture swaps the module's parameters, which the host thread steps
         try:
             with self._capture_view(train) as model:
@@ -540,6 +569,15 @@ class ShardedModule(nn.Module):
                             "fsdpc.shard(..., gradient_accumulation=True)")
         self._gradient_sync = requires_gradient_sync
 
+    def set_gradient_divide_factor(self, factor: float) -> None:
+        """FSDP2's knob: gradients are summed over the ranks and divided by
+        `factor` instead of averaged (1: summed, for a loss already divided
+        by the whole batch's size, as torchtitan's global token count is).
+        The next training call compiles, or loads from the cache, a step that
+        reduces so; every rank must set the same factor (a call where they
+        differ is refused)."""
+        self._divide_factor = _divide_factor(factor)
+
     def forward(self, *batch: torch.Tensor, sync: bool | None = None, trace: bool = False) -> torch.Tensor:
         """Forward and backward on this rank's batch; returns the loss and
         leaves the gradients on the parameters. Under `torch.no_grad()` or in
@@ -575,7 +613,8 @@ class ShardedModule(nn.Module):
         frozen = _frozen(named) if train else ()
         # A call that is wrong on one rank is refused on all, before any collective.
         self._agree_on_call(f"a call refused with: {problem}" if problem else
-                            f"{kind} step on {_describe(batch)}{_frozen_text(frozen)}")
+                            f"{kind} step on {_describe(batch)}{_frozen_text(frozen)}"
+                            f"{f', gradients divided by {self._divide_factor}' if train and self._divide_factor else ''}")
         if problem:
             raise problem
         batch = tuple(t.contiguous() for t in batch)  # the program was compiled for dense row-major inputs
@@ -1068,7 +1107,9 @@ def shard(model: nn.Module, example_batch: Sequence[torch.Tensor], loss_fn: Call
     (bool or an inner group size), `mp_policy` (MixedPrecisionPolicy),
     `offload_policy` (CPUOffloadPolicy), `wrap` (a predicate
     `(fqn, module) -> bool` choosing the units), `gradient_accumulation`
-    (compile the step set_requires_gradient_sync(False) uses), `pipeline`
+    (compile the step set_requires_gradient_sync(False) uses),
+    `gradient_divide_factor` (sum gradients over the ranks and divide by
+    this instead of averaging; see set_gradient_divide_factor), `pipeline`
     (further fsdp-sharding-pipeline options, e.g. "strategy=shard-grad-op"),
     `timeout` (of every collective)."""
     return ShardedModule(model, example_batch, loss_fn, **options)

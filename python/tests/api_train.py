@@ -1017,7 +1017,8 @@ def scenario_cuda_graph(args):
 class Checkpointed(nn.Module):
     """`inner` under torch.utils.checkpoint: its activations are recomputed in
     backward instead of kept. `how`: "non-reentrant", "reentrant", or
-    "selective" (a policy saving matrix products)."""
+    "selective" (a policy saving matrix products: mm, and addmm, a linear
+    with a bias)."""
 
     def __init__(self, inner: nn.Module, how: str):
         super().__init__()
@@ -1027,32 +1028,40 @@ class Checkpointed(nn.Module):
     def forward(self, x):
         if self.how == "selective":
             policy = functools.partial(torch.utils.checkpoint.create_selective_checkpoint_contexts,
-                                       [torch.ops.aten.mm.default])
+                                       [torch.ops.aten.mm.default, torch.ops.aten.addmm.default])
             return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False, context_fn=policy)
         return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=self.how == "reentrant")
 
 
 def checkpointed_model() -> GPT:
     """The GPT with each block's MLP checkpointed (a region inside its wrap
-    unit), block 1's the reentrant way."""
+    unit), block 1's the reentrant way, and block 0's attention under a
+    selective policy saving its matrix products."""
     model = reference_model()
     for index, block in enumerate(model.blocks):
         block.mlp = Checkpointed(block.mlp, "reentrant" if index == 1 else "non-reentrant")
+    model.blocks[0].attn = Checkpointed(model.blocks[0].attn, "selective")
     return model
 
 
 def scenario_checkpointed(args):
     """The model's own activation checkpointing (torch.utils.checkpoint
-    around each block's MLP): each region is in the IR and recomputed in
-    backward, the step's memory, reported and measured, is below the same
-    model's without checkpointing, and training, then eval, equal eager's
-    with the same checkpointing."""
+    around each block's MLP, a selective policy around block 0's attention):
+    each region is in the IR and recomputed in backward but for the calls
+    the policy saves, the step's memory, reported and measured, is below the
+    same model's without checkpointing, and training, then eval, equal
+    eager's with the same checkpointing."""
     data = batches(4)
     plain = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)
     sharded = fsdpc.shard(checkpointed_model(), mine(data[0]), next_token_loss)
     ir = sharded.sharded_ir
     regions = sorted(set(re.findall(r'module "blocks\.(\d)\.mlp\.inner[.\d]*" checkpoint (\d+)', ir)))
-    assert regions == [("0", "0"), ("1", "1")], regions
+    assert regions == [("0", "1"), ("1", "2")], regions
+    attention = re.findall(r'"aten::(\w+)[.\w]*"[^\n]*module "blocks\.0\.attn\.inner[.\w]*"( checkpoint 0| \{fsdp\.recomputed\})?',
+                           ir)
+    assert ("addmm", "") in attention and ("addmm", " checkpoint 0") not in attention, \
+        "block 0's attention projections are not saved"
+    assert ("bmm", " {fsdp.recomputed}") in attention, "block 0's attention is not recomputed"
     assert re.search(r'"aten::gelu"\(.* module "blocks\.1\.mlp\.inner\.1" \{fsdp\.recomputed\}', ir), \
         "block 1's MLP is not recomputed"
     reported = [module.memory_report["train_step"]["peak"]["above_step_start"] for module in (plain, sharded)]
@@ -1118,6 +1127,42 @@ def scenario_freezing(args):
         expect_error(lambda: sharded(*mine(data[0])), "the ranks disagree about this call")
         freeze(False, sharded)
         sharded(*mine(data[0]))  # agreed again: the module stayed usable
+
+
+def scenario_divide_factor(args):
+    """FSDP2's set_gradient_divide_factor: gradients summed over the ranks
+    and divided by the factor instead of averaged, from fsdpc.shard's
+    argument or set between calls (the next training call compiles for
+    it); on 4 ranks over a hybrid (2, 2) mesh, whose all-reduce across
+    replicas sums what the reduce-scatter divided. Ranks that set different
+    factors are refused before any collective, a bad factor by its value."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    mesh = init_device_mesh(DEVICE.type, (2, world // 2), mesh_dim_names=("replicate", "shard")) \
+        if world == 4 else None
+    data = batches(1)
+    reference = reference_model()
+    next_token_loss(reference, *data[0]).backward()  # the whole batch's mean loss: the averaged gradient
+
+    def expect_gradients(sharded, scale: float, what: str) -> None:
+        sharded(*mine(data[0]))
+        for name, param in sharded.named_parameters():
+            close(param.grad.full_tensor(), reference.get_parameter(name).grad * scale, f"{what}: {name}")
+        sharded.zero_grad(set_to_none=True)
+
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, mesh=mesh, gradient_divide_factor=1)
+    expect_gradients(sharded, world, "summed (factor 1)")
+    sharded.set_gradient_divide_factor(world / 4)
+    expect_gradients(sharded, 4, f"divided by {world / 4}")
+    sharded.set_gradient_divide_factor(1 + dist.get_rank())
+    expect_error(lambda: sharded(*mine(data[0])), r"the ranks disagree about this call.*gradients divided by 1\.0")
+    expect_error(lambda: sharded.set_gradient_divide_factor(0), "must be a positive finite number")
+    sharded.set_gradient_divide_factor(world)
+    expect_gradients(sharded, 1, "divided by the world size (averaged)")
+    expect_error(lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, gradient_divide_factor=3,
+                                     pipeline="gradient-divide-factor=2"),
+                 "conflicting settings: pipeline option 'gradient-divide-factor=2.0'")
 
 
 def scenario_hooks(args):

@@ -1,6 +1,8 @@
 """Capture: the joint graph computes what eager PyTorch computes, and the IR
 describes the model's parameters, buffers, units and gradients exactly."""
 
+import collections
+import functools
 import re
 import sys
 from pathlib import Path
@@ -8,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import fx, nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from api_train import Checkpointed
 from fsdpc import run_fsdp_opt
@@ -237,12 +240,87 @@ def test_the_models_checkpoint_regions_are_marked_and_recomputed(how):
     assert recomputed == {f"blocks.{i}" for i in range(len(model.blocks))}, recomputed
 
 
-def test_a_selective_checkpoint_is_recomputed_whole_and_said():
-    model, batch, loss_fn = make("mlp")
-    model.fc1 = Checkpointed(model.fc1, "selective")
-    with pytest.warns(UserWarning, match="selective activation checkpoint .* is recomputed whole"):
-        result = export_training_step(model, batch, loss_fn)
-    assert re.search(r'module "fc1\.inner" checkpoint 0', result.mlir)
+class EveryOtherMatmul:
+    """A selective checkpoint policy in torchtitan's manner: each region
+    saves its first, third, ... matrix product (counted apart in forward and
+    in recomputation) and recomputes the rest; `saved` lists, per region in
+    call order, the operators its forward calls saved."""
+
+    def __init__(self):
+        self.saved: list[list[str]] = []
+
+    def __call__(self):
+        counts, saved = collections.Counter(), []
+        self.saved.append(saved)
+
+        def policy(ctx, func, *args, **kwargs):
+            if func not in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+                return CheckpointPolicy.PREFER_RECOMPUTE
+            counts[ctx.is_recompute] += 1
+            if counts[ctx.is_recompute] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+            if not ctx.is_recompute:
+                saved.append(func.name())
+            return CheckpointPolicy.MUST_SAVE
+
+        return create_selective_checkpoint_contexts(policy)
+
+
+class Selective(nn.Module):
+    def __init__(self, inner, context_fn):
+        super().__init__()
+        self.inner = inner
+        self.context_fn = context_fn
+
+    def forward(self, x):
+        return checkpoint(self.inner, x, use_reentrant=False, context_fn=self.context_fn)
+
+
+def test_a_selective_checkpoint_saves_what_its_policy_saves_in_eager():
+    """Each block's attention and MLP under a policy saving every other
+    matrix product: the calls the IR keeps out of each region are those
+    the policy saves when eager PyTorch runs the model, the joint graph
+    computes eager's gradients, and the pipeline recomputes the rest."""
+    model, batch, loss_fn = make("gpt")
+    captured, eager = EveryOtherMatmul(), EveryOtherMatmul()
+    for block in model.blocks:
+        block.attn, block.mlp = Selective(block.attn, captured), Selective(block.mlp, captured)
+    result = export_training_step(model, batch, loss_fn)
+    forward = result.mlir.split("fsdp.loss")[0]
+    regions = [f"blocks.{i}.{part}.inner" for i in range(len(model.blocks)) for part in ("attn", "mlp")]
+    saved = [re.findall(rf'"(aten::\w+)[.\w]*"[^\n]*module "{re.escape(region)}[.\w]*"(?! checkpoint)', forward)
+             for region in regions]
+    for block in model.blocks:
+        block.attn.context_fn = block.mlp.context_fn = eager
+    loss, grads = run_joint(result, model, batch)
+    eager_loss = loss_fn(model, *batch)
+    eager_loss.backward()
+    assert saved == eager.saved and all(saved), (saved, eager.saved)
+    assert len(captured.saved) == len(regions), "the policy ran more than once per region in capture"
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+    for fqn, grad in grads.items():
+        torch.testing.assert_close(grad, model.get_parameter(fqn).grad, rtol=1e-5, atol=1e-6)
+    sharded = run_fsdp_opt(result.mlir, ["--fsdp-sharding-pipeline=ranks=2"])
+    recomputed = set(re.findall(r'"aten::(\w+)[.\w]*"[^\n]*module "blocks\.0\.(?:attn|mlp)\.inner[.\w]*" '
+                                r'\{fsdp\.recomputed\}', sharded))
+    assert {"bmm", "_softmax", "gelu"} <= recomputed and "addmm" not in recomputed, recomputed
+
+
+def test_a_changed_selective_policy_changes_both_cache_keys():
+    """Export's fingerprint and a warm start's call trace hold what the
+    policy saves, wherever the policy is defined."""
+    from fsdpc.call_trace import trace_calls
+    from fsdpc.capture import traced_forward
+
+    def keys(saving):
+        model, batch, loss_fn = make("mlp", meta=True)
+        model.fc1 = Selective(model.fc1, functools.partial(create_selective_checkpoint_contexts, saving))
+        calls = trace_calls(model, batch, loss_fn, unit_modules=[], mixed_precision=None, device="cpu")
+        with traced_forward(model, batch, loss_fn) as trace:
+            return trace.fingerprint(), calls.fingerprint
+
+    first, second = keys([torch.ops.aten.addmm.default]), keys([torch.ops.aten.mm.default])
+    assert first[0] != second[0] and first[1] != second[1]
 
 
 def test_in_place_operators_in_the_joint_graph_are_named():

@@ -42,13 +42,14 @@ func.func @dropout(%x: tensor<4xf32>) -> tensor<f32> {
 // RANDOM-NEXT:  fsdp.aten "aten::mul.Tensor"(%[[M]], %[[D]])
 // RANDOM-NOT:   aten::bernoulli
 
-// policy=ops saves the first and third mm and recomputes the rest from
-// them: relu from the first, the second mm from relu.
-func.func @ops(%x: tensor<4x4xf32>, %w: tensor<4x4xf32>) -> tensor<f32> {
+// policy=ops saves the first and third matrix product (an addmm, a linear
+// with a bias, counts) and recomputes the rest from them: relu from the
+// first, the second mm from relu.
+func.func @ops(%x: tensor<4x4xf32>, %w: tensor<4x4xf32>, %b: tensor<4xf32>) -> tensor<f32> {
   %m1 = fsdp.aten "aten::mm" (%x, %w) module "l0" : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
   %r1 = fsdp.aten "aten::relu" (%m1) module "l0" : (tensor<4x4xf32>) -> tensor<4x4xf32>
   %m2 = fsdp.aten "aten::mm" (%r1, %w) module "l0" : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
-  %m3 = fsdp.aten "aten::mm" (%m2, %w) module "l0" : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  %m3 = fsdp.aten "aten::addmm" (%b, %m2, %w) module "l0" : (tensor<4xf32>, tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
   %l = fsdp.aten "aten::sum" (%m3) module "" : (tensor<4x4xf32>) -> tensor<f32>
   fsdp.loss %l : tensor<f32>
   %g1 = fsdp.aten "aten::mul.Tensor" (%r1, %m2) module "l0" : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
@@ -60,17 +61,18 @@ func.func @ops(%x: tensor<4x4xf32>, %w: tensor<4x4xf32>) -> tensor<f32> {
 // OPS:       %[[M1:.*]] = fsdp.aten "aten::mm"(%arg0, %arg1) module "l0"
 // OPS-NEXT:  fsdp.aten "aten::relu"
 // OPS-NEXT:  fsdp.aten "aten::mm"
-// OPS-NEXT:  %[[M3:.*]] = fsdp.aten "aten::mm"
+// OPS-NEXT:  %[[M3:.*]] = fsdp.aten "aten::addmm"
 // OPS:       fsdp.loss
 // OPS-NEXT:  %[[R:.*]] = fsdp.aten "aten::relu"(%[[M1]]) module "l0" {fsdp.recomputed}
 // OPS-NEXT:  %[[M2:.*]] = fsdp.aten "aten::mm"(%[[R]], %arg1) module "l0" {fsdp.recomputed}
+// OPS-NOT:   recomputed
 // OPS-NEXT:  fsdp.aten "aten::mul.Tensor"(%[[R]], %[[M2]])
 // OPS-NEXT:  fsdp.aten "aten::mul.Tensor"(%[[M1]], %[[M3]])
 // The full policy recomputes all three products.
 // RUN: fsdp-opt %s --fsdp-activation-checkpoint="units=l0" | FileCheck %s --check-prefix=FULL
 // FULL-LABEL: func.func @ops
 // FULL:       fsdp.loss
-// FULL-COUNT-3: fsdp.aten "aten::mm"{{.*}} {fsdp.recomputed}
+// FULL-COUNT-3: fsdp.aten "aten::{{(add)?}}mm"{{.*}} {fsdp.recomputed}
 // RUN: not fsdp-opt %s --fsdp-activation-checkpoint="units=l0 policy=half" 2>&1 | FileCheck %s --check-prefix=POLICY
 // POLICY: error: activation checkpointing: unknown policy 'half'; use full or ops
 // RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 checkpoint-policy=ops" 2>&1 | FileCheck %s --check-prefix=NOUNITS

@@ -1,6 +1,7 @@
 // RUN: fsdp-opt %s --fsdp-shard-parameters="ranks=2" --fsdp-reshard-after-forward --fsdp-fuse-casts | FileCheck %s
 // RUN: fsdp-opt %s --fsdp-shard-parameters="ranks=2" --fsdp-reshard-after-forward --fsdp-fuse-casts="reduce-dtype=bf16" | FileCheck %s --check-prefix=BF16
 // RUN: fsdp-opt %s --fsdp-shard-parameters="ranks=4" --fsdp-reshard-after-forward --fsdp-fuse-casts="reduce-dtype=f16" | FileCheck %s --check-prefix=F16
+// RUN: fsdp-opt %s --fsdp-shard-parameters="ranks=4 gradient-divide-factor=32" --fsdp-reshard-after-forward --fsdp-fuse-casts="reduce-dtype=f16" | FileCheck %s --check-prefix=F16-DIVIDE
 // RUN: not fsdp-opt %s --fsdp-fuse-casts="reduce-dtype=f8" 2>&1 | FileCheck %s --check-prefix=BAD
 
 // FSDP2 mixed precision as capture writes it: the f32 master weight is cast
@@ -37,5 +38,7 @@ module attributes {fsdp.mixed_precision = {param_dtype = bf16, reduce_dtype = f3
 
 // f16 reductions sum with pre/post division instead of averaging.
 // F16: fsdp.reduce_scatter_start %{{.*}} reduction = sum reduce_dtype = f16 pre_divide = 2.000000e+00 post_divide = 2.000000e+00
+// A gradient divide factor's sum is split the same way once the reduction is in f16.
+// F16-DIVIDE: fsdp.reduce_scatter_start %{{.*}} reduction = sum reduce_dtype = f16 pre_divide = 4.000000e+00 post_divide = 8.000000e+00
 
 // BAD: error: reduce-dtype must be f32, bf16 or f16, got 'f8'

@@ -6,6 +6,11 @@
 // RUN: fsdp-opt %S/Inputs/scalar-step.mlir --fsdp-shard-parameters="ranks=4" | FileCheck %s --check-prefix=SCALAR
 // RUN: fsdp-opt %S/Inputs/scalar-step.mlir --fsdp-shard-parameters="ranks=4 strategy=hybrid-shard replicas=2" | FileCheck %s --check-prefix=SCALAR-HSDP
 // RUN: fsdp-opt %S/Inputs/scalar-step.mlir --fsdp-shard-parameters="ranks=8 reshard-group=2" | FileCheck %s --check-prefix=SCALAR-GROUP
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=4 gradient-divide-factor=1" | FileCheck %s --check-prefix=SUMMED
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=4 strategy=hybrid-shard replicas=2 gradient-divide-factor=2.5" | FileCheck %s --check-prefix=DIVIDE-HSDP
+// RUN: fsdp-opt %S/Inputs/scalar-step.mlir --fsdp-shard-parameters="ranks=4 gradient-divide-factor=16" | FileCheck %s --check-prefix=DIVIDE-SCALAR
+// RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=4 gradient-divide-factor=-2" 2>&1 | FileCheck %s --check-prefix=NEGATIVE
+// RUN: not fsdp-opt %s -split-input-file --fsdp-shard-parameters="ranks=4 gradient-divide-factor=64" 2>/dev/null | FileCheck %s --check-prefix=HALF-DIVIDE
 // RUN: fsdp-opt %s -split-input-file -verify-diagnostics --fsdp-shard-parameters="ranks=4"
 // RUN: not fsdp-opt %s -split-input-file --fsdp-shard-parameters="ranks=4" 2>/dev/null | FileCheck %s --check-prefix=HALF
 
@@ -55,6 +60,16 @@
 // HSDP:      %[[AR:.*]] = fsdp.all_reduce_start %{{.*}} on @fsdp_grid axes = [0] reduction = average reduce_dtype = f32 unit @l0 : tensor<3x4xf32>
 // HSDP:      fsdp.gradients
 
+// A gradient divide factor (FSDP2's set_gradient_divide_factor): sums, and
+// each gradient divided by the factor once, at its first reduction (1: not at all).
+// SUMMED-COUNT-3: fsdp.reduce_scatter_start %{{.*}} on @fsdp_grid axes = [0] reduction = sum reduce_dtype = f32 unit @{{l[01]}} :
+// SUMMED-NOT:     divide
+// DIVIDE-HSDP: fsdp.reduce_scatter_start %{{.*}} on @fsdp_grid axes = [1] reduction = sum reduce_dtype = f32 post_divide = 2.500000e+00 unit @l0
+// DIVIDE-HSDP: fsdp.all_reduce_start %{{.*}} on @fsdp_grid axes = [0] reduction = sum reduce_dtype = f32 unit @l0 : tensor<3x4xf32>
+// DIVIDE-SCALAR: fsdp.all_reduce_start %{{.*}} on @fsdp_grid axes = [0] reduction = sum reduce_dtype = f32 post_divide = 1.600000e+01 unit @root : tensor<f32>
+// DIVIDE-SCALAR: fsdp.reduce_scatter_start %{{.*}} reduction = sum reduce_dtype = f32 post_divide = 1.600000e+01 unit @root
+// NEGATIVE: error: gradient-divide-factor must be positive and finite (0: average over the data-parallel ranks), got -2
+
 // No-shard: whole parameters, gradients all-reduced (DDP).
 // DDP:       shard.grid @fsdp_grid(shape = 8)
 // DDP:       fsdp.param @l0.w : tensor<10x4xf32> unit @l0{{$}}
@@ -78,6 +93,9 @@
 // ACCUM:       fsdp.gradients [@l0.w, @l0.b, @l1.w] %{{.*}} unreduced : tensor<10x4xf32>, tensor<10xf32>, tensor<4x10xf32>
 
 // fp16 gradients are summed with pre/post division, as FSDP2 does.
+// With a divide factor the same split applies to the factor.
+// HALF-DIVIDE-LABEL: func.func @half
+// HALF-DIVIDE: fsdp.reduce_scatter_start %arg1 on @fsdp_grid axes = [0] reduction = sum reduce_dtype = f16 pre_divide = 8.000000e+00 post_divide = 8.000000e+00 unit @root
 // HALF-LABEL: func.func @half
 // HALF: fsdp.reduce_scatter_start %arg1 on @fsdp_grid axes = [0] reduction = sum reduce_dtype = f16 pre_divide = 2.000000e+00 post_divide = 2.000000e+00 unit @root : tensor<8xf16> -> !fsdp.future<tensor<2xf16>>
 
