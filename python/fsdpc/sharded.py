@@ -395,6 +395,28 @@ class ShardedModule(nn.Module):
             if owner is self:
                 self._original._buffers[leaf] = owner._buffers[leaf]
 
+    def _apply(self, fn, recurse=True):
+        """What `.to()`, `.half()`, `.cuda()`, `.to_empty()` and the like
+        run: the compiled step fixes every parameter's and buffer's dtype and
+        device, and the shards live in storage the step reads, so a
+        conversion that changes nothing passes (`model.to(its device)`) and
+        one that would change something is refused before anything changes
+        (FSDP2 casts its shards; here the step would compute in the old
+        dtype and fail when it hands back gradients). Buffers still on meta
+        are left to init_weights()."""
+        for kind, name, tensor in [*(("parameter", n, t) for n, t in self.named_parameters()),
+                                   *(("buffer", n, t) for n, t in self.named_buffers())]:
+            if tensor.is_meta:
+                continue
+            probe = fn(torch.empty(0, dtype=tensor.dtype, device=tensor.device))
+            if probe.dtype != tensor.dtype or probe.device != tensor.device:
+                raise StepError(
+                    f"{kind} '{name}' would become {str(probe.dtype).removeprefix('torch.')} on {probe.device}; "
+                    f"the sharded step was compiled for {str(tensor.dtype).removeprefix('torch.')} on "
+                    f"{tensor.device}: convert the model before fsdpc.shard (model.to(...)), or pass "
+                    "mp_policy=MixedPrecisionPolicy(param_dtype=...) for low-precision compute")
+        return self
+
     def _loaded(self, incompatible_keys) -> None:
         self._on_meta = False
         persistent = {name for name, _ in self.state_dict().items()}

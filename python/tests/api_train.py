@@ -483,6 +483,9 @@ def scenario_misuse(args):
                                 offload_policy=torch.distributed.fsdp.CPUOffloadPolicy(pin_memory=True)),
             "pin_memory")] if DEVICE.type == "cpu" else []),  # pinning needs a GPU
         (lambda: sharded.set_requires_gradient_sync(False), "gradient_accumulation=True"),
+        (lambda: sharded.to(torch.bfloat16), "parameter 'tok_emb.weight' would become bfloat16 on"),
+        (lambda: sharded.double(), "convert the model before fsdpc.shard"),
+        (lambda: sharded.to("meta"), "would become float32 on meta"),
         (lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
                              timeout=datetime.timedelta(microseconds=500)), "at least 1 ms"),
     ]:
@@ -492,6 +495,7 @@ def scenario_misuse(args):
             assert expected in str(error), f"{expected!r} not in {error}"
         else:
             raise AssertionError(f"no error; expected one saying {expected!r}")
+    assert sharded.to(DEVICE) is sharded and sharded.float() is sharded  # conversions that change nothing pass
     sharded(*mine(data[0]))  # a refused call left the module as it was
     # A non-finite gradient norm is reported, never applied.
     grad = sharded.get_parameter("ln_f.weight").grad.to_local()
