@@ -268,7 +268,7 @@ def trace_calls(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callab
         with recorder, contextlib.redirect_stdout(printed), contextlib.redirect_stderr(complained), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with capture_modes(model, units, mixed_precision, device) as regions:
+            with capture_modes(model, units, mixed_precision, device) as observed:
                 # Named under the casts, which move each parameter to its parametrization.
                 recorder.name_tensors({f"parameter {_unparametrized(name)}": p
                                        for name, p in step.named_parameters(remove_duplicate=False)})
@@ -289,5 +289,5 @@ def trace_calls(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callab
     frames = recorder.frame_table()
     record = (_FORMAT, device, repr(mixed_precision), str(_definition_of(loss_fn)), tuple(unit_modules),
               _environment(), _inputs(model, batch), frames, source_digests(file for file, _, _ in frames),
-              tuple(recorder.calls), result, sorted(regions.saved))
+              tuple(recorder.calls), result, sorted(observed.regions.saved))
     return CallTrace(hashlib.sha256(repr(record).encode()).hexdigest(), printed.getvalue(), complained.getvalue())

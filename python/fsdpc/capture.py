@@ -46,7 +46,8 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 
 from fsdpc import cache
 from fsdpc.attention import FusedAttentionFor
-from fsdpc.checkpointing import REGION_KEY, SavedCall, SavingSelectively, checkpoint_regions, patched, regions_of
+from fsdpc.checkpointing import (REGION_KEY, CheckpointRegions, SavedCall, SavingSelectively, checkpoint_regions,
+                                 patched, regions_of)
 from fsdpc.rms_norm import FusedRmsNormFor, fuse_written_out_rms_norms
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -427,16 +428,58 @@ def _refusing_autocast() -> Iterator[None]:
         yield
 
 
+# Values the compiled step holds as constants when forward reads them.
+_PLAIN_VALUES = frozenset({bool, int, float, str, type(None)})
+# What nn.Module itself keeps in every module's __dict__ (`training` keys programs apart).
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
+
+
+@contextlib.contextmanager
+def _attribute_reads(model: nn.Module) -> Iterator[set[tuple[str, str]]]:
+    """The plain instance attributes of the model's modules (numbers,
+    strings, flags, tuples of them) that the step reads, as (module path,
+    name): a dropout's `p`, a norm's `eps`, a scale of the user's own. The
+    compiled step holds the values they had, so the sharded module compiles
+    anew for a call after one of them changed."""
+    paths: dict[int, str] = {}
+    for path, module in model.named_modules(remove_duplicate=False):
+        paths.setdefault(id(module), path)
+    reads: set[tuple[str, str]] = set()
+
+    def read(self, name):
+        value = object.__getattribute__(self, name)
+        kind = type(value)
+        if (kind in _PLAIN_VALUES or (kind is tuple and all(type(item) in _PLAIN_VALUES for item in value))) \
+                and name not in _MODULE_INTERNALS and id(self) in paths \
+                and name in object.__getattribute__(self, "__dict__"):
+            reads.add((paths[id(self)], name))
+        return value
+
+    with patched(nn.Module, __getattribute__=read):
+        yield reads
+
+
+@dataclass
+class Observed:
+    """What tracing saw besides the graph: the model's checkpoint regions
+    and the module attributes the step read (`_attribute_reads`)."""
+
+    regions: CheckpointRegions
+    attribute_reads: set[tuple[str, str]]
+
+
 @contextlib.contextmanager
 def capture_modes(model: nn.Module, units: list[nn.Module], mixed_precision: MixedPrecision | None,
-                  device: str):
+                  device: str) -> Iterator[Observed]:
     """What forward runs under while it is traced for `device`: the policy's
     casts, the fused attention, RMSNorm and scalar-tensor modes, the marks
-    on the model's own checkpoint regions (fsdpc.checkpointing), and the
-    refusal of autocast."""
-    with (_mixed_precision_casts(model, units, mixed_precision), FusedAttentionFor(device),
-          FusedRmsNormFor(device), _ScalarTensorsAsOps(), checkpoint_regions() as regions, _refusing_autocast()):
-        yield regions
+    on the model's own checkpoint regions (fsdpc.checkpointing), the record
+    of module attributes read, and the refusal of autocast."""
+    # The model's own modules are named before the casts add theirs.
+    with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision),
+          FusedAttentionFor(device), FusedRmsNormFor(device), _ScalarTensorsAsOps(),
+          checkpoint_regions() as regions, _refusing_autocast()):
+        yield Observed(regions, reads)
 
 
 @dataclass
@@ -453,6 +496,7 @@ class ForwardTrace:
     mixed_precision: MixedPrecision | None
     device: str
     saved: set[SavedCall]  # the calls the model's selective checkpoint policies save
+    attribute_reads: set[tuple[str, str]]  # (module path, name): see _attribute_reads
 
     def fingerprint(self) -> str:
         """Everything the joint trace and the IR are made from: every op of
@@ -498,14 +542,15 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
     step = _TrainingStep(model, loss_fn)
     units = [model.get_submodule(name) for name in unit_modules]
     with _tracing_safe_names(model) as real_fqn:
-        with capture_modes(model, units, mixed_precision, device) as regions:
+        with capture_modes(model, units, mixed_precision, device) as observed:
             program = _export(step, batch)
             aliases = {identity: [real_fqn.get(n, n) for n in names]
                        for identity, names in _alias_groups(model).items()}
         if device == "cuda":
             fuse_written_out_rms_norms(program.graph_module)
         _check_outputs(program)
-        yield ForwardTrace(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device, regions.saved)
+        yield ForwardTrace(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device,
+                           observed.regions.saved, observed.attribute_reads)
 
 
 def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device,

@@ -94,6 +94,11 @@ class ExportStage:
         """The forward's fingerprint and the wrap units: what the IR is made of."""
         return _with_units(self.forward.fingerprint(), self.plan)
 
+    @property
+    def attribute_reads(self) -> list[tuple[str, str]]:
+        """The module attributes the step read (module path, name), sorted."""
+        return sorted(self.forward.attribute_reads)
+
     def export(self, header: str = "") -> ExportResult:
         """The joint trace, printed as IR."""
         step = self.forward.joint()

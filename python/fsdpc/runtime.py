@@ -69,6 +69,9 @@ class CompiledProgram:
     sharded_ir: str
     memory_report: dict
     compile_seconds: dict[str, float] = field(default_factory=dict)
+    # The plain module attributes the step read, as (module path, name): the
+    # step holds their values, so a change calls for another program.
+    attribute_reads: list[tuple[str, str]] = field(default_factory=list)
 
 
 def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *, options: str,
@@ -98,7 +101,8 @@ def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Ca
 
     def load() -> CompiledProgram:
         program = Program.parse(entry["program"], str(device))
-        return CompiledProgram(program, program.loaded, entry["sharded_ir"], entry["memory_report"], seconds)
+        return CompiledProgram(program, program.loaded, entry["sharded_ir"], entry["memory_report"], seconds,
+                               [tuple(read) for read in entry["attribute_reads"]])
 
     compiled = on_every_rank("loading the program", load)
     lap("load")
@@ -153,7 +157,7 @@ def compile_entry(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Call
         lap("cache hit")
     else:
         lap("joint trace")
-        entry = _shard_and_lower_cached(captured_ir, options, lap)
+        entry = {**_shard_and_lower_cached(captured_ir, options, lap), "attribute_reads": stage.attribute_reads}
         cache.store(forward_key, entry)
     if calls_key:
         cache.store(calls_key, entry)

@@ -65,6 +65,16 @@ _optimizer_hooks = None
 _SERIALS = itertools.count()
 
 
+class _Absent:
+    """A read module attribute deleted since: its value in a program's key."""
+
+    def __repr__(self) -> str:
+        return "(deleted)"
+
+
+_ABSENT = _Absent()
+
+
 def _retire(param: torch.Tensor, fqn: str) -> None:
     key = id(param)
     _RETIRED[key] = (weakref.ref(param, lambda _: _RETIRED.pop(key, None)), fqn)
@@ -248,6 +258,11 @@ class ShardedModule(nn.Module):
         self._capturing = _Flag()
         self._example = tuple(example_batch)
         self._programs: dict[tuple, CompiledProgram] = {}
+        # Plain module attributes some program's step read, as (module, name):
+        # their current values key the programs (the step holds the values it
+        # read); `_attribute_baseline` are their values when first compiled.
+        self._attribute_slots: dict[tuple[str, str], tuple[nn.Module, str]] = {}
+        self._attribute_baseline: tuple = ()
         # Per mode (train, training): the program whose CUDA graphs the last call used.
         self._replaying: dict[tuple, CompiledProgram] = {}
         self._warned_replay_shapes = False
@@ -455,10 +470,28 @@ class ShardedModule(nn.Module):
             for owner, leaf, kind, real, _ in slots:
                 (owner._parameters if kind == "param" else owner._buffers)[leaf] = real
 
+    def _attribute_values(self) -> tuple:
+        return tuple(getattr(module, name, _ABSENT) for module, name in self._attribute_slots.values())
+
+    def _attributes_changed(self) -> str:
+        """The read attributes whose values differ from those first compiled
+        with, for the per-call agreement (usually nothing)."""
+        values = self._attribute_values()
+        if values == self._attribute_baseline:
+            return ""
+        changed = [f"{path or 'the model'}.{name}={value!r}" for ((path, name), value, before)
+                   in zip(self._attribute_slots, values, self._attribute_baseline) if value != before]
+        return f", module attributes changed since compiling: {', '.join(changed)}"
+
+    def _signature(self, batch: Sequence[torch.Tensor], train: bool, frozen: tuple[str, ...]) -> tuple:
+        """What picks a program: mode, batch shapes, frozen parameters, the
+        gradient divide factor and the values of the module attributes the
+        steps read."""
+        return (train, self.training, tuple((tuple(t.shape), t.dtype) for t in batch), frozen if train else (),
+                self._divide_factor if train else None, self._attribute_values())
+
     def _program_for(self, batch: Sequence[torch.Tensor], *, train: bool, frozen: tuple[str, ...]) -> CompiledProgram:
-        signature = (train, self.training, tuple((tuple(t.shape), t.dtype) for t in batch), frozen if train else (),
-                     self._divide_factor if train else None)
-        found = self._programs.get(signature)
+        found = self._programs.get(self._signature(batch, train, frozen))
         if found is not None:
             return found
         config = self._config
@@ -480,7 +513,12 @@ class ShardedModule(nn.Module):
         if self._programs:
             self._check_same_layout(compiled.program)
         self._make_groups(compiled.program)
-        self._programs[signature] = compiled
+        for path, name in compiled.attribute_reads:
+            if (path, name) not in self._attribute_slots:
+                module = self._original.get_submodule(path)
+                self._attribute_slots[path, name] = (module, name)
+                self._attribute_baseline += (getattr(module, name, _ABSENT),)
+        self._programs[self._signature(batch, train, frozen)] = compiled  # the values the step now holds
         return compiled
 
     def _replay_one_shape(self, compiled: CompiledProgram, train: bool, batch: Sequence[torch.Tensor]) -> None:
@@ -636,7 +674,8 @@ class ShardedModule(nn.Module):
         # A call that is wrong on one rank is refused on all, before any collective.
         self._agree_on_call(f"a call refused with: {problem}" if problem else
                             f"{kind} step on {_describe(batch)}{_frozen_text(frozen)}"
-                            f"{f', gradients divided by {self._divide_factor}' if train and self._divide_factor else ''}")
+                            f"{f', gradients divided by {self._divide_factor}' if train and self._divide_factor else ''}"
+                            f"{self._attributes_changed()}")
         if problem:
             raise problem
         batch = tuple(t.contiguous() for t in batch)  # the program was compiled for dense row-major inputs

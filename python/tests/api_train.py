@@ -1169,6 +1169,53 @@ def scenario_divide_factor(args):
                  "conflicting settings: pipeline option 'gradient-divide-factor=2.0'")
 
 
+class Scaled(nn.Module):
+    """`inner`'s output times `scale`, a plain attribute the training loop
+    may change between steps."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.scale = 1.0
+
+    def forward(self, x):
+        return self.inner(x) * self.scale
+
+
+def scenario_attributes(args):
+    """A plain module attribute that forward reads, changed between steps
+    (a scale annealed by the loop, a dropout's p): the next call compiles
+    for the new value (or takes the program compiled for it before), as
+    eager PyTorch computes with it; ranks whose values differ are refused
+    before any collective."""
+    data = batches(4)
+
+    def scaled() -> GPT:
+        model = reference_model()
+        model.blocks[0] = Scaled(model.blocks[0])
+        return model
+
+    sharded, reference = fsdpc.shard(scaled(), mine(data[0]), next_token_loss), scaled()
+    optimizers = [optimizer_for(sharded), optimizer_for(reference)]
+    losses, expected = [], []
+    for index, batch in enumerate(data):
+        for module in (sharded, reference):
+            module.get_submodule("blocks.0").scale = 0.5 if index in (1, 2) else 1.0
+        losses.append(mean_over_ranks(sharded(*mine(batch))))
+        loss = next_token_loss(reference, *batch)
+        loss.backward()
+        expected.append(float(loss))
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    close(torch.tensor(losses), torch.tensor(expected), "losses with blocks.0.scale 1, 0.5, 0.5, 1")
+    assert len(sharded._programs) == 2, f"{len(sharded._programs)} programs for two values of the scale"
+    sharded.get_submodule("blocks.0").scale = 1.0 + dist.get_rank()
+    expect_error(lambda: sharded(*mine(data[0])), r"the ranks disagree about this call.*blocks\.0\.scale=2\.0")
+    sharded.get_submodule("blocks.0").scale = 1.0
+    sharded(*mine(data[0]))
+
+
 def scenario_hooks(args):
     """Gradient hooks on the sharded parameters run as in eager PyTorch: a
     `register_hook` that zeroes one parameter's gradient (weight decay alone
