@@ -629,6 +629,19 @@ class ShardedModule(nn.Module):
                             "fsdpc.shard(..., gradient_accumulation=True)")
         self._gradient_sync = requires_gradient_sync
 
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """DDP's and FSDP1's context for gradient accumulation: calls inside
+        accumulate their gradients unreduced (set_requires_gradient_sync
+        (False) for the block); the first synchronizing call after it
+        reduces everything accumulated. Needs `gradient_accumulation=True`."""
+        before = self._gradient_sync
+        self.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self._gradient_sync = before
+
     def set_gradient_divide_factor(self, factor: float) -> None:
         """FSDP2's knob: gradients are summed over the ranks and divided by
         `factor` instead of averaged (1: summed, for a loss already divided

@@ -383,8 +383,9 @@ def scenario_slow_save(args):
 
 
 def scenario_accumulate(args):
-    """set_requires_gradient_sync(False) for all but the last microbatch equals eager on the whole batch;
-    the second step is one synchronizing microbatch with nothing accumulated."""
+    """set_requires_gradient_sync(False) for all but the last microbatch equals eager on the whole batch
+    (the third step accumulates under DDP's and FSDP1's `with model.no_sync():` instead); the second step is
+    one synchronizing microbatch with nothing accumulated."""
     data = batches(3)
     world, micro = dist.get_world_size(), 2
     microbatches = [micro, 1, micro]
@@ -393,16 +394,23 @@ def scenario_accumulate(args):
                           gradient_accumulation=True)
     optimizer = optimizer_for(sharded)
     losses = []
-    for batch, count in zip(data, microbatches):
+    for index, (batch, count) in enumerate(zip(data, microbatches)):
         rows = mine(batch)
         total = 0.0
         for m in range(count):
-            sharded.set_requires_gradient_sync(m == count - 1)
+            last = m == count - 1
+            if index < 2:
+                sharded.set_requires_gradient_sync(last)
             micro_rows = tuple(t[m * local:(m + 1) * local] for t in rows)
             if count == 1:  # nothing accumulated: no full-size accumulators either
                 peak, loss = peak_allocated_above_start(lambda: sharded(*micro_rows))
                 predicted = sharded.memory_report["train_step"]["peak"]["above_step_start"]
                 assert peak <= 1.1 * predicted, f"a synchronizing call allocated {peak} B, predicted {predicted} B"
+            elif index == 2 and not last:
+                with sharded.no_sync():
+                    loss = sharded(*micro_rows)
+                assert all(p.grad is None for p in sharded.parameters()), "a call under no_sync() synchronized"
+                assert sharded._gradient_sync, "no_sync() left gradient sync off"
             else:
                 loss = sharded(*micro_rows)
             total += float(loss) / count
