@@ -39,7 +39,7 @@ import torch
 from torch import fx, nn
 from torch._C import DispatchKey
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind, OutputKind
+from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.traceback import preserve_node_meta
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
@@ -115,6 +115,9 @@ class CapturedStep:
     buffers: list[BufferInfo]
     batch: list[tuple[tuple[int, ...], torch.dtype]]
     loss: fx.Node
+    # What loss_fn returned besides the loss (see `aux_structure`), and its output nodes in order.
+    aux: dict | None
+    aux_nodes: list[fx.Node]
     # Gradient output node per trainable parameter FQN (None: unused parameter).
     gradients: dict[str, fx.Node | None]
     # Per call_function node: issuing module FQN ("" = the model) and source line.
@@ -255,13 +258,46 @@ def _alias_groups(model: nn.Module) -> dict[int, list[str]]:
     return groups
 
 
-def _check_outputs(program: ExportedProgram) -> None:
+def aux_count(aux: dict | None) -> int:
+    """How many tensors an `aux_structure` holds."""
+    if aux is None:
+        return 0
+    return {"tensor": 1}.get(aux["kind"]) or aux.get("count") or len(aux["keys"])
+
+
+def aux_structure(program: ExportedProgram) -> dict | None:
+    """What loss_fn returned besides the loss, checked: None (the loss
+    alone), or for `(loss, aux)` the structure of aux as JSON, which the
+    program cache keeps and every rank rebuilds: {"kind": "tensor"},
+    {"kind": "tuple" or "list", "count": n}, or {"kind": "dict", "keys":
+    [...]} (metrics: an accuracy, an MoE balancing loss, token counts)."""
     for spec in program.graph_signature.output_specs:
         if spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
             raise CaptureError(f"unsupported output of the training step: {spec.kind.name}")
     user_outputs = [s for s in program.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
-    if len(user_outputs) != 1:
-        raise CaptureError(f"loss_fn must return one tensor, the loss; it returned {len(user_outputs)} values")
+    if len(user_outputs) == 1:
+        return None
+    returned = program.call_spec.out_spec
+    usage = ("loss_fn must return the loss, or (loss, aux) with aux a tensor, a tuple or list of tensors or a dict "
+             "of them by name")
+    if returned.type not in (tuple, list) or len(returned.children()) != 2 \
+            or not returned.children()[0].is_leaf():
+        kind = returned.type.__name__ if returned.type is not None else "tensor"
+        raise CaptureError(f"{usage}; it returned a {kind} of {len(user_outputs)} values"
+                           + (" (a model's output object: return its .loss)"
+                              if isinstance(returned.type, type) and issubclass(returned.type, dict) else ""))
+    if not all(isinstance(spec.arg, TensorArgument) for spec in user_outputs):
+        raise CaptureError(f"{usage}; aux holds a value that is not a tensor (torch.tensor(x) makes one)")
+    aux = returned.children()[1]
+    if aux.is_leaf():
+        return {"kind": "tensor"}
+    if all(child.is_leaf() for child in aux.children()):
+        if aux.type in (tuple, list):
+            return {"kind": aux.type.__name__, "count": len(aux.children())}
+        if aux.type is dict and all(isinstance(key, str) for key in aux.context):
+            return {"kind": "dict", "keys": list(aux.context)}
+    raise CaptureError(f"{usage}; aux is a {aux.type.__name__} that holds {aux.num_leaves} values nested or under "
+                       "keys other than strings")
 
 
 def _cast_floats(value, dtype: torch.dtype):
@@ -497,6 +533,7 @@ class ForwardTrace:
     device: str
     saved: set[SavedCall]  # the calls the model's selective checkpoint policies save
     attribute_reads: set[tuple[str, str]]  # (module path, name): see _attribute_reads
+    aux: dict | None  # what loss_fn returned besides the loss: see aux_structure
 
     def fingerprint(self) -> str:
         """Everything the joint trace and the IR are made from: every op of
@@ -510,7 +547,7 @@ class ForwardTrace:
                  sorted(self.aliases.values()), sorted(self.real_fqn.items()), str(self.program.graph_signature),
                  [(name, tuple(t.shape), str(t.dtype), t.requires_grad)
                   for name, t in (*self.program.named_parameters(), *self.program.named_buffers())],
-                 [(tuple(t.shape), str(t.dtype)) for t in self.batch], sorted(self.saved)]
+                 [(tuple(t.shape), str(t.dtype)) for t in self.batch], sorted(self.saved), repr(self.aux)]
         for node in self.program.graph.nodes:
             value = node.meta.get("val")
             shape = ((tuple(value.shape), str(value.dtype), value.stride(), str(value.device))
@@ -523,7 +560,7 @@ class ForwardTrace:
 
     def joint(self) -> CapturedStep:
         return _joint_step(self.program, self.step, self.batch, self.aliases, self.real_fqn, self.loss_fn,
-                           self.mixed_precision, self.device, self.saved)
+                           self.mixed_precision, self.device, self.saved, self.aux)
 
 
 @contextlib.contextmanager
@@ -548,13 +585,13 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
                        for identity, names in _alias_groups(model).items()}
         if device == "cuda":
             fuse_written_out_rms_norms(program.graph_module)
-        _check_outputs(program)
+        aux = aux_structure(program)
         yield ForwardTrace(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device,
-                           observed.regions.saved, observed.attribute_reads)
+                           observed.regions.saved, observed.attribute_reads, aux)
 
 
 def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device,
-                saved: set[SavedCall]) -> CapturedStep:
+                saved: set[SavedCall], aux: dict | None) -> CapturedStep:
     """The joint forward + backward graph of an exported step."""
 
     state = {**dict(program.named_parameters()), **dict(program.named_buffers())}
@@ -608,12 +645,13 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
     input_names = [f"batch item {key}" if kind == "input"
                    else f"buffer '{key}' (running statistics, caches)" if kind == "buffer"
                    else f"parameter '{key}'" for kind, key in inputs]
-    joint = _trace_joint(program.graph_module, flat_args, input_names, trainable, export_to_joint, saved)
+    returned = 1 + aux_count(aux)
+    joint = _trace_joint(program.graph_module, flat_args, input_names, trainable, export_to_joint, saved, returned)
     placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
     output = next(n for n in joint.graph.nodes if n.op == "output")
     results = list(output.args[0])
     loss = results[0]
-    gradients = {inputs[i][1]: node for i, node in zip(trainable, results[1:])}
+    gradients = {inputs[i][1]: node for i, node in zip(trainable, results[returned:])}
     assert len(placeholders) == len(inputs)
 
     modules, locations = _attribute_nodes(joint.graph, _definition_of(loss_fn))
@@ -625,6 +663,8 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
         buffers=buffers,
         batch=[(tuple(t.shape), t.dtype) for t in batch],
         loss=loss,
+        aux=aux,
+        aux_nodes=results[1:returned],
         gradients=gradients,
         modules=modules,
         locations=locations,
@@ -662,7 +702,11 @@ class _Composites(fx.Interpreter):
 
 
 def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_names: list[str],
-                 trainable: list[int], export_to_joint: list[int], saved: set[SavedCall]) -> fx.GraphModule:
+                 trainable: list[int], export_to_joint: list[int], saved: set[SavedCall],
+                 returned: int) -> fx.GraphModule:
+    """The joint graph of `forward`, whose first `returned` outputs are the
+    loss and what loss_fn returned beside it: its outputs are those, then
+    the gradients of the `trainable` inputs."""
     # AOTAutograd's helper that stamps backward nodes with the sequence number of
     # the forward op they differentiate (the same one torch.compile relies on).
     from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
@@ -672,18 +716,18 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
     def joint(*args):
         with torch.enable_grad(), preserve_node_meta():
             with saving if saved else contextlib.nullcontext():
-                (loss,) = _Composites(forward).run(*(args[i] for i in export_to_joint))
+                loss, *aux = _Composites(forward).run(*(args[i] for i in export_to_joint))
             if loss.dim() != 0 or not loss.is_floating_point():
                 raise CaptureError(
                     f"loss_fn must return a scalar floating-point loss, got shape {tuple(loss.shape)} {loss.dtype}")
             wrt = [args[i] for i in trainable]
             if not wrt:
-                return (loss,)
+                return (loss, *aux)
             if loss.grad_fn is None:
                 raise CaptureError("the loss does not depend on any trainable parameter")
             setup_stacktrace_preservation_hooks([loss.grad_fn])
             grads = torch.autograd.grad(loss, wrt, allow_unused=True)
-        return (loss, *grads)
+        return (loss, *aux, *grads)
 
     def functional_joint(*args):
         # In-place updates of intermediates become out-of-place ops, as
@@ -714,10 +758,30 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
         if node.op == "call_function" and node.target in _STATIC_ASSERTIONS and not node.users:
             traced.graph.erase_node(node)
     traced.graph.eliminate_dead_code()
+    _copy_handed_out(traced.graph, returned)
     return traced
 
 
 _STATIC_ASSERTIONS = {torch.ops.aten._assert_tensor_metadata.default}
+
+
+def _copy_handed_out(graph: fx.Graph, returned: int) -> None:
+    """What loss_fn returns beside the loss goes to the caller: a parameter,
+    a batch item, or a view of one would hand out the step's own storage (a
+    gathered parameter the next step writes), so each of those becomes a
+    copy, made where it is defined."""
+    output = next(n for n in graph.nodes if n.op == "output")
+    results = list(output.args[0])
+    last_input = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    for index in range(1, returned):
+        node = results[index]
+        if node.op != "placeholder" and not getattr(node.target, "is_view", False):
+            continue
+        with graph.inserting_after(last_input if node.op == "placeholder" else node):
+            copy = graph.call_function(torch.ops.aten.clone.default, (node,))
+        copy.meta = {key: node.meta[key] for key in ("val", "stack_trace", "nn_module_stack") if key in node.meta}
+        results[index] = copy
+    output.args = (tuple(results), *output.args[1:])
 
 
 # Operators kept whole although core ATen decomposes them: their

@@ -263,9 +263,15 @@ class _StepPrinter:
             values = ", ".join(self.value(g, g) if g.op == "placeholder" else self.names[g] for _, g in grads)
             types = ", ".join(self.type_of(g) for _, g in grads)
             self.lines.append(f"    fsdp.gradients [{names}] {values}\n        : {types}")
-        loss_type = self.type_of(self.step.loss)
-        self.lines.append(f"    return {self.names[self.step.loss]} : {loss_type}")
+        returned = [self.step.loss, *self.step.aux_nodes]  # the loss, then what loss_fn returned beside it
+        self.lines.append(f"    return {', '.join(self.names[node] for node in returned)} : "
+                          f"{', '.join(self.type_of(node) for node in returned)}")
         return self.lines, arg_types
+
+    def function_results(self) -> str:
+        """The step function's result types: the loss's, then its aux values'."""
+        types = [self.type_of(node) for node in (self.step.loss, *self.step.aux_nodes)]
+        return types[0] if len(types) == 1 else f"({', '.join(types)})"
 
 
 def emit_mlir(step: CapturedStep, plan: UnitPlan, *, function: str = "train_step",
@@ -301,8 +307,7 @@ def emit_mlir(step: CapturedStep, plan: UnitPlan, *, function: str = "train_step
         out.append(f"  fsdp.buffer {symbol(buffer.fqn)} : {tensor_type(buffer.shape, buffer.dtype, where)}")
     lines, arg_types = _StepPrinter(step).body()
     args = ", ".join(f"%batch{i}: {t}" for i, t in enumerate(arg_types))
-    loss_type = _StepPrinter(step).type_of(step.loss)
-    out.append(f"  func.func @{function}({args}) -> {loss_type} {{")
+    out.append(f"  func.func @{function}({args}) -> {_StepPrinter(step).function_results()} {{")
     out += lines
     out.append("  }")
     out.append("}")

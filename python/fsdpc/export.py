@@ -95,6 +95,11 @@ class ExportStage:
         return _with_units(self.forward.fingerprint(), self.plan)
 
     @property
+    def aux(self) -> dict | None:
+        """What loss_fn returns beside the loss (`capture.aux_structure`)."""
+        return self.forward.aux
+
+    @property
     def attribute_reads(self) -> list[tuple[str, str]]:
         """The module attributes the step read (module path, name), sorted."""
         return sorted(self.forward.attribute_reads)

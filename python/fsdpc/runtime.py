@@ -72,6 +72,9 @@ class CompiledProgram:
     # The plain module attributes the step read, as (module path, name): the
     # step holds their values, so a change calls for another program.
     attribute_reads: list[tuple[str, str]] = field(default_factory=list)
+    # What loss_fn returns beside the loss (capture.aux_structure): the
+    # step function returns those values after the loss.
+    aux: dict | None = None
 
 
 def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *, options: str,
@@ -102,7 +105,7 @@ def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Ca
     def load() -> CompiledProgram:
         program = Program.parse(entry["program"], str(device))
         return CompiledProgram(program, program.loaded, entry["sharded_ir"], entry["memory_report"], seconds,
-                               [tuple(read) for read in entry["attribute_reads"]])
+                               [tuple(read) for read in entry["attribute_reads"]], entry["aux"])
 
     compiled = on_every_rank("loading the program", load)
     lap("load")
@@ -157,7 +160,8 @@ def compile_entry(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Call
         lap("cache hit")
     else:
         lap("joint trace")
-        entry = {**_shard_and_lower_cached(captured_ir, options, lap), "attribute_reads": stage.attribute_reads}
+        entry = {**_shard_and_lower_cached(captured_ir, options, lap), "attribute_reads": stage.attribute_reads,
+                 "aux": stage.aux}
         cache.store(forward_key, entry)
     if calls_key:
         cache.store(calls_key, entry)

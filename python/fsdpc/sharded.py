@@ -753,11 +753,11 @@ class ShardedModule(nn.Module):
         if trace:
             self.last_trace = out["trace"]
         if not train:
-            return out["loss"]
+            return _returned(compiled.aux, out)
         if not sync:
             for fqn, grad in out["grads"].items():
                 self._accumulated[fqn] = self._accumulated[fqn] + grad if fqn in self._accumulated else grad
-            return out["loss"]
+            return _returned(compiled.aux, out)
         self._accumulated.clear()
         stepping = self._host_optimizer.stepped_in_backward() if landings is not None else set()
         for fqn, grad in out["grads"].items():
@@ -767,7 +767,7 @@ class ShardedModule(nn.Module):
             param = named[fqn]
             for hook in list((param._post_accumulate_grad_hooks or {}).values()):
                 hook(param)
-        return out["loss"]
+        return _returned(compiled.aux, out)
 
     def _check_gradient_hooks(self, named: dict[str, nn.Parameter], sync: bool) -> None:
         """Gradient hooks on the parameters (`register_hook`,
@@ -1096,6 +1096,22 @@ def _frozen(named: dict[str, nn.Parameter]) -> tuple[str, ...]:
     or unfreezing a parameter later (as fine-tuning does) compiles another,
     as eager PyTorch would stop or start computing its gradient."""
     return tuple(sorted(fqn for fqn, param in named.items() if not param.requires_grad))
+
+
+def _returned(aux: dict | None, out: dict):
+    """What a call returns: the loss, or (loss, aux) rebuilt as loss_fn
+    returned it (the step function returns the loss, then aux's values)."""
+    if aux is None:
+        return out["loss"]
+    values = out["returned"][1:]
+    kind = aux["kind"]
+    if kind == "tensor":
+        rebuilt = values[0]
+    elif kind == "dict":
+        rebuilt = dict(zip(aux["keys"], values))
+    else:
+        rebuilt = tuple(values) if kind == "tuple" else list(values)
+    return out["loss"], rebuilt
 
 
 def _frozen_text(frozen: tuple[str, ...]) -> str:

@@ -26,7 +26,7 @@ from torch import nn
 import fsdpc
 from fsdpc import checkpoint
 from fsdpc.models.gpt import GPT, GPTConfig
-from fsdpc.models.language import next_token_loss
+from fsdpc.models.language import cross_entropy_over_tokens, next_token_loss
 from fsdpc.profiling import device_stream_intervals, peak_allocated_above_start
 from fsdpc.sharded import new_shard
 from launch import nccl_sharing_one_gpu
@@ -1224,6 +1224,55 @@ def scenario_attributes(args):
         expect_error(lambda: sharded(*mine(data[0])), r"the ranks disagree about this call.*blocks\.0\.scale=2\.0")
         sharded.get_submodule("blocks.0").scale = 1.0
         sharded(*mine(data[0]))
+
+
+def loss_with_metrics(model, tokens, targets):
+    """next_token_loss, and beside it metrics of the step: the share of
+    tokens predicted right and how many tokens there were."""
+    logits = model(tokens)
+    return (cross_entropy_over_tokens(logits, targets),
+            {"accuracy": (logits.argmax(-1) == targets).float().mean(), "tokens": torch.tensor(targets.numel())})
+
+
+def scenario_aux(args):
+    """A loss_fn that returns (loss, aux), metrics beside the loss: every
+    call returns them as loss_fn built them (a dict here), this rank's
+    values, equal to eager's on the same rows, in training, accumulating
+    and forward-only calls; the gradients are the loss's alone."""
+    data = batches(2)
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), loss_with_metrics, gradient_accumulation=True)
+    reference = reference_model()
+    for batch, call in [(data[0], lambda rows: sharded(*rows)), (data[1], lambda rows: sharded(*rows, sync=False)),
+                        (data[0], lambda rows: forward_only(sharded, rows))]:
+        rows = mine(batch)
+        loss, metrics = call(rows)
+        expected_loss, expected = loss_with_metrics(reference, *rows)
+        assert sorted(metrics) == ["accuracy", "tokens"], metrics
+        close(loss, expected_loss.detach(), "loss beside metrics")
+        close(metrics["accuracy"], expected["accuracy"], "accuracy")
+        assert int(metrics["tokens"]) == rows[1].numel(), metrics["tokens"]
+    next_token_loss(reference, *data[0]).backward()
+    for name, param in sharded.named_parameters():
+        close(param.grad.full_tensor(), reference.get_parameter(name).grad, f"gradient of {name} beside metrics")
+    # The metrics the step hands out are in its memory report, which equals what the allocator saw.
+    reported = sharded.memory_report["train_step"]["peak"]["above_step_start"]
+    measured = peak_allocated_above_start(lambda: sharded(*mine(data[0])))[0]
+    within = 0.05 if DEVICE.type == "cpu" else 0.1  # CUDA's allocator rounds each block up to 512 B
+    assert abs(measured - reported) <= within * reported, f"measured {measured} B against the report's {reported} B"
+    if DEVICE.type == "cuda" and dist.get_backend() == "nccl":
+        # Replayed as a CUDA graph: metrics still held when the next call replays were copied out of its memory.
+        replayed = fsdpc.shard(reference_model(), mine(data[0]), loss_with_metrics, pipeline="cuda-graph=true")
+        order = [data[0], data[1], data[0], data[1]]
+        held = [replayed(*mine(batch)) for batch in order]
+        for batch, (loss, metrics) in zip(order, held):
+            expected_loss, expected = loss_with_metrics(reference, *mine(batch))
+            close(loss, expected_loss.detach(), "replayed loss beside metrics")
+            close(metrics["accuracy"], expected["accuracy"], "replayed accuracy")
+
+
+def forward_only(sharded, rows):
+    with torch.no_grad():
+        return sharded(*rows)
 
 
 def scenario_hooks(args):

@@ -323,6 +323,37 @@ def test_a_changed_selective_policy_changes_both_cache_keys():
     assert first[0] != second[0] and first[1] != second[1]
 
 
+def test_what_loss_fn_returns_beside_the_loss_is_returned_by_the_step():
+    """(loss, aux): the step function returns the loss, then aux's values
+    (a parameter returned as is becomes a copy, made where it is read),
+    and its structure is kept for the caller."""
+    model, batch, loss_fn = make("gpt")
+
+    def with_metrics(m, tokens, targets):
+        return loss_fn(m, tokens, targets), (targets.float().mean(), m.lm_head.weight)
+
+    result = export_training_step(model, batch, with_metrics)
+    assert result.step.aux == {"kind": "tuple", "count": 2}
+    assert re.search(r"func.func @train_step\(.*\) -> \(tensor<f32>, tensor<f32>, tensor<1021x64xf32>\)", result.mlir)
+    returned = re.search(r"return (%\w+(?:#\d+)?), (%\w+), (%\w+) :", result.mlir).groups()
+    assert re.search(rf"{returned[2]} = fsdp.aten \"aten::clone\"", result.mlir), "a parameter handed out uncopied"
+    sharded = run_fsdp_opt(result.mlir, ["--fsdp-sharding-pipeline=ranks=2"])
+    assert re.search(r"return %\w+(#\d+)?, %\w+, %\w+ : tensor<f32>, tensor<f32>, tensor<1021x64xf32>", sharded)
+
+
+@pytest.mark.parametrize("returns, message", [
+    (lambda loss, m: (loss, {"nested": (loss, loss)}), "aux is a dict that holds 2 values nested"),
+    (lambda loss, m: (loss, 1.5), "aux holds a value that is not a tensor"),
+    (lambda loss, m: {"loss": loss, "logits": loss * 2}, "it returned a dict of 2 values \\(a model's output object: "
+                                                          "return its .loss\\)"),
+    (lambda loss, m: (loss, loss, loss), "it returned a tuple of 3 values"),
+])
+def test_what_loss_fn_returns_beside_the_loss_is_checked(returns, message):
+    model, batch, loss_fn = make("mlp")
+    with pytest.raises(CaptureError, match="loss_fn must return the loss, or \\(loss, aux\\) .*" + message):
+        export_training_step(model, batch, lambda m, *b: returns(loss_fn(m, *b), m))
+
+
 def test_in_place_operators_in_the_joint_graph_are_named():
     from torch.fx.experimental.proxy_tensor import make_fx
 
