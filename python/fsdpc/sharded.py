@@ -651,9 +651,10 @@ class ShardedModule(nn.Module):
         differ is refused)."""
         self._divide_factor = _divide_factor(factor)
 
-    def forward(self, *batch: torch.Tensor, sync: bool | None = None, trace: bool = False) -> torch.Tensor:
-        """Forward and backward on this rank's batch; returns the loss and
-        leaves the gradients on the parameters. Under `torch.no_grad()` or in
+    def forward(self, *batch: torch.Tensor, sync: bool | None = None, trace: bool = False):
+        """Forward and backward on this rank's batch; returns the loss (or
+        `(loss, aux)` where loss_fn returns that) and leaves the gradients on
+        the parameters. Under `torch.no_grad()` or in
         eval mode, forward only: the loss, no gradients, no communication of
         gradients. `sync` overrides set_requires_gradient_sync for one call;
         `trace` records every instruction as it ran (see `write_trace`)."""
