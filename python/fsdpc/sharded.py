@@ -651,6 +651,10 @@ class ShardedModule(nn.Module):
         differ is refused)."""
         self._divide_factor = _divide_factor(factor)
 
+    # The step is compiled already: torch.compile of the module (a loop ported
+    # from FSDP2 + compile) runs the call as it is instead of tracing fsdpc's
+    # driver (20 s of recompiles of its Python on the 23M GPT, to no gain).
+    @torch.compiler.disable
     def forward(self, *batch: torch.Tensor, sync: bool | None = None, trace: bool = False):
         """Forward and backward on this rank's batch; returns the loss (or
         `(loss, aux)` where loss_fn returns that) and leaves the gradients on

@@ -504,7 +504,14 @@ def scenario_misuse(args):
         else:
             raise AssertionError(f"no error; expected one saying {expected!r}")
     assert sharded.to(DEVICE) is sharded and sharded.float() is sharded  # conversions that change nothing pass
-    sharded(*mine(data[0]))  # a refused call left the module as it was
+    loss = sharded(*mine(data[0]))  # a refused call left the module as it was
+    # torch.compile of the sharded module (a loop ported from FSDP2 + compile) runs the compiled step as it is.
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    close(torch.compile(sharded)(*mine(data[0])), loss, "loss under torch.compile")
+    assert not counters["stats"]["unique_graphs"], f"torch.compile traced fsdpc's driver: {dict(counters['stats'])}"
     # A non-finite gradient norm is reported, never applied.
     grad = sharded.get_parameter("ln_f.weight").grad.to_local()
     grad[0] = float("inf")
