@@ -324,6 +324,7 @@ class ShardedModule(nn.Module):
         self.register_load_state_dict_post_hook(ShardedModule._loaded)
         self.register_state_dict_pre_hook(ShardedModule._settle_host_optimizer)
         self.register_load_state_dict_pre_hook(ShardedModule._settle_host_optimizer)
+        self.register_load_state_dict_pre_hook(ShardedModule._shard_whole_tensors)
         _install_optimizer_hooks()
 
     # -- construction ------------------------------------------------------
@@ -613,6 +614,29 @@ class ShardedModule(nn.Module):
         """State dict hooks: state is read or replaced only once an
         overlapped optimizer step has finished with it."""
         module.wait_for_host_optimizer()
+
+    @staticmethod
+    def _shard_whole_tensors(module: "ShardedModule", state_dict: dict, prefix: str, *_) -> None:
+        """load_state_dict of whole tensors (a pretrained checkpoint, or
+        torch.load of what full_state_dict() returned): a parameter's entry
+        that is a plain tensor of its full shape becomes this rank's rows of
+        it, which the load copies into the shard (FSDP2 refuses such a dict,
+        "mixed torch.Tensor and DTensor"; its set_model_state_dict with
+        full_state_dict=True works here too)."""
+        for fqn, spec in module.layout.items():
+            param = module.get_parameter(fqn)
+            for name in (fqn, *spec.tied):
+                value = state_dict.get(prefix + name)
+                if not isinstance(value, torch.Tensor) or isinstance(value, DTensor) \
+                        or tuple(value.shape) != tuple(spec.shape):
+                    continue  # a DTensor loads as is; a wrong shape gets torch's error, naming it
+                local = value
+                if spec.group is not None:
+                    begin, real = module._shard_rows(spec)
+                    local = rows(value, begin, real)
+                state_dict[prefix + name] = dtensor_where_it_is(
+                    local.to(param._local_tensor.device), param.device_mesh, param.placements, spec.shape,
+                    _contiguous_strides(spec.shape))
 
     def wait_for_host_optimizer(self) -> None:
         """Returns once an overlapped optimizer step has updated every

@@ -284,6 +284,15 @@ def scenario_meta(args):
     losses, _ = train(sharded, optimizer, data)
     expected, _ = eager_losses(reference, data, schedule=False)
     close(torch.tensor(losses), torch.tensor(expected), "losses after meta init")
+    # A whole checkpoint (plain tensors, as torch.load gives a pretrained model's) loads into the shards.
+    torch.manual_seed(7)
+    loaded = fsdpc.shard(GPT(CONFIG), mine(data[0]), next_token_loss)
+    pretrained = reference_model().state_dict()
+    loaded.load_state_dict(pretrained)
+    for name, value in loaded.full_state_dict().items():
+        close(value.cpu(), pretrained[name], f"{name} loaded from whole tensors", rtol=0, atol=0)
+    close(torch.tensor(mean_over_ranks(loaded(*mine(data[0])))),
+          torch.tensor(float(next_token_loss(reference_model(), *data[0]))), "loss after loading whole tensors")
 
 
 def scenario_checkpoint(args):
