@@ -286,8 +286,12 @@ class ShardedModule(nn.Module):
         for name, buffer in model.named_buffers(recurse=False):
             self.register_buffer(name, buffer, persistent=name not in model._non_persistent_buffers_set)
         # A training step is what is compiled: the model trains until .eval()
-        # (Hugging Face's from_pretrained hands models over in eval mode).
-        model.train()
+        # (Hugging Face's from_pretrained hands models over in eval mode); a
+        # training model keeps the modes its modules were given (a frozen
+        # encoder left in eval).
+        if not model.training:
+            model.train()
+        self._hooked_modules = dict(model.named_modules())  # by name: their modes and forward hooks are checked
 
         first = self._program_for(self._example, train=True, frozen=_frozen(dict(self.named_parameters())))
         self.layout: dict[str, ParamSpec] = {spec.name: spec for spec in first.program.params}
@@ -312,7 +316,6 @@ class ShardedModule(nn.Module):
         # The model's forward hooks are traced into the step: what they
         # compute is compiled in, once; hooks added or removed later would
         # silently not be, so a call after a change is refused.
-        self._hooked_modules = dict(model.named_modules())
         self._compiled_hooks = _forward_hook_ids(self._hooked_modules.values())
         traced = [name or "the model" for name, module in self._hooked_modules.items()
                   if set(module._forward_pre_hooks) - {refuse.id} or module._forward_hooks]
@@ -462,14 +465,21 @@ class ShardedModule(nn.Module):
         try:
             for owner, leaf, kind, _, meta in slots:
                 (owner._parameters if kind == "param" else owner._buffers)[leaf] = meta
-            model.train(self.training if train else False)
+            model.training = self.training  # the submodules are ours: each traces in its own mode, as in eager
             self._capturing.on = True
             yield model
         finally:
             self._capturing.on = False
-            model.train(mode)
+            model.training = mode
             for owner, leaf, kind, real, _ in slots:
                 (owner._parameters if kind == "param" else owner._buffers)[leaf] = real
+
+    def _modes_apart(self) -> tuple[str, ...]:
+        """The modules in the other mode than the sharded module (an encoder
+        kept in eval while the rest trains): each is traced in its own mode,
+        so they key the programs."""
+        return tuple(name for name, module in self._hooked_modules.items()
+                     if name and module.training != self.training)
 
     def _attribute_values(self) -> tuple:
         return tuple(getattr(module, name, _ABSENT) for module, name in self._attribute_slots.values())
@@ -485,11 +495,11 @@ class ShardedModule(nn.Module):
         return f", module attributes changed since compiling: {', '.join(changed)}"
 
     def _signature(self, batch: Sequence[torch.Tensor], train: bool, frozen: tuple[str, ...]) -> tuple:
-        """What picks a program: mode, batch shapes, frozen parameters, the
-        gradient divide factor and the values of the module attributes the
-        steps read."""
-        return (train, self.training, tuple((tuple(t.shape), t.dtype) for t in batch), frozen if train else (),
-                self._divide_factor if train else None, self._attribute_values())
+        """What picks a program: mode (and the modules in the other one),
+        batch shapes, frozen parameters, the gradient divide factor and the
+        values of the module attributes the steps read."""
+        return (train, self.training, self._modes_apart(), tuple((tuple(t.shape), t.dtype) for t in batch),
+                frozen if train else (), self._divide_factor if train else None, self._attribute_values())
 
     def _program_for(self, batch: Sequence[torch.Tensor], *, train: bool, frozen: tuple[str, ...]) -> CompiledProgram:
         found = self._programs.get(self._signature(batch, train, frozen))
@@ -717,7 +727,7 @@ class ShardedModule(nn.Module):
         self._agree_on_call(f"a call refused with: {problem}" if problem else
                             f"{kind} step on {_describe(batch)}{_frozen_text(frozen)}"
                             f"{f', gradients divided by {self._divide_factor}' if train and self._divide_factor else ''}"
-                            f"{self._attributes_changed()}")
+                            f"{self._attributes_changed()}{_modes_text(self._modes_apart(), self.training)}")
         if problem:
             raise problem
         batch = tuple(t.contiguous() for t in batch)  # the program was compiled for dense row-major inputs
@@ -1141,6 +1151,16 @@ def _returned(aux: dict | None, out: dict):
     else:
         rebuilt = tuple(values) if kind == "tuple" else list(values)
     return out["loss"], rebuilt
+
+
+def _modes_text(apart: tuple[str, ...], training: bool) -> str:
+    """Modules in the other mode, for the per-call agreement: the outermost
+    of each such subtree (`apart` lists parents before children)."""
+    outermost: list[str] = []
+    for name in apart:
+        if not any(name.startswith(parent + ".") for parent in outermost):
+            outermost.append(name)
+    return f", {', '.join(outermost)} in {'eval' if training else 'train'} mode" if apart else ""
 
 
 def _frozen_text(frozen: tuple[str, ...]) -> str:

@@ -1291,6 +1291,40 @@ def forward_only(sharded, rows):
         return sharded(*rows)
 
 
+def scenario_modes(args):
+    """A module kept in eval mode while the rest trains (a frozen encoder's
+    dropout off), set before fsdpc.shard or between calls: the step traces
+    each module in its own mode, as eager runs it, and the modes key the
+    programs; ranks whose modes differ are refused before any collective."""
+    data = batches(3)
+
+    def with_dropout() -> GPT:
+        model = reference_model()
+        model.blocks[0] = nn.Sequential(model.blocks[0], nn.Dropout(0.5))
+        return model
+
+    model = with_dropout()
+    model.blocks[0].eval()  # before fsdpc.shard: kept
+    sharded, reference = fsdpc.shard(model, mine(data[0]), next_token_loss), with_dropout()
+    reference.blocks[0].eval()
+    losses = [mean_over_ranks(sharded(*mine(data[0])))]
+    expected = [float(next_token_loss(reference, *data[0]))]
+    sharded.eval()  # all of it, then training again with blocks.0 in eval (between calls)
+    with torch.no_grad():
+        losses.append(mean_over_ranks(sharded(*mine(data[1]))))
+    sharded.train()
+    sharded.get_submodule("blocks.0").eval()
+    losses.append(mean_over_ranks(sharded(*mine(data[2]))))
+    for batch in data[1:]:
+        expected.append(float(next_token_loss(reference, *batch)))
+    close(torch.tensor(losses), torch.tensor(expected), "losses with blocks.0's dropout in eval mode")
+    assert sharded.get_submodule("blocks.0.1").training is False, "capture changed a module's mode"
+    if dist.get_world_size() > 1 and dist.get_rank() == 1:
+        sharded.get_submodule("blocks.0").train()
+    if dist.get_world_size() > 1:
+        expect_error(lambda: sharded(*mine(data[0])), r"the ranks disagree about this call.*, blocks\.0 in eval mode")
+
+
 def scenario_hooks(args):
     """Gradient hooks on the sharded parameters run as in eager PyTorch: a
     `register_hook` that zeroes one parameter's gradient (weight decay alone
