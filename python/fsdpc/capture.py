@@ -115,9 +115,6 @@ class CapturedStep:
     buffers: list[BufferInfo]
     batch: list[tuple[tuple[int, ...], torch.dtype]]
     loss: fx.Node
-    # What loss_fn returned besides the loss (see `aux_structure`), and its output nodes in order.
-    aux: dict | None
-    aux_nodes: list[fx.Node]
     # Gradient output node per trainable parameter FQN (None: unused parameter).
     gradients: dict[str, fx.Node | None]
     # Per call_function node: issuing module FQN ("" = the model) and source line.
@@ -127,6 +124,9 @@ class CapturedStep:
     regions: dict[fx.Node, int] = field(default_factory=dict)
     mixed_precision: MixedPrecision | None = None
     device: str = "cpu"  # the device kind the step was captured for
+    # What loss_fn returned besides the loss (see `aux_structure`), and its output nodes in order.
+    aux: dict | None = None
+    aux_nodes: list[fx.Node] = field(default_factory=list)
 
 
 class _TrainingStep(nn.Module):
