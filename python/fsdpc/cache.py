@@ -49,6 +49,7 @@ from typing import Callable, Sequence
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
 from fsdpc.compiler import find_fsdp_opt
 from fsdpc.program import runtime_extension
@@ -153,13 +154,14 @@ def setup_key(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable
     params = [[name, list(p.shape), str(p.dtype), p.requires_grad, identity.setdefault(id(p), len(identity))]
               for name, p in model.named_parameters(remove_duplicate=False)]
     buffers = [[name, list(b.shape), str(b.dtype)] for name, b in model.named_buffers(remove_duplicate=False)]
+    leaves, structure = tree_flatten(tuple(batch))
     loss = _code_of(loss_fn)
     if loss[2]:
         loss.append(_file_digest(loss[2], digests))
     key = {
         "world": world, "options": {k: (_code_of(v) if callable(v) else repr(v)) for k, v in sorted(options.items())},
         "modules": modules, "params": params, "buffers": buffers, "loss": loss,
-        "batch": [[list(t.shape), str(t.dtype)] for t in batch],
+        "batch": [[list(t.shape), str(t.dtype)] for t in leaves], "batch_structure": str(structure),
         "sources": [[path, _file_digest(path, digests)] for path in _user_source_files()],
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()

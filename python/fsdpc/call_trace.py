@@ -55,7 +55,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from fsdpc.cache import source_digests
-from fsdpc.capture import MixedPrecision, _definition_of, _TrainingStep, _unparametrized, capture_modes
+from fsdpc.capture import (CaptureError, MixedPrecision, _definition_of, _TrainingStep, _unparametrized, batch_leaves,
+                           capture_modes)
 
 _FORMAT = "fsdpc call trace 1"
 _PLAIN = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis), torch.dtype, torch.device,
@@ -255,7 +256,11 @@ def trace_calls(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callab
     it, and digests every torch call (None where the record cannot be
     complete: see the module's docstring)."""
     batch = tuple(batch)
-    tensors = [*model.parameters(), *model.buffers(), *batch]
+    try:
+        leaves, structure = batch_leaves(batch)
+    except CaptureError:
+        return None  # export says what is wrong
+    tensors = [*model.parameters(), *model.buffers(), *leaves]
     if not all(isinstance(t, torch.Tensor) and t.is_meta for t in tensors):
         return None
     step = _TrainingStep(model, loss_fn)
@@ -273,7 +278,7 @@ def trace_calls(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callab
                 recorder.name_tensors({f"parameter {_unparametrized(name)}": p
                                        for name, p in step.named_parameters(remove_duplicate=False)})
                 recorder.name_tensors({f"buffer {name}": b for name, b in step.named_buffers(remove_duplicate=False)})
-                recorder.name_tensors({f"batch item {i}": t for i, t in enumerate(batch)})
+                recorder.name_tensors({f"batch item {i}": t for i, t in enumerate(leaves)})
                 recorder.module_names = {id(m): name for name, m in reversed(
                     list(step.named_modules(remove_duplicate=False)))}
                 with _module_stack(recorder), _as_export_runs_it():
@@ -288,6 +293,7 @@ def trace_calls(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callab
             gc.enable()
     frames = recorder.frame_table()
     record = (_FORMAT, device, repr(mixed_precision), str(_definition_of(loss_fn)), tuple(unit_modules),
-              _environment(), _inputs(model, batch), frames, source_digests(file for file, _, _ in frames),
+              _environment(), _inputs(model, leaves), str(structure), frames,
+              source_digests(file for file, _, _ in frames),
               tuple(recorder.calls), result, sorted(observed.regions.saved))
     return CallTrace(hashlib.sha256(repr(record).encode()).hexdigest(), printed.getvalue(), complained.getvalue())

@@ -39,6 +39,7 @@ import torch
 from torch import fx, nn
 from torch._C import DispatchKey
 from torch.export import ExportedProgram
+from torch.utils._pytree import TreeSpec, keystr, tree_flatten_with_path
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.traceback import preserve_node_meta
@@ -139,6 +140,18 @@ class _TrainingStep(nn.Module):
 
     def forward(self, *batch):
         return self._loss_fn(getattr(self, _MODEL_ATTR), *batch)
+
+
+def batch_leaves(batch: Sequence) -> tuple[list[torch.Tensor], TreeSpec]:
+    """A batch's tensors in order, and its structure: each item a tensor,
+    or a dict, list or tuple of them (nested), handed to loss_fn as given
+    (`lambda model, batch: model(**batch).loss` for a Hugging Face batch)."""
+    paths, structure = tree_flatten_with_path(tuple(batch))
+    for path, leaf in paths:
+        if not isinstance(leaf, torch.Tensor):
+            raise CaptureError(f"batch item {keystr(path)} is a {type(leaf).__name__}; a batch holds tensors "
+                               "(each item a tensor, or a dict, list or tuple of them)")
+    return [leaf for _, leaf in paths], structure
 
 
 def user_frame(frames, *, torch_fallback: bool = False) -> SourceLocation | None:
@@ -534,6 +547,7 @@ class ForwardTrace:
     saved: set[SavedCall]  # the calls the model's selective checkpoint policies save
     attribute_reads: set[tuple[str, str]]  # (module path, name): see _attribute_reads
     aux: dict | None  # what loss_fn returned besides the loss: see aux_structure
+    structure: str  # the batch's (batch_leaves); `batch` holds its tensors
 
     def fingerprint(self) -> str:
         """Everything the joint trace and the IR are made from: every op of
@@ -547,7 +561,8 @@ class ForwardTrace:
                  sorted(self.aliases.values()), sorted(self.real_fqn.items()), str(self.program.graph_signature),
                  [(name, tuple(t.shape), str(t.dtype), t.requires_grad)
                   for name, t in (*self.program.named_parameters(), *self.program.named_buffers())],
-                 [(tuple(t.shape), str(t.dtype)) for t in self.batch], sorted(self.saved), repr(self.aux)]
+                 [(tuple(t.shape), str(t.dtype)) for t in self.batch], self.structure, sorted(self.saved),
+                 repr(self.aux)]
         for node in self.program.graph.nodes:
             value = node.meta.get("val")
             shape = ((tuple(value.shape), str(value.dtype), value.stride(), str(value.device))
@@ -573,9 +588,7 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
     names). `unit_modules` (FQNs; "" is the model) are where
     `mixed_precision` casts forward inputs and outputs."""
     batch = tuple(batch)
-    for index, item in enumerate(batch):
-        if not isinstance(item, torch.Tensor):
-            raise CaptureError(f"batch item {index} is a {type(item).__name__}; a batch is a tuple of tensors")
+    leaves, structure = batch_leaves(batch)
     step = _TrainingStep(model, loss_fn)
     units = [model.get_submodule(name) for name in unit_modules]
     with _tracing_safe_names(model) as real_fqn:
@@ -586,8 +599,8 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
         if device == "cuda":
             fuse_written_out_rms_norms(program.graph_module)
         aux = aux_structure(program)
-        yield ForwardTrace(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device,
-                           observed.regions.saved, observed.attribute_reads, aux)
+        yield ForwardTrace(program, step, tuple(leaves), aliases, real_fqn, loss_fn, mixed_precision, device,
+                           observed.regions.saved, observed.attribute_reads, aux, str(structure))
 
 
 def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device,

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.utils._pytree import tree_leaves
 
 BACKENDS = ("gloo", "nccl")
 
@@ -31,7 +32,7 @@ class DeviceError(ValueError):
 
 def job_device(example_batch: Sequence[torch.Tensor], mesh=None) -> torch.device:
     """The device every batch tensor is on (a CUDA device with its index)."""
-    devices = {t.device for t in example_batch if isinstance(t, torch.Tensor)}
+    devices = {t.device for t in tree_leaves(tuple(example_batch)) if isinstance(t, torch.Tensor)}
     if not devices:
         raise DeviceError("the example batch holds no tensor: fsdpc takes the job's device from it")
     if len(devices) > 1:

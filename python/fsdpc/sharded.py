@@ -42,9 +42,10 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from fsdpc import clip, liveness
-from fsdpc.capture import MixedPrecision
+from fsdpc.capture import CaptureError, MixedPrecision, batch_leaves
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.device import DeviceError, collective_backend, dtensor_where_it_is, job_device, seed_generators
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
@@ -256,7 +257,13 @@ class ShardedModule(nn.Module):
         self._timeout, self._check_reshard_frees = timeout, check_reshard_frees
         object.__setattr__(self, "_original", model)  # not a submodule: its FQNs are ours
         self._capturing = _Flag()
-        self._example = tuple(example_batch)
+        # The example batch's tensors in order, and its structure (each item a
+        # tensor, or a dict, list or tuple of them, as loss_fn takes it).
+        try:
+            example, self._batch_structure = batch_leaves(example_batch)
+        except CaptureError as error:
+            raise StepError(str(error)) from None
+        self._example = tuple(example)
         self._programs: dict[tuple, CompiledProgram] = {}
         # Plain module attributes some program's step read, as (module, name):
         # their current values key the programs (the step holds the values it
@@ -513,7 +520,8 @@ class ShardedModule(nn.Module):
         self.wait_for_host_optimizer()  # capture swaps the module's parameters, which the host thread steps
         try:
             with self._capture_view(train) as model:
-                shapes = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in batch]
+                shapes = tree_unflatten([torch.empty(t.shape, dtype=t.dtype, device="meta") for t in batch],
+                                        self._batch_structure)
                 compiled = compile_program(model, shapes, config["loss_fn"], options=options, wrap=config["wrap"],
                                            mixed_precision=config["mixed_precision"], device=self.device)
         except StepError as error:
@@ -689,8 +697,9 @@ class ShardedModule(nn.Module):
     # from FSDP2 + compile) runs the call as it is instead of tracing fsdpc's
     # driver (20 s of recompiles of its Python on the 23M GPT, to no gain).
     @torch.compiler.disable
-    def forward(self, *batch: torch.Tensor, sync: bool | None = None, trace: bool = False):
-        """Forward and backward on this rank's batch; returns the loss (or
+    def forward(self, *batch, sync: bool | None = None, trace: bool = False):
+        """Forward and backward on this rank's batch (structured as the
+        example batch: tensors, or dicts, lists or tuples of them); returns the loss (or
         `(loss, aux)` where loss_fn returns that) and leaves the gradients on
         the parameters. Under `torch.no_grad()` or in
         eval mode, forward only: the loss, no gradients, no communication of
@@ -702,11 +711,13 @@ class ShardedModule(nn.Module):
         started, caller = time.monotonic(), threading.get_ident()
         train = torch.is_grad_enabled() and self.training
         named = {fqn: owner._parameters[leaf] for fqn, (owner, leaf) in self._param_slots.items()}
+        given, structure = tree_flatten(batch)
+        batch = given  # its tensors: the program takes them in order
         try:
             self._check_ready()
             self._check_forward_hooks()
             _refuse_autocast(self.device, "the sharded module called")
-            self._check_batch(batch)
+            self._check_batch(given, structure)
             if train:
                 self._check_gradient_hooks(named, self._gradient_sync if sync is None else sync)
             if train and self._host_optimizer is not None and self._host_optimizer.in_backward:
@@ -940,7 +951,10 @@ class ShardedModule(nn.Module):
             raise StepError(f"buffers {sorted(self._meta_buffers)} were created on the meta device and hold no "
                             "values yet: call init_weights(), which runs reset_parameters() or your init")
 
-    def _check_batch(self, batch: Sequence[torch.Tensor]) -> None:
+    def _check_batch(self, batch: Sequence[torch.Tensor], structure: TreeSpec) -> None:
+        if structure != self._batch_structure and len(batch) == len(self._example):
+            raise StepError(f"the batch is structured {structure}; the step was compiled for "
+                            f"{self._batch_structure} (tensors in dicts, lists or tuples as in the example batch)")
         if len(batch) != len(self._example):
             raise StepError(f"the step takes {len(self._example)} batch tensors "
                             f"({_describe(self._example)}), got {len(batch)}")

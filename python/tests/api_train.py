@@ -1286,6 +1286,37 @@ def scenario_aux(args):
             close(metrics["accuracy"], expected["accuracy"], "replayed accuracy")
 
 
+def scenario_named_batch(args):
+    """A batch of named tensors (a dict, as a Hugging Face collator makes
+    it) handed to loss_fn as given: training equals eager's; a call whose
+    batch is structured otherwise is refused, naming both structures."""
+    data = batches(3)
+
+    def named(rows):
+        return {"input_ids": rows[0], "labels": rows[1]}
+
+    def loss_fn(model, batch):
+        return next_token_loss(model, batch["input_ids"], batch["labels"])
+
+    sharded = fsdpc.shard(reference_model(), (named(mine(data[0])),), loss_fn)
+    reference = reference_model()
+    optimizers = [optimizer_for(sharded), optimizer_for(reference)]
+    losses, expected = [], []
+    for batch in data:
+        losses.append(mean_over_ranks(sharded(named(mine(batch)))))
+        loss = next_token_loss(reference, *batch)
+        loss.backward()
+        expected.append(float(loss))
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    close(torch.tensor(losses), torch.tensor(expected), "losses on named batches")
+    rows = mine(data[0])
+    expect_error(lambda: sharded({"tokens": rows[0], "labels": rows[1]}), "the batch is structured")
+    expect_error(lambda: sharded(*rows), "the batch is structured")
+    sharded(named(rows))  # a refused call left the module as it was
+
+
 def forward_only(sharded, rows):
     with torch.no_grad():
         return sharded(*rows)
