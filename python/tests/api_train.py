@@ -1194,6 +1194,19 @@ def scenario_divide_factor(args):
                  "conflicting settings: pipeline option 'gradient-divide-factor=2.0'")
 
 
+def step_beside_eager(call, reference: nn.Module, batch, optimizers) -> tuple[float, float]:
+    """One training step of the sharded module (`call()` returns its loss)
+    and of eager `reference` on the whole `batch`, then every optimizer's
+    step: the two losses (the sharded one averaged over ranks)."""
+    loss = mean_over_ranks(call())
+    expected = next_token_loss(reference, *batch)
+    expected.backward()
+    for optimizer in optimizers:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return loss, float(expected)
+
+
 class Scaled(nn.Module):
     """`inner`'s output times `scale`, a plain attribute the training loop
     may change between steps."""
@@ -1222,18 +1235,12 @@ def scenario_attributes(args):
 
     sharded, reference = fsdpc.shard(scaled(), mine(data[0]), next_token_loss), scaled()
     optimizers = [optimizer_for(sharded), optimizer_for(reference)]
-    losses, expected = [], []
+    pairs = []
     for index, batch in enumerate(data):
         for module in (sharded, reference):
             module.get_submodule("blocks.0").scale = 0.5 if index in (1, 2) else 1.0
-        losses.append(mean_over_ranks(sharded(*mine(batch))))
-        loss = next_token_loss(reference, *batch)
-        loss.backward()
-        expected.append(float(loss))
-        for optimizer in optimizers:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    close(torch.tensor(losses), torch.tensor(expected), "losses with blocks.0.scale 1, 0.5, 0.5, 1")
+        pairs.append(step_beside_eager(lambda: sharded(*mine(batch)), reference, batch, optimizers))
+    close(*map(torch.tensor, zip(*pairs)), "losses with blocks.0.scale 1, 0.5, 0.5, 1")
     assert len(sharded._programs) == 2, f"{len(sharded._programs)} programs for two values of the scale"
     if dist.get_world_size() > 1:
         sharded.get_submodule("blocks.0").scale = 1.0 + dist.get_rank()
@@ -1301,16 +1308,8 @@ def scenario_named_batch(args):
     sharded = fsdpc.shard(reference_model(), (named(mine(data[0])),), loss_fn)
     reference = reference_model()
     optimizers = [optimizer_for(sharded), optimizer_for(reference)]
-    losses, expected = [], []
-    for batch in data:
-        losses.append(mean_over_ranks(sharded(named(mine(batch)))))
-        loss = next_token_loss(reference, *batch)
-        loss.backward()
-        expected.append(float(loss))
-        for optimizer in optimizers:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    close(torch.tensor(losses), torch.tensor(expected), "losses on named batches")
+    pairs = [step_beside_eager(lambda: sharded(named(mine(batch))), reference, batch, optimizers) for batch in data]
+    close(*map(torch.tensor, zip(*pairs)), "losses on named batches")
     rows = mine(data[0])
     expect_error(lambda: sharded({"tokens": rows[0], "labels": rows[1]}), "the batch is structured")
     expect_error(lambda: sharded(*rows), "the batch is structured")
