@@ -646,11 +646,12 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
             user_index += 1
         elif spec.kind == InputKind.CONSTANT_TENSOR:
             node = next(n for n in program.graph.nodes if n.op == "placeholder" and n.name == spec.arg.name)
-            where = _first_user_location(node)
+            where = _first_user_location(node) or "the model"
             raise CaptureError(
-                f"{where or 'the model'}: a tensor created from Python data inside forward "
-                f"('{spec.target}') cannot be captured; register it with register_buffer"
-            )
+                f"{where}: the step reads a tensor that is neither the model's parameter or buffer nor a batch item "
+                f"('{spec.target}': another model's weights, a teacher's? a plain tensor attribute, or one made from "
+                "Python data inside forward); make its module a submodule of the model (frozen with "
+                "requires_grad_(False)), register the tensor with register_buffer, or pass it in the batch")
         else:
             raise CaptureError(f"unsupported input of the training step: {spec.kind.name} {spec.target}")
 

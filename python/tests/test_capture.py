@@ -438,3 +438,19 @@ def test_tensors_made_from_python_numbers_keep_their_values_on_meta():
 
     with pytest.raises(CaptureError, match="register_buffer"):
         export_training_step(ListConstant(), [torch.randn(3, 2)], loss_fn)
+
+
+def test_another_models_weights_in_the_step_are_refused_with_the_ways_out():
+    """Distillation written with the teacher outside the model: its weights
+    are not the model's, so fsdpc would not shard them; the error says how
+    to bring them in."""
+    model, batch, loss_fn = make("mlp")
+    teacher, _, _ = make("mlp")
+    teacher.requires_grad_(False)
+
+    def distilled(m, x, *rest):
+        return loss_fn(m, x, *rest) + (m.fc1(x) - teacher.fc1(x)).pow(2).mean()
+
+    with pytest.raises(CaptureError, match=r"another model's weights, a teacher's\? .* make its module a submodule "
+                                           r"of the model \(frozen with requires_grad_\(False\)\)"):
+        export_training_step(model, batch, distilled)
