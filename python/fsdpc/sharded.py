@@ -633,6 +633,16 @@ class ShardedModule(nn.Module):
         overlapped optimizer step has finished with it."""
         module.wait_for_host_optimizer()
 
+    def __deepcopy__(self, memo):
+        raise StepError("a sharded module cannot be copied: it holds this rank's shards, its process groups and "
+                        "compiled steps; copy the model before fsdpc.shard (an EMA or reference copy), or copy the "
+                        "tensors of model.state_dict()")
+
+    def __getstate__(self):
+        raise StepError("a sharded module cannot be pickled (torch.save(model)): it holds this rank's shards, its "
+                        "process groups and compiled steps; save its state with fsdpc.checkpoint.save (or "
+                        "model.full_state_dict())")
+
     @staticmethod
     def _shard_whole_tensors(module: "ShardedModule", state_dict: dict, prefix: str, *_) -> None:
         """load_state_dict of whole tensors (a pretrained checkpoint, or

@@ -7,11 +7,13 @@ GPU and tolerances are at least 1e-5 (fp32 kernels that sum in another
 order)."""
 
 import argparse
+import copy
 import datetime
 import functools
 import gc
 import json
 import os
+import pickle
 import re
 import sys
 import time
@@ -503,6 +505,8 @@ def scenario_misuse(args):
         (lambda: sharded.to(torch.bfloat16), "parameter 'tok_emb.weight' would become bfloat16 on"),
         (lambda: sharded.double(), "convert the model before fsdpc.shard"),
         (lambda: sharded.to("meta"), "would become float32 on meta"),
+        (lambda: copy.deepcopy(sharded), "a sharded module cannot be copied"),
+        (lambda: pickle.dumps(sharded), "save its state with fsdpc.checkpoint.save"),
         (lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
                              timeout=datetime.timedelta(microseconds=500)), "at least 1 ms"),
     ]:
