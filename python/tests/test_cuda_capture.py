@@ -500,3 +500,50 @@ def test_capture_picks_the_attention_kernel_eager_runs_on_this_gpu(case):
         torch.nn.functional.scaled_dot_product_attention(*metas, **{**call, "attn_mask": None if mask is None
                                                                     else mask.to("meta")})
     assert captured.calls == eager.calls, (case, captured.calls, eager.calls)
+
+
+def test_a_selective_policy_saves_the_fused_attention_it_names():
+    """torchtitan's op-level policy (its attention kernels and every other
+    matrix product saved) on the Llama's blocks, captured for a CUDA target:
+    the cuDNN attention call and the first, third, ... mm of each block stay
+    out of the region, so the sharding pipeline recomputes neither."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    from fsdpc.capture import MixedPrecision
+    from fsdpc.export import build, export_training_step, load_factory
+
+    saved_kernels = {torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+                     torch.ops.aten._scaled_dot_product_flash_attention.default,
+                     torch.ops.aten._scaled_dot_product_efficient_attention.default}
+
+    def op_level_policy():
+        counts = {False: 0, True: 0}
+
+        def policy(ctx, func, *args, **kwargs):
+            if func is torch.ops.aten.mm.default:
+                counts[ctx.is_recompute] += 1
+                saved = counts[ctx.is_recompute] % 2 == 1
+            else:
+                saved = func in saved_kernels
+            return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    model, batch, loss_fn = build(load_factory("llama"), meta=True)
+    for index, layer in enumerate(model.layers):
+        model.layers[index] = checkpoint_wrapper(layer, context_fn=op_level_policy)
+    text = export_training_step(model, batch, loss_fn, mixed_precision=MixedPrecision(param_dtype=torch.bfloat16),
+                                device="cuda").mlir
+    forward = text.split("fsdp.loss")[0]
+    in_blocks = re.findall(r'"aten::(\w+)"[^\n]*module "layers\.(\d)[.\w]*"( checkpoint \d+)?', forward)
+    kept = [(call, block) for call, block, region in in_blocks if not region]
+    matmuls = {block: [region for call, b, region in in_blocks if b == block and call == "mm"]
+               for _, block, _ in in_blocks}
+    assert sorted(matmuls) == ["0", "1"] and all(len(regions) == 7 for regions in matmuls.values()), matmuls
+    for block, regions in matmuls.items():
+        assert regions[::2] == [""] * len(regions[::2]) and all(regions[1::2]), (block, regions)
+        assert ("_scaled_dot_product_cudnn_attention", block) in kept, kept
+    sharded = run_fsdp_opt(text, ["--fsdp-sharding-pipeline=ranks=2"])
+    assert not re.search(r'"aten::_scaled_dot_product_cudnn_attention"[^\n]*\{fsdp\.recomputed\}', sharded)
+    assert re.search(r'\{fsdp\.recomputed\}', sharded), "nothing of the blocks is recomputed"
