@@ -56,7 +56,7 @@ from torch.overrides import TorchFunctionMode
 
 from fsdpc.cache import source_digests
 from fsdpc.capture import (CaptureError, MixedPrecision, _definition_of, _TrainingStep, _unparametrized, batch_leaves,
-                           capture_modes)
+                           capture_modes, say_ignored_hooks)
 
 _FORMAT = "fsdpc call trace 1"
 _PLAIN = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis), torch.dtype, torch.device,
@@ -76,10 +76,12 @@ class CallTrace:
     fingerprint: str
     printed: str
     complained: str
+    ignored_hooks: list[str]  # where the step entered saved-tensor hooks, which do not apply
 
     def echo(self) -> None:
         sys.stdout.write(self.printed)
         sys.stderr.write(self.complained)
+        say_ignored_hooks(self.ignored_hooks)
 
 
 class _CallRecorder(TorchFunctionMode):
@@ -296,4 +298,5 @@ def trace_calls(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callab
               _environment(), _inputs(model, leaves), str(structure), frames,
               source_digests(file for file, _, _ in frames),
               tuple(recorder.calls), result, sorted(observed.regions.saved))
-    return CallTrace(hashlib.sha256(repr(record).encode()).hexdigest(), printed.getvalue(), complained.getvalue())
+    return CallTrace(hashlib.sha256(repr(record).encode()).hexdigest(), printed.getvalue(), complained.getvalue(),
+                     observed.ignored_hooks)

@@ -39,11 +39,12 @@ import torch
 from torch import fx, nn
 from torch._C import DispatchKey
 from torch.export import ExportedProgram
-from torch.utils._pytree import TreeSpec, keystr, tree_flatten_with_path
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.traceback import preserve_node_meta
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.utils import checkpoint as torch_checkpoint
+from torch.utils._pytree import TreeSpec, keystr, tree_flatten_with_path
 
 from fsdpc import cache
 from fsdpc.attention import FusedAttentionFor
@@ -508,13 +509,45 @@ def _attribute_reads(model: nn.Module) -> Iterator[set[tuple[str, str]]]:
         yield reads
 
 
+@contextlib.contextmanager
+def _saved_tensors_hooks_entered() -> Iterator[list[str]]:
+    """Where the step enters saved-tensor hooks of its own (`save_on_cpu`,
+    torchtune's activation offloading): the joint trace saves what backward
+    needs itself, so they do not apply (said by `say_ignored_hooks`).
+    torch.utils.checkpoint's own hooks are its business (`checkpoint_regions`)."""
+    hooks = torch.autograd.graph.saved_tensors_hooks
+    enter = hooks.__enter__
+    lines: list[str] = []
+
+    def entered(self):
+        where = user_frame(traceback.extract_stack()[:-1])
+        if where is not None and type(self).__module__ != torch_checkpoint.__name__:  # not checkpoint's own
+            lines.append(str(where))
+        return enter(self)
+
+    with patched(hooks, __enter__=entered):
+        yield lines
+
+
+def say_ignored_hooks(lines: Sequence[str]) -> None:
+    """Warns that the step's saved-tensor hooks are not applied."""
+    if lines:
+        warnings.warn(f"fsdpc: {lines[0]}{f' (and {len(lines) - 1} more)' if len(lines) > 1 else ''}: saved-tensor "
+                      "hooks (save_on_cpu, activation offloading) are not applied: the compiled step keeps its "
+                      "activations on the device; checkpointing (the model's torch.utils.checkpoint, or the "
+                      "pipeline's checkpoint=) trades compute for that memory, and the memory report shows the "
+                      "peak", stacklevel=3)
+
+
 @dataclass
 class Observed:
-    """What tracing saw besides the graph: the model's checkpoint regions
-    and the module attributes the step read (`_attribute_reads`)."""
+    """What tracing saw besides the graph: the model's checkpoint regions,
+    the module attributes the step read (`_attribute_reads`) and where it
+    entered saved-tensor hooks (`_saved_tensors_hooks_entered`)."""
 
     regions: CheckpointRegions
     attribute_reads: set[tuple[str, str]]
+    ignored_hooks: list[str]
 
 
 @contextlib.contextmanager
@@ -527,8 +560,8 @@ def capture_modes(model: nn.Module, units: list[nn.Module], mixed_precision: Mix
     # The model's own modules are named before the casts add theirs.
     with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision),
           FusedAttentionFor(device), FusedRmsNormFor(device), _ScalarTensorsAsOps(),
-          checkpoint_regions() as regions, _refusing_autocast()):
-        yield Observed(regions, reads)
+          checkpoint_regions() as regions, _refusing_autocast(), _saved_tensors_hooks_entered() as hooks):
+        yield Observed(regions, reads, hooks)
 
 
 @dataclass
@@ -599,6 +632,7 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
         if device == "cuda":
             fuse_written_out_rms_norms(program.graph_module)
         aux = aux_structure(program)
+        say_ignored_hooks(observed.ignored_hooks)
         yield ForwardTrace(program, step, tuple(leaves), aliases, real_fqn, loss_fn, mixed_precision, device,
                            observed.regions.saved, observed.attribute_reads, aux, str(structure))
 

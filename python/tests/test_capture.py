@@ -5,6 +5,7 @@ import collections
 import functools
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -352,6 +353,26 @@ def test_what_loss_fn_returns_beside_the_loss_is_checked(returns, message):
     model, batch, loss_fn = make("mlp")
     with pytest.raises(CaptureError, match="loss_fn must return the loss, or \\(loss, aux\\) .*" + message):
         export_training_step(model, batch, lambda m, *b: returns(loss_fn(m, *b), m))
+
+
+def test_saved_tensor_hooks_in_the_step_are_said_not_to_apply():
+    """Activation offloading (save_on_cpu, torchtune's) inside the step is
+    traced through without effect: said, naming the line; checkpointing's
+    own hooks are not."""
+    model, batch, loss_fn = make("mlp")
+
+    def offloaded(m, *rest):
+        with torch.autograd.graph.save_on_cpu(pin_memory=False):
+            return loss_fn(m, *rest)
+
+    line = f"{__file__}:{offloaded.__code__.co_firstlineno + 1}"
+    with pytest.warns(UserWarning, match=re.escape(line) + ": saved-tensor hooks .* are not applied"):
+        export_training_step(model, batch, offloaded)
+    model.fc1 = Checkpointed(model.fc1, "non-reentrant")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        export_training_step(model, batch, loss_fn)
+    assert not [w for w in said if "saved-tensor hooks" in str(w.message)], "checkpointing's own hooks were said"
 
 
 def test_in_place_operators_in_the_joint_graph_are_named():
