@@ -64,6 +64,8 @@ from fsdpc.watchdog import DUMPS_OFF_BEFORE_FIRST_GROUP, WATCHDOG, interrupt
 _RETIRED: dict[int, tuple[weakref.ref, str]] = {}
 _optimizer_hooks = None
 _SERIALS = itertools.count()
+# Batch shapes compiled for before a module says that each new one compiles a step.
+MANY_SHAPES = 8
 
 
 class _Absent:
@@ -273,6 +275,7 @@ class ShardedModule(nn.Module):
         # Per mode (train, training): the program whose CUDA graphs the last call used.
         self._replaying: dict[tuple, CompiledProgram] = {}
         self._warned_replay_shapes = False
+        self._warned_many_shapes = False
         self._groups: dict[str, dist.ProcessGroup] = {}
         self._accumulated: dict[str, torch.Tensor] = {}
         self._gradient_sync = True
@@ -538,7 +541,21 @@ class ShardedModule(nn.Module):
                 self._attribute_slots[path, name] = (module, name)
                 self._attribute_baseline += (getattr(module, name, _ABSENT),)
         self._programs[self._signature(batch, train, frozen)] = compiled  # the values the step now holds
+        self._say_if_many_shapes()
         return compiled
+
+    def _say_if_many_shapes(self) -> None:
+        """Warns once when steps were compiled for MANY_SHAPES batch shapes:
+        variable-length batches compile a step per length (seconds cold, a
+        cache hit warm) and keep each loaded."""
+        shapes = {key[3] for key in self._programs}  # _signature's batch shapes
+        if len(shapes) < MANY_SHAPES or self._warned_many_shapes:
+            return
+        self._warned_many_shapes = True
+        seconds = sum(sum(program.compile_seconds.values()) for program in self._programs.values())
+        warnings.warn(f"fsdpc compiled steps for {len(shapes)} batch shapes ({seconds:.1f} s so far): each new shape "
+                      "compiles one (or loads it from the cache) and keeps it loaded; pad batches to a few fixed "
+                      "lengths (buckets), or to one", stacklevel=2)
 
     def _replay_one_shape(self, compiled: CompiledProgram, train: bool, batch: Sequence[torch.Tensor]) -> None:
         """A call replayed as a CUDA graph on a batch of another shape than

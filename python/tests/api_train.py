@@ -454,6 +454,14 @@ def scenario_shapes(args):
     expected, _ = eager_losses(reference_model(), data, schedule=False)
     close(torch.tensor(losses), torch.tensor(expected), "losses across two sequence lengths")
     assert len(sharded._programs) == 2
+    # Many batch shapes (variable-length batches) are said once, with what to do.
+    fsdpc.sharded.MANY_SHAPES = 4
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for seq in (4, 6, 5):
+            sharded(*mine(batches(1, seq=seq, seed=seq)[0]))
+    many = [str(w.message) for w in said if "batch shapes" in str(w.message)]
+    assert len(many) == 1 and "compiled steps for 4 batch shapes" in many[0] and "pad batches" in many[0], many
     tokens, targets = mine(data[0])
     try:
         sharded(tokens.float(), targets)
