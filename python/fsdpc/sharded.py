@@ -117,7 +117,7 @@ def _mixed_precision(policy) -> MixedPrecision | None:
                     f"got {type(policy).__name__}")
 
 
-def _divide_factor(factor) -> str:
+def _divide_factor_option(factor) -> str:
     """A gradient divide factor as the pipeline option takes it."""
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 0:
         raise StepError(f"the gradient divide factor must be a positive finite number (1: gradients summed over "
@@ -139,7 +139,7 @@ def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_af
     given = dict(option.partition("=")[::2] for option in pipeline.split())
     if "gradient-divide-factor" in given:  # as the argument writes it, so that the two compare
         try:
-            given["gradient-divide-factor"] = _divide_factor(float(given["gradient-divide-factor"]))
+            given["gradient-divide-factor"] = _divide_factor_option(float(given["gradient-divide-factor"]))
         except ValueError:
             raise StepError(f"pipeline option 'gradient-divide-factor={given['gradient-divide-factor']}' is not a "
                             "number") from None
@@ -160,7 +160,7 @@ def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_af
     if gradient_accumulation:
         wanted["gradient-accumulation"] = "true"
     if gradient_divide_factor is not None:
-        wanted["gradient-divide-factor"] = _divide_factor(gradient_divide_factor)
+        wanted["gradient-divide-factor"] = _divide_factor_option(gradient_divide_factor)
     if offload:
         wanted["offload"] = "*"
     wanted["backend"] = backend  # the reports count what this backend moves and allocates
@@ -718,7 +718,7 @@ class ShardedModule(nn.Module):
         The next training call compiles, or loads from the cache, a step that
         reduces so; every rank must set the same factor (a call where they
         differ is refused)."""
-        self._divide_factor = _divide_factor(factor)
+        self._divide_factor = _divide_factor_option(factor)
 
     # The step is compiled already: torch.compile of the module (a loop ported
     # from FSDP2 + compile) runs the call as it is instead of tracing fsdpc's
