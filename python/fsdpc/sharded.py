@@ -650,6 +650,28 @@ class ShardedModule(nn.Module):
         overlapped optimizer step has finished with it."""
         module.wait_for_host_optimizer()
 
+    def __getattr__(self, name: str):
+        """Parameters, buffers and submodules are the sharded module's own;
+        other attributes of the model (a Hugging Face `config`, its
+        `generation_config`) are read from it. The model's methods are not
+        offered: they would run its forward, which the compiled step
+        replaced."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            original = self.__dict__.get("_original")
+            if original is None or name.startswith("__"):
+                raise
+            value = original.__dict__.get(name)  # the model's own attributes, not its tree (ours)
+            if value is not None and not isinstance(value, (nn.Module, torch.Tensor)):
+                return value
+            if callable(getattr(type(original), name, None)):
+                raise AttributeError(
+                    f"the sharded module has no '{name}': it is {type(original).__name__}'s own method, and the "
+                    "sharded module runs the compiled training step; call it on an unsharded model (load "
+                    "model.full_state_dict() into one)") from None
+            raise
+
     def __deepcopy__(self, memo):
         raise StepError("a sharded module cannot be copied: it holds this rank's shards, its process groups and "
                         "compiled steps; copy the model before fsdpc.shard (an EMA or reference copy), or copy the "

@@ -525,6 +525,13 @@ def scenario_misuse(args):
         else:
             raise AssertionError(f"no error; expected one saying {expected!r}")
     assert sharded.to(DEVICE) is sharded and sharded.float() is sharded  # conversions that change nothing pass
+    # The model's other attributes read through (a Hugging Face config); its methods are not offered.
+    assert sharded.config is model.config and not hasattr(sharded, "no_such_attribute")
+    try:
+        sharded.reset_parameters()
+        raise AssertionError("the model's own method was offered")
+    except AttributeError as error:
+        assert "it is GPT's own method" in str(error), error
     loss = sharded(*mine(data[0]))  # a refused call left the module as it was
     # torch.compile of the sharded module (a loop ported from FSDP2 + compile) runs the compiled step as it is.
     from torch._dynamo.utils import counters
