@@ -125,10 +125,20 @@ def _divide_factor_option(factor) -> str:
     return repr(float(factor))
 
 
-def _with_divide_factor(options: str, factor: str | None) -> str:
-    """`options` with `gradient-divide-factor=factor` in place of any given."""
-    kept = [option for option in options.split() if not option.startswith("gradient-divide-factor=")]
-    return " ".join(kept + ([f"gradient-divide-factor={factor}"] if factor else []))
+def _reshard_option(reshard_after_forward) -> str:
+    """FSDP2's reshard_after_forward as the pipeline option takes it."""
+    if isinstance(reshard_after_forward, bool):
+        return str(reshard_after_forward).lower()
+    if isinstance(reshard_after_forward, int) and reshard_after_forward >= 1:
+        return str(reshard_after_forward)
+    raise StepError(f"reshard_after_forward must be True, False or a group size of at least 1, "
+                    f"got {reshard_after_forward!r}")
+
+
+def _with_overrides(options: str, overrides: dict[str, str]) -> str:
+    """`options` with each of `overrides` in place of the option given."""
+    kept = [option for option in options.split() if option.partition("=")[0] not in overrides]
+    return " ".join(kept + [f"{name}={value}" for name, value in sorted(overrides.items())])
 
 
 def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_after_forward, offload: bool,
@@ -154,9 +164,7 @@ def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_af
         else:
             raise StepError(f"a {mesh.ndim}-D mesh: fsdpc takes a 1-D (shard) or 2-D (replicate, shard) mesh")
     if reshard_after_forward is not None:
-        wanted["reshard-after-forward"] = (str(reshard_after_forward).lower()
-                                           if isinstance(reshard_after_forward, bool)
-                                           else str(int(reshard_after_forward)))
+        wanted["reshard-after-forward"] = _reshard_option(reshard_after_forward)
     if gradient_accumulation:
         wanted["gradient-accumulation"] = "true"
     if gradient_divide_factor is not None:
@@ -247,9 +255,10 @@ class ShardedModule(nn.Module):
         # says otherwise.
         self._pin_shards = device.type != "cpu" and (offload is None or bool(offload.pin_memory))
         self._config = dict(loss_fn=loss_fn, options=options, wrap=wrap, mixed_precision=policy)
-        # Training calls' gradient divide factor (set_gradient_divide_factor), as the pipeline option writes it.
-        self._divide_factor: str | None = dict(option.partition("=")[::2] for option in options.split()).get(
-            "gradient-divide-factor")
+        # Pipeline options FSDP2's setters changed since (set_gradient_divide_factor,
+        # set_reshard_after_forward), as the pipeline writes them: they key
+        # the training programs and the per-call agreement.
+        self._overrides: dict[str, str] = {}
         # Per-call agreement runs here, under the step's timeout (the default
         # group's may be 30 minutes).
         self._control = dist.new_group(backend="gloo", timeout=timeout)
@@ -506,17 +515,18 @@ class ShardedModule(nn.Module):
 
     def _signature(self, batch: Sequence[torch.Tensor], train: bool, frozen: tuple[str, ...]) -> tuple:
         """What picks a program: mode (and the modules in the other one),
-        batch shapes, frozen parameters, the gradient divide factor and the
-        values of the module attributes the steps read."""
+        batch shapes, frozen parameters, the options set since fsdpc.shard
+        and the values of the module attributes the steps read."""
         return (train, self.training, self._modes_apart(), tuple((tuple(t.shape), t.dtype) for t in batch),
-                frozen if train else (), self._divide_factor if train else None, self._attribute_values())
+                frozen if train else (), tuple(sorted(self._overrides.items())) if train else (),
+                self._attribute_values())
 
     def _program_for(self, batch: Sequence[torch.Tensor], *, train: bool, frozen: tuple[str, ...]) -> CompiledProgram:
         found = self._programs.get(self._signature(batch, train, frozen))
         if found is not None:
             return found
         config = self._config
-        options = _with_divide_factor(config["options"], self._divide_factor)
+        options = _with_overrides(config["options"], self._overrides)
         if not train:  # nothing to reduce, nothing to accumulate
             options = " ".join(o for o in options.split()
                                if not o.startswith(("gradient-accumulation", "gradient-divide-factor")))
@@ -740,7 +750,21 @@ class ShardedModule(nn.Module):
         The next training call compiles, or loads from the cache, a step that
         reduces so; every rank must set the same factor (a call where they
         differ is refused)."""
-        self._divide_factor = _divide_factor_option(factor)
+        self._overrides["gradient-divide-factor"] = _divide_factor_option(factor)
+
+    def set_reshard_after_forward(self, reshard_after_forward: bool, recurse: bool = True) -> None:
+        """FSDP2's knob on the root: whether the next training calls free
+        each unit's gathered parameters after forward (and gather them again
+        in backward) or keep them; `recurse=False` sets the root unit's
+        alone. The next training call compiles, or loads, the step for it;
+        every rank must set the same (a call where they differ is refused).
+        An inner group size (an int) changes the grid: give it to
+        fsdpc.shard."""
+        if not isinstance(reshard_after_forward, bool):
+            raise StepError(f"set_reshard_after_forward takes True or False, got {reshard_after_forward!r}; an "
+                            "inner group size changes the grid the shards live on: pass it to "
+                            "fsdpc.shard(..., reshard_after_forward=g)")
+        self._overrides["reshard-after-forward" if recurse else "reshard-root"] = str(reshard_after_forward).lower()
 
     # The step is compiled already: torch.compile of the module (a loop ported
     # from FSDP2 + compile) runs the call as it is instead of tracing fsdpc's
@@ -786,7 +810,7 @@ class ShardedModule(nn.Module):
         # A call that is wrong on one rank is refused on all, before any collective.
         self._agree_on_call(f"a call refused with: {problem}" if problem else
                             f"{kind} step on {_describe(batch)}{_frozen_text(frozen)}"
-                            f"{f', gradients divided by {self._divide_factor}' if train and self._divide_factor else ''}"
+                            f"{_overrides_text(self._overrides) if train else ''}"
                             f"{self._attributes_changed()}{_modes_text(self._modes_apart(), self.training)}")
         if problem:
             raise problem
@@ -1214,6 +1238,11 @@ def _returned(aux: dict | None, out: dict):
     else:
         rebuilt = tuple(values) if kind == "tuple" else list(values)
     return out["loss"], rebuilt
+
+
+def _overrides_text(overrides: dict[str, str]) -> str:
+    """Options set since fsdpc.shard, for the per-call agreement."""
+    return "".join(f", {name}={value}" for name, value in sorted(overrides.items()))
 
 
 def _modes_text(apart: tuple[str, ...], training: bool) -> str:

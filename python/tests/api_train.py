@@ -1204,7 +1204,7 @@ def scenario_divide_factor(args):
     expect_gradients(sharded, 4, f"divided by {world / 4}")
     if world > 1:
         sharded.set_gradient_divide_factor(1 + dist.get_rank())
-        expect_error(lambda: sharded(*mine(data[0])), r"the ranks disagree about this call.*gradients divided by 1\.0")
+        expect_error(lambda: sharded(*mine(data[0])), r"the ranks disagree about this call.*gradient-divide-factor=1\.0")
     expect_error(lambda: sharded.set_gradient_divide_factor(0), "must be a positive finite number")
     sharded.set_gradient_divide_factor(world)
     expect_gradients(sharded, 1, "divided by the world size (averaged)")
@@ -1372,6 +1372,27 @@ def scenario_modes(args):
         sharded.get_submodule("blocks.0").train()
     if dist.get_world_size() > 1:
         expect_error(lambda: sharded(*mine(data[0])), r"the ranks disagree about this call.*, blocks\.0 in eval mode")
+
+
+def scenario_reshard_setter(args):
+    """FSDP2's set_reshard_after_forward on the sharded module: False makes
+    the next training calls keep each unit's gathered parameters from
+    forward to backward (fewer collectives issued: no gathers in backward),
+    True goes back; training equals eager's throughout; a group size,
+    which would change the grid, is refused."""
+    data = batches(3)
+    sharded, reference = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss), reference_model()
+    optimizers = [optimizer_for(sharded), optimizer_for(reference)]
+    pairs, gathers = [], []
+    for index, batch in enumerate(data):
+        sharded.set_reshard_after_forward(index != 1)
+        pairs.append(step_beside_eager(lambda: sharded(*mine(batch)), reference, batch, optimizers))
+        gathers.append(len(sharded.last_collectives))  # Gloo gathers with all-reduces, NCCL with all-gathers
+    close(*map(torch.tensor, zip(*pairs)), "losses with reshard-after-forward true, false, true")
+    assert 0 < gathers[1] < gathers[0] == gathers[2], f"collectives per call: {gathers}"
+    # fsdpc.shard's, then one per setting (True said explicitly is a key of its own); the third call reuses.
+    assert len(sharded._programs) == 3, f"{len(sharded._programs)} programs for two settings"
+    expect_error(lambda: sharded.set_reshard_after_forward(2), "an inner group size changes the grid")
 
 
 def scenario_hooks(args):
