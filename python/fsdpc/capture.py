@@ -276,7 +276,9 @@ def aux_count(aux: dict | None) -> int:
     """How many tensors an `aux_structure` holds."""
     if aux is None:
         return 0
-    return {"tensor": 1}.get(aux["kind"]) or aux.get("count") or len(aux["keys"])
+    if aux["kind"] == "tensor":
+        return 1
+    return len(aux["keys"]) if aux["kind"] == "dict" else aux["count"]
 
 
 def aux_structure(program: ExportedProgram) -> dict | None:

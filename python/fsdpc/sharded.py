@@ -503,26 +503,28 @@ class ShardedModule(nn.Module):
     def _attribute_values(self) -> tuple:
         return tuple(getattr(module, name, _ABSENT) for module, name in self._attribute_slots.values())
 
-    def _attributes_changed(self) -> str:
-        """The read attributes whose values differ from those first compiled
-        with, for the per-call agreement (usually nothing)."""
-        values = self._attribute_values()
+    def _attributes_changed(self, values: tuple) -> str:
+        """The read attributes whose `values` differ from those first
+        compiled with, for the per-call agreement (usually nothing)."""
         if values == self._attribute_baseline:
             return ""
         changed = [f"{path or 'the model'}.{name}={value!r}" for ((path, name), value, before)
                    in zip(self._attribute_slots, values, self._attribute_baseline) if value != before]
         return f", module attributes changed since compiling: {', '.join(changed)}"
 
-    def _signature(self, batch: Sequence[torch.Tensor], train: bool, frozen: tuple[str, ...]) -> tuple:
+    def _signature(self, batch: Sequence[torch.Tensor], train: bool, frozen: tuple[str, ...],
+                   read: tuple[tuple[str, ...], tuple] | None = None) -> tuple:
         """What picks a program: mode (and the modules in the other one),
         batch shapes, frozen parameters, the options set since fsdpc.shard
-        and the values of the module attributes the steps read."""
-        return (train, self.training, self._modes_apart(), tuple((tuple(t.shape), t.dtype) for t in batch),
-                frozen if train else (), tuple(sorted(self._overrides.items())) if train else (),
-                self._attribute_values())
+        and the values of the module attributes the steps read (`read`:
+        the modes apart and the values, where the call has them already)."""
+        modes, values = read or (self._modes_apart(), self._attribute_values())
+        return (train, self.training, modes, tuple((tuple(t.shape), t.dtype) for t in batch),
+                frozen if train else (), tuple(sorted(self._overrides.items())) if train else (), values)
 
-    def _program_for(self, batch: Sequence[torch.Tensor], *, train: bool, frozen: tuple[str, ...]) -> CompiledProgram:
-        found = self._programs.get(self._signature(batch, train, frozen))
+    def _program_for(self, batch: Sequence[torch.Tensor], *, train: bool, frozen: tuple[str, ...],
+                     read: tuple[tuple[str, ...], tuple] | None = None) -> CompiledProgram:
+        found = self._programs.get(self._signature(batch, train, frozen, read))
         if found is not None:
             return found
         config = self._config
@@ -807,15 +809,16 @@ class ShardedModule(nn.Module):
         kind = ("a forward-only" if not train else "a synchronizing" if sync else
                 "an accumulating (no gradient sync)")
         frozen = _frozen(named) if train else ()
+        read = (self._modes_apart(), self._attribute_values())  # read once: they key the program too
         # A call that is wrong on one rank is refused on all, before any collective.
         self._agree_on_call(f"a call refused with: {problem}" if problem else
                             f"{kind} step on {_describe(batch)}{_frozen_text(frozen)}"
                             f"{_overrides_text(self._overrides) if train else ''}"
-                            f"{self._attributes_changed()}{_modes_text(self._modes_apart(), self.training)}")
+                            f"{self._attributes_changed(read[1])}{_modes_text(read[0], self.training)}")
         if problem:
             raise problem
         batch = tuple(t.contiguous() for t in batch)  # the program was compiled for dense row-major inputs
-        compiled = self._program_for(batch, train=train, frozen=frozen)
+        compiled = self._program_for(batch, train=train, frozen=frozen, read=read)
         if name not in compiled.program.functions:
             raise StepError(f"the step was compiled without '{name}': fsdpc.shard(..., gradient_accumulation=True)")
         if compiled.program.functions[name].cuda_graph and not (trace or self._check_reshard_frees):
