@@ -9,7 +9,11 @@ model's own `labels=` loss (shifted cross-entropy inside transformers). The
 text is Lincoln's Gettysburg Address as bytes. At the end the fine-tuned
 weights are gathered with `fsdpc.checkpoint.save_full` and rank 0 loads them
 into a plain `LlamaForCausalLM` (`from_pretrained` layout) and checks that it
-computes the loss the sharded model reported.
+computes the loss the sharded model reported. Last, every rank continues a
+prompt of its own with the model's `generate`, on whole parameters gathered
+one unit at a time (`model.unsharded(per_unit=True)`), each rank for a
+different number of tokens, and rank 0 checks the texts against the plain
+model's.
 """
 
 import argparse
@@ -88,6 +92,25 @@ def main() -> None:
               f"{expected / world:.4f} in a plain LlamaForCausalLM", flush=True)
         if abs(sharded - expected / world) > 1e-4 * max(1.0, abs(sharded)):
             raise SystemExit("the gathered weights do not reproduce the sharded model's loss")
+
+    # Generation: each rank its own prompt and length. Ranks that finish
+    # first keep stepping with the others (generate sees an FSDP-managed
+    # model), since every forward gathers each unit from every rank.
+    prompt = windows_of_step(args.steps + 1)[rank:rank + 1, :12]
+    settings = dict(max_new_tokens=4 + 3 * rank, do_sample=False, pad_token_id=0)
+    with model.unsharded(per_unit=True) as lm:
+        generated = lm.generate(prompt, attention_mask=torch.ones_like(prompt), **settings)
+    everyone = [None] * world
+    dist.all_gather_object(everyone, (prompt, settings, generated))
+    if rank == 0:
+        for other, (prompt, settings, generated) in enumerate(everyone):
+            alone = plain.generate(prompt, attention_mask=torch.ones_like(prompt), **settings)
+            if not torch.equal(generated, alone):
+                raise SystemExit(f"rank {other} generated {generated.tolist()}, the plain model {alone.tolist()}")
+        prompt, _, generated = everyone[-1]
+        text = [bytes(tokens.tolist()).decode("latin-1") for tokens in (prompt[0], generated[0, prompt.shape[1]:])]
+        print(f"generated on whole parameters, unit by unit, as a plain LlamaForCausalLM generates: "
+              f"{text[0]!r} -> {text[1]!r}", flush=True)
     # Every rank tears down together, as api_train.py does: a rank that
     # destroyed its groups and finalized while rank 0 still checked the
     # weights aborted once at exit in CI ("terminate called without an

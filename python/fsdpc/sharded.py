@@ -62,6 +62,9 @@ from fsdpc.watchdog import DUMPS_OFF_BEFORE_FIRST_GROUP, WATCHDOG, interrupt
 # Keyed by id with a weak reference (tensors compare elementwise, so they
 # cannot be dictionary keys by value).
 _RETIRED: dict[int, tuple[weakref.ref, str]] = {}
+# Shards lent to an unsharded() block that writes back, by object, with their
+# FQN: an optimizer step there would be overwritten by the write-back.
+_LENT: dict[int, str] = {}
 _optimizer_hooks = None
 _SERIALS = itertools.count()
 # Batch shapes compiled for before a module says that each new one compiles a step.
@@ -92,6 +95,10 @@ def _refuse_retired(optimizer, args, kwargs) -> None:
                     f"this optimizer holds '{entry[1]}' of the model as it was before fsdpc.shard; "
                     "its shards live in the sharded module now: build the optimizer over "
                     "sharded.parameters()")
+            if id(param) in _LENT:
+                raise StepError(f"optimizer.step() inside unsharded(): '{_LENT[id(param)]}' is whole in the model "
+                                "now, and leaving the block writes it back over what the step would do; step "
+                                "after the block (or enter it with writeback=False)")
 
 
 def _install_optimizer_hooks() -> None:
@@ -267,7 +274,9 @@ class ShardedModule(nn.Module):
         self._heartbeat = liveness.start_heartbeat()  # tells the roll call after a failure who is alive
         self._timeout, self._check_reshard_frees = timeout, check_reshard_frees
         object.__setattr__(self, "_original", model)  # not a submodule: its FQNs are ours
-        self._capturing = _Flag()
+        # On while the original model may run: capture traces it, unsharded() lends it.
+        self._model_lent = _Flag()
+        self._unsharded = None  # the unsharded() block the module is in
         # The example batch's tensors in order, and its structure (each item a
         # tensor, or a dict, list or tuple of them, as loss_fn takes it).
         try:
@@ -331,7 +340,7 @@ class ShardedModule(nn.Module):
         # through it would keep it and its process groups alive until the
         # garbage collector runs, perhaps at interpreter shutdown, where
         # freeing a group kills the process (docs/design.md).
-        refuse = model.register_forward_pre_hook(_refuse_call(self._capturing))
+        refuse = model.register_forward_pre_hook(_refuse_call(self._model_lent))
         # The model's forward hooks are traced into the step: what they
         # compute is compiled in, once; hooks added or removed later would
         # silently not be, so a call after a change is refused.
@@ -344,8 +353,8 @@ class ShardedModule(nn.Module):
                           "compute is compiled in; their side effects (logging, storing activations) do not repeat "
                           "per call (hooks on the sharded module itself run around every call)", stacklevel=3)
         self.register_load_state_dict_post_hook(ShardedModule._loaded)
-        self.register_state_dict_pre_hook(ShardedModule._settle_host_optimizer)
-        self.register_load_state_dict_pre_hook(ShardedModule._settle_host_optimizer)
+        self.register_state_dict_pre_hook(ShardedModule._settle_state)
+        self.register_load_state_dict_pre_hook(ShardedModule._settle_state)
         self.register_load_state_dict_pre_hook(ShardedModule._shard_whole_tensors)
         _install_optimizer_hooks()
 
@@ -485,10 +494,10 @@ class ShardedModule(nn.Module):
             for owner, leaf, kind, _, meta in slots:
                 (owner._parameters if kind == "param" else owner._buffers)[leaf] = meta
             model.training = self.training  # the submodules are ours: each traces in its own mode, as in eager
-            self._capturing.on = True
+            self._model_lent.on = True
             yield model
         finally:
-            self._capturing.on = False
+            self._model_lent.on = False
             model.training = mode
             for owner, leaf, kind, real, _ in slots:
                 (owner._parameters if kind == "param" else owner._buffers)[leaf] = real
@@ -657,9 +666,10 @@ class ShardedModule(nn.Module):
                                              device=self.device)
 
     @staticmethod
-    def _settle_host_optimizer(module: "ShardedModule", *_) -> None:
-        """State dict hooks: state is read or replaced only once an
-        overlapped optimizer step has finished with it."""
+    def _settle_state(module: "ShardedModule", *_) -> None:
+        """State dict hooks: state is read or replaced only outside
+        unsharded() and once an overlapped optimizer step has finished with it."""
+        module._refuse_inside_unsharded("state_dict() or load_state_dict()")
         module.wait_for_host_optimizer()
 
     def __getattr__(self, name: str):
@@ -680,8 +690,9 @@ class ShardedModule(nn.Module):
             if callable(getattr(type(original), name, None)):
                 raise AttributeError(
                     f"the sharded module has no '{name}': it is {type(original).__name__}'s own method, and the "
-                    "sharded module runs the compiled training step; call it on an unsharded model (load "
-                    "model.full_state_dict() into one)") from None
+                    f"sharded module runs the compiled training step; call it on the model with whole "
+                    f"parameters: `with sharded.unsharded(per_unit=True) as model: model.{name}(...)` on every "
+                    "rank") from None
             raise
 
     def __deepcopy__(self, memo):
@@ -716,6 +727,28 @@ class ShardedModule(nn.Module):
                 state_dict[prefix + name] = dtensor_where_it_is(
                     local.to(param._local_tensor.device), param.device_mesh, param.placements, spec.shape,
                     _contiguous_strides(spec.shape))
+
+    def unsharded(self, *, per_unit: bool = False, dtype: torch.dtype | None = None,
+                  writeback: bool | None = None) -> contextlib.AbstractContextManager[nn.Module]:
+        """A block (on every rank together) in which the model itself holds
+        whole parameters and runs eagerly, for what the compiled step does
+        not run: generation, evaluation through the model's methods,
+        editing weights (FSDP1's summon_full_params, FSDP2's unshard()):
+
+            with sharded.unsharded(per_unit=True) as model:
+                tokens = model.generate(prompt, max_new_tokens=32)
+
+        All at once (default): every parameter gathered on entry, and edits
+        written back into the shards on a normal exit (`writeback`, default
+        True where possible). `per_unit=True`: each wrap unit's parameters
+        only while its forward runs (the root unit's throughout), so a rank
+        never holds the whole model; every rank must run the same forwards
+        (Hugging Face's generate keeps finished ranks in step by itself).
+        `dtype`: gather in this floating dtype (bf16 for generation; no
+        write-back then). Calls of the sharded module, clipping and state
+        dicts are refused inside; gathered parameters require no gradient."""
+        from fsdpc.unsharded import Unsharded  # it reads this module's helpers
+        return Unsharded(self, per_unit=per_unit, dtype=dtype, writeback=writeback)
 
     def wait_for_host_optimizer(self) -> None:
         """Returns once an overlapped optimizer step has updated every
@@ -780,9 +813,8 @@ class ShardedModule(nn.Module):
         eval mode, forward only: the loss, no gradients, no communication of
         gradients. `sync` overrides set_requires_gradient_sync for one call;
         `trace` records every instruction as it ran (see `write_trace`)."""
-        if self._failed:
-            raise StepError(f"an earlier call failed mid-step ({self._failed}); collectives may be left "
-                            "in flight: rebuild the sharded module (and load a checkpoint) to go on")
+        self._refuse_failed()
+        self._refuse_inside_unsharded("the sharded module called")
         started, caller = time.monotonic(), threading.get_ident()
         train = torch.is_grad_enabled() and self.training
         named = {fqn: owner._parameters[leaf] for fqn, (owner, leaf) in self._param_slots.items()}
@@ -980,6 +1012,17 @@ class ShardedModule(nn.Module):
         interrupt(caller, StepError, message)
         self._abort_collectives()
 
+    def _watch_stream(self, function: str, collective: str, group: str, started: float, caller: int, *,
+                      since: str) -> None:
+        """Collectives outside a step that the current device stream now
+        waits for, and no host thread: the watchdog fails them, with the
+        step's named error, if the stream has not passed them within the
+        timeout of `started`."""
+        WATCHDOG.watch(_StreamPoint(self.device, collective, group), started + self._timeout.total_seconds(),
+                       lambda module, what, _, call=self._calls: module._collective_timed_out(
+                           function, call, caller, what, since=since),
+                       owner=self, device=self.device)
+
     def _agree_on_call(self, description: str) -> None:
         """Before any collective of a call, every rank checks that all run the
         same kind of step on the same shapes (one small all-gather)."""
@@ -1007,6 +1050,19 @@ class ShardedModule(nn.Module):
         dist.all_gather_object(descriptions, f"call {self._calls}: {description}", group=self._control)
         raise StepError("the ranks disagree about this call, and nothing was communicated for it: " +
                         "; ".join(f"rank {rank} runs {text}" for rank, text in enumerate(descriptions)))
+
+    def _refuse_failed(self) -> None:
+        if self._failed:
+            raise StepError(f"an earlier call failed mid-step ({self._failed}); collectives may be left "
+                            "in flight: rebuild the sharded module (and load a checkpoint) to go on")
+
+    def _refuse_inside_unsharded(self, what: str) -> None:
+        """Inside unsharded() the model's slots hold whole parameters, so
+        nothing that reads or replaces the shards runs."""
+        if self._unsharded is not None:
+            raise StepError(f"{what} inside {self._unsharded.describe()}: the model holds whole parameters "
+                            "there, not the shards it reads; leave the block first (the model it yielded runs "
+                            "eagerly inside)")
 
     def _check_forward_hooks(self) -> None:
         now = _forward_hook_ids(self._hooked_modules.values())
@@ -1062,6 +1118,7 @@ class ShardedModule(nn.Module):
         `reset_parameters()`, children before parents). Shards are drawn
         from a stream per shard index, so replicas of a shard agree;
         replicated parameters and buffers are broadcast from rank 0."""
+        self._refuse_inside_unsharded("init_weights()")
         self.wait_for_host_optimizer()
         for name, buffer in list(self.named_buffers()):
             if buffer.is_meta:
@@ -1110,6 +1167,7 @@ class ShardedModule(nn.Module):
             raise StepError("clip_grad_norm_ with the host optimizer stepping in backward: offloaded units step as "
                             "their gradients land, before the global norm is known (overlap_host_optimizer("
                             "optimizer) without in_backward steps after clipping)")
+        self._refuse_inside_unsharded("clip_grad_norm_")
         self.wait_for_host_optimizer()
         started, caller = time.monotonic(), threading.get_ident()
         p = float(norm_type)
@@ -1136,10 +1194,8 @@ class ShardedModule(nn.Module):
                 raise  # the watchdog's error, raised in this thread
             raise failure from error
         if reduced and self.device.type != "cpu":
-            WATCHDOG.watch(_StreamPoint(self.device, collective, reduced[0]), started + self._timeout.total_seconds(),
-                           lambda module, what, group, call=self._calls: module._collective_timed_out(
-                               "clip_grad_norm_", call, caller, what, since="the clipping's start"),
-                           owner=self, device=self.device)
+            self._watch_stream("clip_grad_norm_", collective, reduced[0], started, caller,
+                               since="the clipping's start")
         total = clip.global_norm(list(terms.values()), p)
         if error_if_nonfinite and not bool(torch.isfinite(total)):
             raise StepError(f"the gradients' global {norm_type}-norm is {float(total)}; nothing was clipped")
@@ -1313,9 +1369,9 @@ class _StreamPoint:
         return True
 
 
-def _refuse_call(capturing: _Flag) -> Callable:
+def _refuse_call(lent: _Flag) -> Callable:
     def refuse(module, args) -> None:
-        if not capturing.on:
+        if not lent.on:
             raise StepError(f"{type(module).__name__} was handed to fsdpc.shard, which took over its "
                             "parameters; call the sharded module it returned instead")
     return refuse

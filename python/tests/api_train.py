@@ -1501,6 +1501,99 @@ def scenario_uncapturable(args):
     close(torch.tensor(losses), torch.tensor(expected), "losses of a step a CUDA graph cannot capture")
 
 
+def greedy_tokens(model: nn.Module, prompt: torch.Tensor, new: int) -> torch.Tensor:
+    """Greedy decoding: the model runs on the whole sequence once per new token."""
+    tokens = prompt
+    with torch.no_grad():
+        for _ in range(new):
+            tokens = torch.cat([tokens, model(tokens)[:, -1].argmax(-1, keepdim=True)], 1)
+    return tokens
+
+
+def scenario_unsharded(args):
+    """The model itself on whole parameters after training steps (FSDP1's
+    summon_full_params, FSDP2's unshard): all at once it holds eager's
+    weights and decodes eager's tokens; an edit is written back and training
+    goes on as eager's with the same edit, or discarded with
+    writeback=False; per unit, a block is whole only inside its own
+    forward; what reads the shards is refused inside, and so is a rank that
+    runs a step while another enters. On 4 ranks the mesh is hybrid (2, 2):
+    gathers span the shard groups."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    data = batches(4)
+    mesh = init_device_mesh(DEVICE.type, (2, 2)) if dist.get_world_size() == 4 else None
+    sharded, reference = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, mesh=mesh), reference_model()
+    optimizers = [optimizer_for(sharded), optimizer_for(reference)]
+    pairs = [step_beside_eager(lambda b=batch: sharded(*mine(b)), reference, batch, optimizers) for batch in data[:2]]
+    prompt = mine(data[2])[0][:, :4]  # each rank its own prompts
+    expected = greedy_tokens(reference, prompt.cpu(), 6)
+
+    with sharded.unsharded() as model:
+        assert type(model) is GPT, type(model)
+        for (name, whole), (_, eager) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
+            assert not isinstance(whole, DTensor) and whole.device == DEVICE, f"{name} is {type(whole)}"
+            close(whole, eager, f"whole '{name}' after two steps")
+        assert torch.equal(greedy_tokens(model, prompt, 6).cpu(), expected), "tokens decoded on whole parameters"
+        expect_error(lambda: sharded(*mine(data[2])), r"the sharded module called inside unsharded\(")
+        expect_error(lambda: sharded.clip_grad_norm_(1.0), r"clip_grad_norm_ inside unsharded")
+        expect_error(sharded.state_dict, r"state_dict\(\) or load_state_dict\(\) inside")
+        expect_error(lambda: sharded.unsharded().__enter__(), r"already inside unsharded\(")
+        expect_error(optimizers[0].step, r"optimizer.step\(\) inside unsharded\(\): '.*' is whole")
+        with torch.no_grad():
+            model.blocks[0].mlp[0].weight.mul_(0.5)
+            model.tok_emb.weight[7] = 0.0  # vocabulary rows span the shards unevenly
+            model.ln_f.bias = nn.Parameter(torch.full_like(model.ln_f.bias, 0.25))  # replaced, same shape
+    with torch.no_grad():
+        reference.blocks[0].mlp[0].weight.mul_(0.5)
+        reference.tok_emb.weight[7] = 0.0
+        reference.ln_f.bias.fill_(0.25)
+    pairs.append(step_beside_eager(lambda: sharded(*mine(data[2])), reference, data[2], optimizers))
+    close(*map(torch.tensor, zip(*pairs)), "losses of two steps, then one after editing whole parameters")
+
+    with sharded.unsharded(writeback=False) as model:
+        with torch.no_grad():
+            model.blocks[1].attn.qkv.weight.zero_()
+    for name, value in sharded.full_state_dict().items():
+        close(value, reference.state_dict()[name], f"'{name}' after an edit that writeback=False discards")
+
+    prompt = mine(data[3])[0][:, :4]
+    expected = greedy_tokens(reference, prompt.cpu(), 6)
+    whole_inside: dict[int, list[bool]] = {}
+    with sharded.unsharded(per_unit=True) as model:
+        assert all(isinstance(block.attn.qkv.weight, DTensor) for block in model.blocks), "a block whole outside"
+        assert not isinstance(model.tok_emb.weight, DTensor), "the root unit's parameters are whole throughout"
+        assert getattr(model, "_is_fsdp_managed_module", False), "Hugging Face's generate would not sync ranks"
+        def look(index: int):
+            def record(*_) -> None:
+                whole_inside.setdefault(index, [not isinstance(b.attn.qkv.weight, DTensor) for b in model.blocks])
+            return record
+        looks = [block.register_forward_pre_hook(look(i)) for i, block in enumerate(model.blocks)]
+        assert torch.equal(greedy_tokens(model, prompt, 6).cpu(), expected), "tokens decoded unit by unit"
+        for look in looks:
+            look.remove()
+    assert whole_inside == {i: [j == i for j in range(len(reference.blocks))] for i in range(len(reference.blocks))}, \
+        f"blocks whole inside each block's forward: {whole_inside}"
+    assert not hasattr(model, "_is_fsdp_managed_module")
+    assert isinstance(model.tok_emb.weight, DTensor), "the root unit's shards are back"
+
+    with sharded.unsharded(per_unit=True, dtype=torch.bfloat16) as model:
+        assert model.tok_emb.weight.dtype == torch.bfloat16, model.tok_emb.weight.dtype
+        narrow = copy.deepcopy(reference).to(torch.bfloat16)
+        with torch.no_grad():
+            close(model(prompt).float(), narrow(prompt.cpu()).float(), "bf16 logits", rtol=2e-2, atol=2e-2)
+    expect_error(lambda: sharded.unsharded(dtype=torch.bfloat16, writeback=True), r"would round every weight")
+    expect_error(lambda: sharded.unsharded(per_unit=True, writeback=True), r"nothing to write back")
+    expect_error(lambda: sharded.unsharded(dtype=torch.int8), r"floating-point torch.dtype")
+    if dist.get_world_size() > 1:  # one rank enters while the others train: refused on all, before any gather
+        if dist.get_rank() == 0:
+            expect_error(lambda: sharded.unsharded().__enter__(), r"the ranks disagree.*entering unsharded")
+        else:
+            expect_error(lambda: sharded(*mine(data[3])), r"the ranks disagree.*entering unsharded")
+    pairs = [step_beside_eager(lambda: sharded(*mine(data[3])), reference, data[3], optimizers)]
+    close(*map(torch.tensor, zip(*pairs)), "a step after the blocks")
+
+
 SCENARIOS = {name.removeprefix("scenario_"): value for name, value in globals().items()
              if name.startswith("scenario_")}
 

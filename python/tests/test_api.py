@@ -45,8 +45,8 @@ def run_torchrun(script, *arguments, cwd=None, port_offset: int = 0) -> str:
 # itself when it fails): a job's start costs seconds on the CI machine.
 @pytest.mark.parametrize("scenarios, ranks", [
     ("train,meta,accumulate,shapes,fsdp2,misuse,offload,llama,into_results,cuda_graph,uncapturable,checkpointed,"
-     "freezing,hooks,divide_factor,attributes,aux,modes,named_batch,reshard_setter", 2),
-    ("hybrid,scalar,divide_factor", 4),
+     "freezing,hooks,divide_factor,attributes,aux,modes,named_batch,reshard_setter,unsharded", 2),
+    ("hybrid,scalar,divide_factor,unsharded", 4),
 ])
 def test_scenarios(scenarios, ranks, tmp_path):
     run(ranks, scenarios, "--save", tmp_path)
@@ -130,3 +130,4 @@ def test_the_hugging_face_fine_tuning_example_trains_with_the_models_own_loss(tm
     losses = [float(m) for m in re.findall(r"loss (\d+\.\d+)\n", output)]
     assert len(losses) == 8 and losses[-1] < losses[0], losses
     assert "in a plain LlamaForCausalLM" in output
+    assert "generated on whole parameters, unit by unit, as a plain LlamaForCausalLM generates" in output
