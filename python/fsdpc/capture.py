@@ -129,6 +129,9 @@ class CapturedStep:
     # What loss_fn returned besides the loss (see `aux_structure`), and its output nodes in order.
     aux: dict | None = None
     aux_nodes: list[fx.Node] = field(default_factory=list)
+    # Buffers the step updates in place (running statistics): each one's FQN
+    # and its new value, which the step function returns after aux.
+    buffer_updates: list[tuple[str, fx.Node]] = field(default_factory=list)
 
 
 class _TrainingStep(nn.Module):
@@ -693,15 +696,18 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
 
     trainable = [i for i, (kind, _) in enumerate(inputs) if kind == "param" and flat_args[i].requires_grad]
     input_names = [f"batch item {key}" if kind == "input"
-                   else f"buffer '{key}' (running statistics, caches)" if kind == "buffer"
+                   else f"buffer '{key}'" if kind == "buffer"
                    else f"parameter '{key}'" for kind, key in inputs]
     returned = 1 + aux_count(aux)
-    joint = _trace_joint(program.graph_module, flat_args, input_names, trainable, export_to_joint, saved, returned)
+    updatable = {i for i, (kind, _) in enumerate(inputs) if kind == "buffer"}
+    joint, updated = _trace_joint(program.graph_module, flat_args, input_names, trainable, export_to_joint, saved,
+                                  returned, updatable)
     placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
     output = next(n for n in joint.graph.nodes if n.op == "output")
     results = list(output.args[0])
     loss = results[0]
-    gradients = {inputs[i][1]: node for i, node in zip(trainable, results[returned:])}
+    gradients = {inputs[i][1]: node for i, node in zip(trainable, results[returned:returned + len(trainable)])}
+    updates = [(inputs[i][1], node) for i, node in zip(updated, results[returned + len(trainable):])]
     assert len(placeholders) == len(inputs)
 
     modules, locations = _attribute_nodes(joint.graph, _definition_of(loss_fn))
@@ -715,6 +721,7 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
         loss=loss,
         aux=aux,
         aux_nodes=results[1:returned],
+        buffer_updates=updates,
         gradients=gradients,
         modules=modules,
         locations=locations,
@@ -753,10 +760,12 @@ class _Composites(fx.Interpreter):
 
 def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_names: list[str],
                  trainable: list[int], export_to_joint: list[int], saved: set[SavedCall],
-                 returned: int) -> fx.GraphModule:
+                 returned: int, updatable: set[int]) -> tuple[fx.GraphModule, list[int]]:
     """The joint graph of `forward`, whose first `returned` outputs are the
     loss and what loss_fn returned beside it: its outputs are those, then
-    the gradients of the `trainable` inputs."""
+    the gradients of the `trainable` inputs, then the new values of the
+    inputs among `updatable` (buffers) that the step updated in place, whose
+    indices come with it."""
     # AOTAutograd's helper that stamps backward nodes with the sequence number of
     # the forward op they differentiate (the same one torch.compile relies on).
     from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
@@ -779,20 +788,32 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
             grads = torch.autograd.grad(loss, wrt, allow_unused=True)
         return (loss, *aux, *grads)
 
+    updated: list[int] = []
+
     def functional_joint(*args):
         # In-place updates of intermediates become out-of-place ops, as
-        # AOTAutograd's functionalization does; an update of an input would
-        # be lost, so it is refused.
+        # AOTAutograd's functionalization does. A buffer's new values (batch
+        # norm's running statistics) are returned, for the caller to store,
+        # as AOTAutograd returns mutated inputs; any other update of an
+        # input would be lost, so it is refused.
         with FunctionalTensorMode():
             functional_args = [FunctionalTensor.to_functional(arg) for arg in args]
             results = joint(*functional_args)
-            for name, arg in zip(input_names, functional_args):
+            updates = []
+            for index, (name, arg) in enumerate(zip(input_names, functional_args)):
                 torch._sync(arg)
-                if torch._functionalize_has_data_mutation(arg.elem) or \
-                        torch._functionalize_has_metadata_mutation(arg.elem):
-                    raise CaptureError(f"the training step updates {name} in place; fsdpc captures "
-                                       "steps that change nothing but what they return")
-        return tuple(r.from_functional() if isinstance(r, FunctionalTensor) else r for r in results)
+                changed = torch._functionalize_has_data_mutation(arg.elem)
+                reshaped = torch._functionalize_has_metadata_mutation(arg.elem)
+                if changed and not reshaped and index in updatable:
+                    updated.append(index)
+                    updates.append(arg)
+                elif reshaped:
+                    raise CaptureError(f"the training step reshapes {name} in place (an in-place view or "
+                                       "resize); the compiled step keeps every input's shape: reshape a copy")
+                elif changed:
+                    raise CaptureError(f"the training step updates {name} in place; a compiled step changes "
+                                       "nothing but gradients and buffers' values: update a copy")
+        return tuple(r.from_functional() if isinstance(r, FunctionalTensor) else r for r in (*results, *updates))
 
     with preserve_node_meta(), _quiet_torch_logs():
         traced = make_fx(functional_joint, tracing_mode="fake", decomposition_table=_decompositions())(*flat_args)
@@ -808,22 +829,23 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
         if node.op == "call_function" and node.target in _STATIC_ASSERTIONS and not node.users:
             traced.graph.erase_node(node)
     traced.graph.eliminate_dead_code()
-    _copy_handed_out(traced.graph, returned)
-    return traced
+    first_update = returned + len(trainable)
+    _copy_handed_out(traced.graph, [*range(1, returned), *range(first_update, first_update + len(updated))])
+    return traced, updated
 
 
 _STATIC_ASSERTIONS = {torch.ops.aten._assert_tensor_metadata.default}
 
 
-def _copy_handed_out(graph: fx.Graph, returned: int) -> None:
-    """What loss_fn returns beside the loss goes to the caller: a parameter,
-    a batch item, or a view of one would hand out the step's own storage (a
-    gathered parameter the next step writes), so each of those becomes a
-    copy, made where it is defined."""
+def _copy_handed_out(graph: fx.Graph, indices: Sequence[int]) -> None:
+    """The results at `indices` go to the caller (what loss_fn returns beside
+    the loss, buffers' new values): a parameter, a batch item, or a view of
+    one would hand out the step's own storage (a gathered parameter the next
+    step writes), so each of those becomes a copy, made where it is defined."""
     output = next(n for n in graph.nodes if n.op == "output")
     results = list(output.args[0])
     last_input = [n for n in graph.nodes if n.op == "placeholder"][-1]
-    for index in range(1, returned):
+    for index in indices:
         node = results[index]
         if node.op != "placeholder" and not getattr(node.target, "is_view", False):
             continue

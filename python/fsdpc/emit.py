@@ -263,14 +263,22 @@ class _StepPrinter:
             values = ", ".join(self.value(g, g) if g.op == "placeholder" else self.names[g] for _, g in grads)
             types = ", ".join(self.type_of(g) for _, g in grads)
             self.lines.append(f"    fsdp.gradients [{names}] {values}\n        : {types}")
-        returned = [self.step.loss, *self.step.aux_nodes]  # the loss, then what loss_fn returned beside it
+        returned = self.returned()
+        if self.step.buffer_updates:
+            self.lines.append(f"    // returned after the loss{' and aux' if self.step.aux_nodes else ''}: the new values "
+                              f"of {', '.join(name for name, _ in self.step.buffer_updates)}")
         self.lines.append(f"    return {', '.join(self.names[node] for node in returned)} : "
                           f"{', '.join(self.type_of(node) for node in returned)}")
         return self.lines, arg_types
 
+    def returned(self) -> list[fx.Node]:
+        """What the step function returns: the loss, what loss_fn returned
+        beside it, then the new values of the buffers the step updated."""
+        return [self.step.loss, *self.step.aux_nodes, *(node for _, node in self.step.buffer_updates)]
+
     def function_results(self) -> str:
-        """The step function's result types: the loss's, then its aux values'."""
-        types = [self.type_of(node) for node in (self.step.loss, *self.step.aux_nodes)]
+        """The step function's result types (see `returned`)."""
+        types = [self.type_of(node) for node in self.returned()]
         return types[0] if len(types) == 1 else f"({', '.join(types)})"
 
 

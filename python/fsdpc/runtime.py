@@ -75,6 +75,9 @@ class CompiledProgram:
     # What loss_fn returns beside the loss (capture.aux_structure): the
     # step function returns those values after the loss.
     aux: dict | None = None
+    # The buffers the step updates (running statistics), by FQN: the step
+    # function returns their new values after aux's, for the caller to store.
+    buffer_updates: list[str] = field(default_factory=list)
 
 
 def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *, options: str,
@@ -105,7 +108,8 @@ def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Ca
     def load() -> CompiledProgram:
         program = Program.parse(entry["program"], str(device))
         return CompiledProgram(program, program.loaded, entry["sharded_ir"], entry["memory_report"], seconds,
-                               [tuple(read) for read in entry["attribute_reads"]], entry["aux"])
+                               [tuple(read) for read in entry["attribute_reads"]], entry["aux"],
+                               entry["buffer_updates"])
 
     compiled = on_every_rank("loading the program", load)
     lap("load")
@@ -155,13 +159,13 @@ def compile_entry(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Call
         lap("export")
         forward_key = cache.forward_key(stage.fingerprint(), pipeline=options)
         entry = cache.load(forward_key)
-        captured_ir = stage.export().mlir if entry is None else None
-    if captured_ir is None:
+        exported = stage.export() if entry is None else None
+    if exported is None:
         lap("cache hit")
     else:
         lap("joint trace")
-        entry = {**_shard_and_lower_cached(captured_ir, options, lap), "attribute_reads": stage.attribute_reads,
-                 "aux": stage.aux}
+        entry = {**_shard_and_lower_cached(exported.mlir, options, lap), "attribute_reads": stage.attribute_reads,
+                 "aux": stage.aux, "buffer_updates": [name for name, _ in exported.step.buffer_updates]}
         cache.store(forward_key, entry)
     if calls_key:
         cache.store(calls_key, entry)

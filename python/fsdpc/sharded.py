@@ -45,7 +45,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from fsdpc import clip, liveness
-from fsdpc.capture import CaptureError, MixedPrecision, batch_leaves
+from fsdpc.capture import CaptureError, MixedPrecision, aux_count, batch_leaves
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.device import DeviceError, collective_backend, dtensor_where_it_is, job_device, seed_generators
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
@@ -910,6 +910,11 @@ class ShardedModule(nn.Module):
         self.last_collectives = out["collectives"]
         if trace:
             self.last_trace = out["trace"]
+        if compiled.buffer_updates:  # the step's new running statistics, stored as eager's in-place update would
+            new_values = out["returned"][len(out["returned"]) - len(compiled.buffer_updates):]
+            for name, value in zip(compiled.buffer_updates, new_values):
+                owner, leaf = self._buffer_slots[name]
+                owner._buffers[leaf].copy_(value)
         if not train:
             return _returned(compiled.aux, out)
         if not sync:
@@ -1285,10 +1290,11 @@ def _frozen(named: dict[str, nn.Parameter]) -> tuple[str, ...]:
 
 def _returned(aux: dict | None, out: dict):
     """What a call returns: the loss, or (loss, aux) rebuilt as loss_fn
-    returned it (the step function returns the loss, then aux's values)."""
+    returned it (the step function returns the loss, then aux's values,
+    then the buffers' new values)."""
     if aux is None:
         return out["loss"]
-    values = out["returned"][1:]
+    values = out["returned"][1:1 + aux_count(aux)]
     kind = aux["kind"]
     if kind == "tensor":
         rebuilt = values[0]

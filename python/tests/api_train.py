@@ -1501,6 +1501,78 @@ def scenario_uncapturable(args):
     close(torch.tensor(losses), torch.tensor(expected), "losses of a step a CUDA graph cannot capture")
 
 
+class NormedMLP(nn.Module):
+    """An MLP whose blocks batch-normalize: their running statistics are
+    buffers that each training step updates in place."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16), nn.ReLU()) for _ in range(2))
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def classify(model, x, labels):
+    return nn.functional.cross_entropy(model(x), labels)
+
+
+def scenario_batch_norm(args):
+    """Batch norm's running statistics, buffers every training step updates
+    in place, kept as FSDP2 keeps them: each rank's from its own batches.
+    Losses and statistics equal FSDP2's on every rank through training
+    steps, an accumulating microbatch, a forward under no_grad in training
+    mode (which updates them too) and an evaluation that reads them."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    generator = torch.Generator().manual_seed(5)
+    data = [(torch.randn(GLOBAL_BATCH, 16, generator=generator), torch.randint(0, 5, (GLOBAL_BATCH,), generator=generator))
+            for _ in range(5)]
+    sharded = fsdpc.shard(NormedMLP(), mine(data[0]), classify, gradient_accumulation=True)
+    theirs = NormedMLP().to(DEVICE)
+    mesh = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
+    for block in theirs.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(theirs, mesh=mesh)
+    optimizers = [optimizer_for(sharded), optimizer_for(theirs)]
+
+    def both(batch, sync: bool = True) -> None:
+        ours = sharded(*mine(batch), sync=sync)
+        theirs.set_requires_gradient_sync(sync)
+        expected = classify(theirs, *mine(batch))
+        expected.backward()
+        close(ours, expected.detach(), "this rank's loss against FSDP2's")
+        if sync:
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad()
+
+    def same_statistics(what: str) -> None:
+        for (name, ours), (_, expected) in zip(sharded.named_buffers(), theirs.named_buffers(), strict=True):
+            close(ours, expected, f"{name} {what}")
+
+    both(data[0])
+    both(data[1])
+    same_statistics("after two steps")
+    both(data[2], sync=False)
+    both(data[3])
+    same_statistics("after an accumulated step")
+    assert int(sharded.get_buffer("blocks.0.1.num_batches_tracked")) == 4, "four training calls"
+    with torch.no_grad():
+        close(sharded(*mine(data[4])), classify(theirs, *mine(data[4])), "a forward under no_grad")
+    same_statistics("after a forward under no_grad in training mode")
+    sharded.eval()
+    theirs.eval()
+    with torch.no_grad():
+        close(sharded(*mine(data[4])), classify(theirs, *mine(data[4])), "an evaluation on the running statistics")
+    same_statistics("after an evaluation, which reads them only")
+
+
 def greedy_tokens(model: nn.Module, prompt: torch.Tensor, new: int) -> torch.Tensor:
     """Greedy decoding: the model runs on the whole sequence once per new token."""
     tokens = prompt

@@ -36,6 +36,20 @@ class WithBatchNorm(nn.Module):
         return self.bn(x)
 
 
+class ReshapesItsBuffer(nn.Module):
+    """Transposes a buffer in place in forward: its shape changes, which a
+    compiled step's fixed layout cannot follow (new values it could)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.register_buffer("table", torch.zeros(4, 2))
+
+    def forward(self, x):
+        self.table.t_()
+        return self.linear(x) + self.table.sum()
+
+
 class ReentrantOnTheBatch(nn.Module):
     """Checkpoints its first layer the reentrant way on the batch, which
     requires no grad: PyTorch gives that layer no gradient."""
@@ -79,6 +93,10 @@ def odd_dtype():
 
 def batch_norm():
     return WithBatchNorm(), (torch.randn(3, 4),), _sum_loss
+
+
+def buffer_reshape():
+    return ReshapesItsBuffer(), (torch.randn(3, 4),), _sum_loss
 
 
 def vector_loss():

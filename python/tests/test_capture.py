@@ -183,9 +183,23 @@ def test_unsupported_dtype_names_the_line_and_op():
         export_training_step(*load_bad("odd_dtype"))
 
 
-def test_buffer_updates_are_refused_by_name():
-    with pytest.raises(CaptureError, match="updates buffer 'bn.running_mean'"):
-        export_training_step(*load_bad("batch_norm"))
+def test_buffer_updates_are_returned_by_name():
+    """Batch norm's running statistics: the step function returns their new
+    values after the loss, as eager's update computes them, and the IR says
+    whose they are."""
+    model, batch, loss_fn = load_bad("batch_norm")
+    exported = export_training_step(model, batch, loss_fn)
+    names = ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]
+    assert [name for name, _ in exported.step.buffer_updates] == names
+    assert f"// returned after the loss: the new values of {', '.join(names)}" in exported.mlir
+    assert re.search(r"return %\w+, %\S+, %\S+, %\S+ : tensor<f32>, tensor<4xf32>, tensor<4xf32>, tensor<i64>",
+                     exported.mlir), exported.mlir[-600:]
+    assert float(model.bn.running_mean.abs().sum()) == 0, "capture changed the model's statistics"
+
+
+def test_buffer_reshapes_are_refused_by_name():
+    with pytest.raises(CaptureError, match="reshapes buffer 'table' in place"):
+        export_training_step(*load_bad("buffer_reshape"))
 
 
 def test_batch_updates_are_refused():

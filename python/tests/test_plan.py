@@ -344,7 +344,7 @@ def test_the_search_command_ranks_and_says_why(tmp_path, capsys):
     (["--gpus", "2"], "give --model (a built-in name or file.py:factory) or --mlir"),
     (["--model", "mlp", "--gpus", "2", "--profile", "/nonexistent.json"],
      "--profile /nonexistent.json: not a Chrome trace with traceEvents"),
-    (["--model", f"{BAD_MODELS}:batch_norm", "--gpus", "2"], "updates buffer"),
+    (["--model", f"{BAD_MODELS}:buffer_reshape", "--gpus", "2"], "reshapes buffer 'table' in place"),
 ])
 def test_bad_input_is_one_clear_line(args, message, capsys):
     assert main(["plan", *args]) == 1
