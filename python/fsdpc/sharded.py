@@ -324,8 +324,11 @@ class ShardedModule(nn.Module):
         first = self._program_for(self._example, train=True, frozen=_frozen(dict(self.named_parameters())))
         self.layout: dict[str, ParamSpec] = {spec.name: spec for spec in first.program.params}
         self.mesh = mesh if mesh is not None else self._mesh_of(first.program)
-        self._on_meta = any(p.is_meta for p in model.parameters())
-        self._meta_buffers = {name for name, b in self.named_buffers() if b.is_meta}
+        # Parameters (by the layout's names) and buffers that hold no values
+        # yet: built on meta, and neither initialized nor loaded since.
+        originals = dict(model.named_parameters(remove_duplicate=False))
+        self._empty = ({name for name in self.layout if originals[name].is_meta} |
+                       {name for name, buffer in self.named_buffers() if buffer.is_meta})
         self._storage: dict[str, torch.Tensor] = {}
         on_every_rank("placing the parameter shards", lambda: self._place_shards(model))
         self._move_buffers()
@@ -334,7 +337,7 @@ class ShardedModule(nn.Module):
         self._param_slots = {fqn: _owner(self, fqn) for fqn in self.layout}
         self._buffer_slots = {name: _owner(self, name) for name, _ in self.named_buffers()}
         self._local_rows = {fqn: self._shard_rows(spec)[1] for fqn, spec in self.layout.items()}
-        if not self._on_meta:  # every rank starts from rank 0's replicated state
+        if not self._empty:  # every rank starts from rank 0's replicated state
             self._broadcast_replicated()
         # No hook refers to the module itself (each is handed it): a cycle
         # through it would keep it and its process groups alive until the
@@ -465,9 +468,16 @@ class ShardedModule(nn.Module):
         return self
 
     def _loaded(self, incompatible_keys) -> None:
-        self._on_meta = False
-        persistent = {name for name, _ in self.state_dict().items()}
-        self._meta_buffers -= persistent
+        """What a load filled holds values: every entry it had (a partial
+        load's missing keys stay empty; non-persistent buffers are in no
+        state dict)."""
+        filled = set(self.state_dict()) - set(incompatible_keys.missing_keys)
+        self._empty = {name for name in self._empty
+                       if not any(alias in filled for alias in (name, *self._aliases(name)))}
+
+    def _aliases(self, name: str) -> tuple[str, ...]:
+        spec = self.layout.get(name)
+        return spec.tied if spec is not None else ()
 
     # -- programs ----------------------------------------------------------
 
@@ -1081,12 +1091,18 @@ class ShardedModule(nn.Module):
                         "effects happen once), or hook the sharded module itself, whose hooks run around every call")
 
     def _check_ready(self) -> None:
-        if self._on_meta:
+        if not self._empty:
+            return
+        params = sorted(name for name in self._empty if name in self.layout)
+        if len(params) == len(self.layout):
             raise StepError("the parameters were created on the meta device and hold no values yet: call "
                             "init_weights() or load a checkpoint (fsdpc.checkpoint.load) first")
-        if self._meta_buffers:
-            raise StepError(f"buffers {sorted(self._meta_buffers)} were created on the meta device and hold no "
-                            "values yet: call init_weights(), which runs reset_parameters() or your init")
+        buffers = sorted(self._empty - set(params))
+        empty = " and ".join(f"{kind} {_listed(names)}" for kind, names in (("parameters", params),
+                                                                            ("buffers", buffers)) if names)
+        raise StepError(f"{empty} hold no values yet: built on the meta device, no load filled them (a partial "
+                        "load's missing keys; non-persistent buffers are in no state dict); call init_weights(), "
+                        "which initializes those and keeps every value loaded, or load a checkpoint that has them")
 
     def _check_batch(self, batch: Sequence[torch.Tensor], structure: TreeSpec) -> None:
         if structure != self._batch_structure and len(batch) == len(self._example):
@@ -1122,9 +1138,15 @@ class ShardedModule(nn.Module):
         only its own rows: `init(module)` for every module (default: its
         `reset_parameters()`, children before parents). Shards are drawn
         from a stream per shard index, so replicas of a shard agree;
-        replicated parameters and buffers are broadcast from rank 0."""
+        replicated parameters and buffers are broadcast from rank 0.
+
+        After a load that left some tensors empty (a new head missing from a
+        pretrained checkpoint, non-persistent buffers such as rotary tables
+        or masks), only those are initialized: every loaded value is kept.
+        Where every tensor holds values, all are initialized anew."""
         self._refuse_inside_unsharded("init_weights()")
         self.wait_for_host_optimizer()
+        kept = self._values_held() if self._empty else {}
         for name, buffer in list(self.named_buffers()):
             if buffer.is_meta:
                 owner, leaf = _owner(self, name)
@@ -1140,9 +1162,23 @@ class ShardedModule(nn.Module):
                     init(module)
                 elif callable(getattr(type(module), "reset_parameters", None)):
                     module.reset_parameters()
+            for name, value in kept.items():
+                if name in self._param_slots:
+                    owner, leaf = self._param_slots[name]
+                    owner._parameters[leaf]._local_tensor.copy_(value)
+                else:
+                    owner, leaf = _owner(self, name)
+                    owner._buffers[leaf].copy_(value)
         self._broadcast_replicated()
-        self._on_meta = False
-        self._meta_buffers = set()
+        self._empty = set()
+
+    def _values_held(self) -> dict[str, torch.Tensor]:
+        """A copy of every local shard and buffer that holds values, for
+        init_weights to put back after initializing the empty ones."""
+        held = {fqn: owner._parameters[leaf]._local_tensor.clone() for fqn, (owner, leaf) in self._param_slots.items()
+                if fqn not in self._empty}
+        held.update({name: buffer.clone() for name, buffer in self.named_buffers() if name not in self._empty})
+        return held
 
     def _broadcast_replicated(self) -> None:
         named = dict(self.named_parameters())
@@ -1339,6 +1375,11 @@ def _refuse_autocast(device: torch.device, what: str) -> None:
                         f"dtype into the step, so autocast cannot apply; for {dtype} compute with fp32 master weights "
                         f"pass mp_policy=MixedPrecisionPolicy(param_dtype={dtype}) to fsdpc.shard and call the module "
                         "outside autocast")
+
+
+def _listed(names: Sequence[str], shown: int = 6) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{', '.join(repr(name) for name in names[:shown])}{more}"
 
 
 def _first_line(error: Exception) -> str:

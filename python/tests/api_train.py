@@ -295,6 +295,25 @@ def scenario_meta(args):
         close(value.cpu(), pretrained[name], f"{name} loaded from whole tensors", rtol=0, atol=0)
     close(torch.tensor(mean_over_ranks(loaded(*mine(data[0])))),
           torch.tensor(float(next_token_loss(reference_model(), *data[0]))), "loss after loading whole tensors")
+    # Built on meta, then a pretrained checkpoint without the new head's
+    # parameters (ln_f here) loaded: the call names what is still empty
+    # (those, and the causal masks, non-persistent buffers no state dict
+    # has); init_weights() fills exactly those and keeps every loaded value.
+    with torch.device("meta"):
+        model = GPT(CONFIG)
+    partial = fsdpc.shard(model, example, next_token_loss)
+    head = {"ln_f.weight", "ln_f.bias"}
+    partial.load_state_dict({k: v for k, v in pretrained.items() if k not in head}, strict=False)
+    expect_error(lambda: partial(*mine(data[0])),
+                 r"parameters 'ln_f.bias', 'ln_f.weight' and buffers 'blocks.0.attn.causal_mask', "
+                 r"'blocks.1.attn.causal_mask' hold no values yet.*init_weights\(\), which initializes those and keeps")
+    partial.init_weights()
+    for name, value in partial.full_state_dict().items():
+        expected = {"ln_f.weight": torch.ones(CONFIG.d_model), "ln_f.bias": torch.zeros(CONFIG.d_model)}.get(
+            name, pretrained[name])
+        close(value.cpu(), expected, f"{name} after a partial load and init_weights()", rtol=0, atol=0)
+    close(torch.tensor(mean_over_ranks(partial(*mine(data[0])))),
+          torch.tensor(float(next_token_loss(reference_model(), *data[0]))), "loss after a partial load")
 
 
 def scenario_checkpoint(args):
