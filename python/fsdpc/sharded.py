@@ -815,7 +815,7 @@ class ShardedModule(nn.Module):
     # from FSDP2 + compile) runs the call as it is instead of tracing fsdpc's
     # driver (20 s of recompiles of its Python on the 23M GPT, to no gain).
     @torch.compiler.disable
-    def forward(self, *batch, sync: bool | None = None, trace: bool = False):
+    def forward(self, *batch, sync: bool | None = None, trace: bool = False, **named):
         """Forward and backward on this rank's batch (structured as the
         example batch: tensors, or dicts, lists or tuples of them); returns the loss (or
         `(loss, aux)` where loss_fn returns that) and leaves the gradients on
@@ -823,6 +823,10 @@ class ShardedModule(nn.Module):
         eval mode, forward only: the loss, no gradients, no communication of
         gradients. `sync` overrides set_requires_gradient_sync for one call;
         `trace` records every instruction as it ran (see `write_trace`)."""
+        if named:  # `model(**batch)` from a Hugging Face loop; raised on every rank alike, before any collective
+            raise StepError(f"the sharded module was called with keyword arguments {_listed(sorted(named))}; it "
+                            "takes the batch as fsdpc.shard's example batch was given, positionally: for a dict "
+                            "batch, fsdpc.shard(model, (batch,), lambda m, b: m(**b).loss) and then model(batch)")
         self._refuse_failed()
         self._refuse_inside_unsharded("the sharded module called")
         started, caller = time.monotonic(), threading.get_ident()

@@ -528,6 +528,8 @@ def scenario_misuse(args):
         *([(lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
                                 offload_policy=torch.distributed.fsdp.CPUOffloadPolicy(pin_memory=True)),
             "pin_memory")] if DEVICE.type == "cpu" else []),  # pinning needs a GPU
+        (lambda: sharded(tokens=mine(data[0])[0], targets=mine(data[0])[1]),
+         "called with keyword arguments 'targets', 'tokens'; it takes the batch as fsdpc.shard's example batch"),
         (lambda: sharded.set_requires_gradient_sync(False), "gradient_accumulation=True"),
         (lambda: sharded.to(torch.bfloat16), "parameter 'tok_emb.weight' would become bfloat16 on"),
         (lambda: sharded.double(), "convert the model before fsdpc.shard"),
