@@ -41,6 +41,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.nn.modules.module import (register_module_module_registration_hook,
+                                      register_module_parameter_registration_hook)
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
@@ -66,6 +68,7 @@ _RETIRED: dict[int, tuple[weakref.ref, str]] = {}
 # FQN: an optimizer step there would be overwritten by the write-back.
 _LENT: dict[int, str] = {}
 _optimizer_hooks = None
+_registration_hooks = None
 _SERIALS = itertools.count()
 # Batch shapes compiled for before a module says that each new one compiles a step.
 MANY_SHAPES = 8
@@ -111,6 +114,40 @@ def _install_optimizer_hooks() -> None:
                             register_optimizer_step_pre_hook(local_step.before),
                             register_optimizer_step_post_hook(local_step.after))
         local_step.hooks = {handle.id for handle in _optimizer_hooks}
+
+
+class _TreeWatch:
+    """The changes to a sharded model's structure since fsdpc.shard: a
+    submodule or parameter assigned (replaced or added) outside capture and
+    unsharded(), which lend the model out."""
+
+    def __init__(self, lent: _Flag):
+        self.lent = lent
+        self.changes: list[str] = []
+
+
+# The modules of sharded models, by object, with their watch and path.
+_WATCHED_TREES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _noting(kind: str) -> Callable:
+    def note(module, name, value) -> None:
+        entry = _WATCHED_TREES.get(module)
+        if entry is not None and not entry[0].lent.on:
+            entry[0].changes.append(f"{kind} '{entry[1]}{name}'")
+    return note
+
+
+def _install_registration_hooks() -> None:
+    """Global hooks on nn.Module's registration of submodules and
+    parameters: the compiled step reads the parameters of the tree as it
+    was, so an assignment into a sharded tree (resize_token_embeddings,
+    get_peft_model, load_state_dict(assign=True) after fsdpc.shard) would
+    silently not be trained."""
+    global _registration_hooks
+    if _registration_hooks is None:
+        _registration_hooks = (register_module_module_registration_hook(_noting("submodule")),
+                               register_module_parameter_registration_hook(_noting("parameter")))
 
 
 def _mixed_precision(policy) -> MixedPrecision | None:
@@ -360,6 +397,10 @@ class ShardedModule(nn.Module):
         self.register_load_state_dict_pre_hook(ShardedModule._settle_state)
         self.register_load_state_dict_pre_hook(ShardedModule._shard_whole_tensors)
         _install_optimizer_hooks()
+        _install_registration_hooks()
+        self._tree_watch = _TreeWatch(self._model_lent)
+        for name, module in [("", self), *model.named_modules()]:
+            _WATCHED_TREES[module] = (self._tree_watch, f"{name}." if name else "")
 
     # -- construction ------------------------------------------------------
 
@@ -835,6 +876,7 @@ class ShardedModule(nn.Module):
         given, structure = tree_flatten(batch)
         batch = given  # its tensors: the program takes them in order
         try:
+            self._check_tree()
             self._check_ready()
             self._check_forward_hooks()
             _refuse_autocast(self.device, "the sharded module called")
@@ -1093,6 +1135,16 @@ class ShardedModule(nn.Module):
                         "hooks are traced into the step when it is compiled (once, on meta tensors), not run per "
                         "call; register them before fsdpc.shard (what they compute is compiled in, their side "
                         "effects happen once), or hook the sharded module itself, whose hooks run around every call")
+
+    def _check_tree(self) -> None:
+        changes = list(dict.fromkeys(self._tree_watch.changes))
+        if changes:
+            more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
+            were = "was" if len(changes) == 1 else "were"
+            raise StepError(f"{', '.join(changes[:3])}{more} of the model {were} assigned after fsdpc.shard compiled "
+                            "the step, which reads the parameters of the model as it was sharded: change the model "
+                            "before fsdpc.shard (resize_token_embeddings, get_peft_model, a new head; load_state_dict "
+                            "without assign=True), then shard it")
 
     def _check_ready(self) -> None:
         if not self._empty:

@@ -554,6 +554,16 @@ def scenario_misuse(args):
     except AttributeError as error:
         assert "it is GPT's own method" in str(error), error
     loss = sharded(*mine(data[0]))  # a refused call left the module as it was
+    # The model's structure changed after fsdpc.shard: every later call is refused, naming what changed.
+    for change, what in [(lambda m: setattr(m, "ln_f", nn.LayerNorm(CONFIG.d_model)), "submodule 'ln_f'"),
+                         (lambda m: setattr(m.get_submodule("blocks.0.attn.proj"), "weight",
+                                            nn.Parameter(torch.zeros(32, 32, device=DEVICE))),
+                          "parameter 'blocks.0.attn.proj.weight'"),
+                         (lambda m: m.load_state_dict(reference_model().state_dict(), assign=True),
+                          "parameter 'tok_emb.weight'")]:
+        changed = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)
+        change(changed)
+        expect_error(lambda: changed(*mine(data[0])), f"{what}.* assigned after fsdpc.shard compiled the step")
     # torch.compile of the sharded module (a loop ported from FSDP2 + compile) runs the compiled step as it is.
     from torch._dynamo.utils import counters
 
