@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import time
 import weakref
@@ -102,19 +103,29 @@ class Watchdog:
                 watches = list(self._watches)
             now = time.monotonic()
             for watch in watches:
-                use_in_this_thread(watch.device)
-                sealed = watch.waits.sealed()  # before the poll: nothing is noted after a seal
-                unfinished = watch.waits.first_unfinished()
-                if (unfinished is None and not sealed) or (unfinished is not None and now < watch.deadline):
-                    continue
-                with self._changed:
-                    if watch not in self._watches:
-                        continue  # cancelled meanwhile
-                    self._watches.remove(watch)
-                owner = watch.owner() if watch.owner is not None else None
-                if unfinished is not None and (owner is not None or watch.owner is None):
-                    watch.on_timeout(owner, *unfinished)
+                try:
+                    self._check(watch, now)
+                except Exception as error:  # this thread watches every later step too: it must not die
+                    with self._changed:
+                        if watch in self._watches:
+                            self._watches.remove(watch)
+                    print(f"fsdpc: the collective watchdog dropped a step it could not check: "
+                          f"{type(error).__name__}: {error}", file=sys.stderr, flush=True)
             time.sleep(POLL_SECONDS)
+
+    def _check(self, watch: _Watch, now: float) -> None:
+        use_in_this_thread(watch.device)
+        sealed = watch.waits.sealed()  # before the poll: nothing is noted after a seal
+        unfinished = watch.waits.first_unfinished()
+        if (unfinished is None and not sealed) or (unfinished is not None and now < watch.deadline):
+            return
+        with self._changed:
+            if watch not in self._watches:
+                return  # cancelled meanwhile
+            self._watches.remove(watch)
+        owner = watch.owner() if watch.owner is not None else None
+        if unfinished is not None and (owner is not None or watch.owner is None):
+            watch.on_timeout(owner, *unfinished)
 
 
 WATCHDOG = Watchdog()

@@ -72,6 +72,19 @@ def close(a, b, what, rtol=1e-5, atol=1e-6):
         raise AssertionError(f"{what}: {error}") from None
 
 
+def whole(value) -> torch.Tensor:
+    """A DTensor (a gradient) gathered whole, through host memory where Gloo
+    moves CUDA tensors: its all-gather reads device pointers as host memory
+    (pytorch#152645)."""
+    from torch.distributed.tensor import DTensor
+
+    host = checkpoint._host_mesh_for_gloo(value.device_mesh, value.device)
+    if host is not None:
+        value = DTensor.from_local(value.to_local().cpu(), host, value.placements, run_check=False,
+                                   shape=value.shape, stride=value.stride())
+    return value.full_tensor()
+
+
 def expect_error(attempt, pattern: str) -> None:
     """`attempt()` raises fsdpc's StepError with a message that `pattern` matches."""
     try:
@@ -1073,8 +1086,7 @@ def scenario_cuda_graph(args):
     order = (shorter, data[0], shorter, shorter, data[0])
 
     def graphs(batch) -> bool:  # whether the program for `batch`'s shape holds a captured graph now
-        shapes = tuple((tuple(t.shape), t.dtype) for t in mine(batch))
-        return bool(sharded._programs[(True, True, shapes)].runtime.captured_graphs())
+        return bool(sharded._programs[sharded._signature(mine(batch), True, ())].runtime.captured_graphs())
 
     turns, holding = [], []
     with warnings.catch_warnings(record=True) as caught:
@@ -1226,7 +1238,7 @@ def scenario_divide_factor(args):
     def expect_gradients(sharded, scale: float, what: str) -> None:
         sharded(*mine(data[0]))
         for name, param in sharded.named_parameters():
-            close(param.grad.full_tensor(), reference.get_parameter(name).grad * scale, f"{what}: {name}")
+            close(whole(param.grad), reference.get_parameter(name).grad * scale, f"{what}: {name}")
         sharded.zero_grad(set_to_none=True)
 
     sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, mesh=mesh, gradient_divide_factor=1)
@@ -1326,7 +1338,7 @@ def scenario_aux(args):
         assert int(metrics["tokens"]) == rows[1].numel(), metrics["tokens"]
     next_token_loss(reference, *data[0]).backward()
     for name, param in sharded.named_parameters():
-        close(param.grad.full_tensor(), reference.get_parameter(name).grad, f"gradient of {name} beside metrics")
+        close(whole(param.grad), reference.get_parameter(name).grad, f"gradient of {name} beside metrics")
     # The metrics the step hands out are in its memory report, which equals what the allocator saw.
     reported = sharded.memory_report["train_step"]["peak"]["above_step_start"]
     measured = peak_allocated_above_start(lambda: sharded(*mine(data[0])))[0]

@@ -86,6 +86,36 @@ def test_a_collective_unfinished_at_the_deadline_is_named_once():
     assert not watchdog._watches
 
 
+class PollFails:
+    """A step whose events cannot be polled (a sticky CUDA error after a
+    communicator abort raises from every query)."""
+
+    def first_unfinished(self):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def sealed(self):
+        return True
+
+
+def test_a_step_that_cannot_be_polled_is_dropped_and_the_others_still_watched(capfd):
+    """The watchdog is one thread for every later step of the process: an
+    error polling one step, or in a step's timeout, must not end it."""
+    watchdog, timeouts = Watchdog(), Timeouts()
+
+    def failing_timeout(owner, collective, group):
+        raise RuntimeError("the roll call failed")
+
+    watchdog.watch(PollFails(), time.monotonic(), timeouts, owner=None)
+    watchdog.watch(NeverEnds(), time.monotonic(), failing_timeout, owner=None)
+    settle()
+    assert not watchdog._watches and not timeouts.calls
+    said = capfd.readouterr().err
+    assert "illegal memory access" in said and "the roll call failed" in said, said
+    watchdog.watch(NeverEnds(), time.monotonic() + 0.3, timeouts, owner=None)
+    settle(0.3 + 4 * POLL_SECONDS)
+    assert len(timeouts.calls) == 1, "the watchdog thread died"
+
+
 def test_a_cancelled_owner_is_not_called():
     watchdog, timeouts = Watchdog(), Timeouts()
     owner, other = Owner(), Owner()

@@ -348,6 +348,9 @@ private:
     if (!graph)
       return;
     c10::cuda::CUDAGuard onDevice(stream->device());
+    // What the caller queued on held outputs (zeroing or clipping a
+    // gradient) runs before they are copied: release() comes between calls.
+    join(c10::cuda::getCurrentCUDAStream(stream->device_index()), *stream);
     keepHeldOutputs();
     stream->synchronize();
     outputs = StepOutputs();
