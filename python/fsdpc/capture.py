@@ -257,7 +257,7 @@ def _export(step: _TrainingStep, batch: tuple) -> ExportedProgram:
             reason = ("it reads a tensor's value in Python (aten::item, via bool() or .item()), "
                       "so the control flow depends on data, which a static training step cannot")
         else:
-            reason = first_line
+            reason = f"{type(error).__name__}: {first_line}"
         if where:
             raise CaptureError(f"{where}: cannot capture `{where.code}`: {reason}") from error
         raise CaptureError(f"cannot capture the training step: {reason}") from error

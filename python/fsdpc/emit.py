@@ -46,6 +46,10 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def tensor_type(shape: Iterable[int], dtype: torch.dtype, where: str) -> str:
+    if any(isinstance(d, torch.SymInt) for d in shape):  # export's unbacked size: known only when it runs
+        raise CaptureError(f"{where}: the result's shape depends on the data (a boolean mask, nonzero, unique, a "
+                           "size read with .item()), and a compiled step has fixed shapes: keep the shape fixed "
+                           "(torch.where, or multiply by the mask)")
     dims = [int(d) for d in shape]
     return "tensor<" + "".join(f"{d}x" for d in dims) + element_type(dtype, where) + ">"
 

@@ -50,6 +50,17 @@ class ReshapesItsBuffer(nn.Module):
         return self.linear(x) + self.table.sum()
 
 
+class SelectsByMask(nn.Module):
+    """Keeps the rows whose sum is positive: how many depends on the data."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.linear(x)[x.sum(1) > 0]
+
+
 class ReentrantOnTheBatch(nn.Module):
     """Checkpoints its first layer the reentrant way on the batch, which
     requires no grad: PyTorch gives that layer no gradient."""
@@ -97,6 +108,10 @@ def batch_norm():
 
 def buffer_reshape():
     return ReshapesItsBuffer(), (torch.randn(3, 4),), _sum_loss
+
+
+def masked_rows():
+    return SelectsByMask(), (torch.randn(3, 4),), _sum_loss
 
 
 def vector_loss():

@@ -183,6 +183,18 @@ def test_unsupported_dtype_names_the_line_and_op():
         export_training_step(*load_bad("odd_dtype"))
 
 
+def test_a_data_dependent_shape_names_the_line_and_op():
+    where = f"{BAD_MODELS}:{line_of('return self.linear(x)[x.sum(1) > 0]')} (aten::index): the result's shape depends"
+    with pytest.raises(CaptureError, match=re.escape(where)):
+        export_training_step(*load_bad("masked_rows"))
+
+
+def test_a_python_error_in_the_step_names_its_type_and_line():
+    model, batch, _ = load_bad("masked_rows")
+    with pytest.raises(CaptureError, match=r"test_capture.py:\d+: cannot capture `.*`: KeyError: 'missing'"):
+        export_training_step(model, batch, lambda m, x: m.linear(x).sum() + {}["missing"])
+
+
 def test_buffer_updates_are_returned_by_name():
     """Batch norm's running statistics: the step function returns their new
     values after the loss, as eager's update computes them, and the IR says
