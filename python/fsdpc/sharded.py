@@ -271,6 +271,11 @@ class ShardedModule(nn.Module):
             raise StepError("fsdpc.shard needs torch.distributed initialized (run under torchrun)")
         if isinstance(model, ShardedModule):
             raise StepError("this model is already sharded by fsdpc")
+        synced = [name or "the model" for name, module in model.named_modules() if isinstance(module, nn.SyncBatchNorm)]
+        if synced:  # capture would meet torch's "expected input tensor to be on GPU" on meta tensors
+            raise StepError(f"{_listed(synced, 3)} {'is a' if len(synced) == 1 else 'are'} SyncBatchNorm, which "
+                            "all-reduces batch statistics inside forward: a collective the compiled step does not "
+                            "hold; use nn.BatchNorm* (each rank's own statistics, as DDP and FSDP2 keep them)")
         super().__init__()
         world = dist.get_world_size()
 

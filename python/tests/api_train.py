@@ -543,6 +543,8 @@ def scenario_misuse(args):
             "pin_memory")] if DEVICE.type == "cpu" else []),  # pinning needs a GPU
         (lambda: sharded(tokens=mine(data[0])[0], targets=mine(data[0])[1]),
          "called with keyword arguments 'targets', 'tokens'; it takes the batch as fsdpc.shard's example batch"),
+        (lambda: fsdpc.shard(nn.Sequential(nn.Linear(4, 4), nn.SyncBatchNorm(4)), (torch.randn(2, 4, device=DEVICE),),
+                             lambda m, x: m(x).sum()), "'1' is a SyncBatchNorm, which all-reduces batch statistics"),
         (lambda: sharded.set_requires_gradient_sync(False), "gradient_accumulation=True"),
         (lambda: sharded.to(torch.bfloat16), "parameter 'tok_emb.weight' would become bfloat16 on"),
         (lambda: sharded.double(), "convert the model before fsdpc.shard"),
