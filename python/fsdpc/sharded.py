@@ -634,6 +634,13 @@ class ShardedModule(nn.Module):
                       "compiles one (or loads it from the cache) and keeps it loaded; pad batches to a few fixed "
                       "lengths (buckets), or to one", stacklevel=2)
 
+    def _let_graphs_go(self) -> None:
+        """Every step replayed as a CUDA graph lets its graph and the working
+        memory it keeps reserved go (the next call captures again)."""
+        for compiled in self._replaying.values():
+            compiled.runtime.release_replays()
+        self._replaying.clear()
+
     def _replay_one_shape(self, compiled: CompiledProgram, train: bool, batch: Sequence[torch.Tensor]) -> None:
         """A call replayed as a CUDA graph on a batch of another shape than
         the last call in this mode lets that shape's graphs go: each graph
@@ -1216,7 +1223,8 @@ class ShardedModule(nn.Module):
                     self._original._buffers[leaf] = owner._buffers[leaf]
         base = int(torch.randint(0, 2**31, (1,))) if seed is None else seed
         shard_index = self.mesh.get_local_rank(self.mesh.ndim - 1)
-        with torch.random.fork_rng(devices=seed_generators(self.device)), torch.no_grad():
+        with torch.random.fork_rng(devices=seed_generators(self.device)), torch.no_grad(), \
+                _draws_from_each_ranks_generator(self.mesh):
             torch.manual_seed(base + shard_index)
             for module in reversed([self._original, *list(self.modules())[1:]]):
                 if init is not None:
@@ -1234,11 +1242,13 @@ class ShardedModule(nn.Module):
         self._empty = set()
 
     def _values_held(self) -> dict[str, torch.Tensor]:
-        """A copy of every local shard and buffer that holds values, for
+        """A copy in host memory (a pretrained model's shards may fill the
+        device) of every local shard and buffer that holds values, for
         init_weights to put back after initializing the empty ones."""
-        held = {fqn: owner._parameters[leaf]._local_tensor.clone() for fqn, (owner, leaf) in self._param_slots.items()
-                if fqn not in self._empty}
-        held.update({name: buffer.clone() for name, buffer in self.named_buffers() if name not in self._empty})
+        held = {fqn: owner._parameters[leaf]._local_tensor.to("cpu", copy=True)
+                for fqn, (owner, leaf) in self._param_slots.items() if fqn not in self._empty}
+        held.update({name: buffer.to("cpu", copy=True) for name, buffer in self.named_buffers()
+                     if name not in self._empty})
         return held
 
     def _broadcast_replicated(self) -> None:
@@ -1436,6 +1446,31 @@ def _refuse_autocast(device: torch.device, what: str) -> None:
                         f"dtype into the step, so autocast cannot apply; for {dtype} compute with fp32 master weights "
                         f"pass mp_policy=MixedPrecisionPolicy(param_dtype={dtype}) to fsdpc.shard and call the module "
                         "outside autocast")
+
+
+@contextlib.contextmanager
+def _draws_from_each_ranks_generator(mesh: DeviceMesh) -> Iterator[None]:
+    """DTensor's random ops on a GPU mesh draw from one stream that its
+    tracker first syncs from rank 0 (a broadcast on the default group,
+    outside fsdpc's agreement and watchdog) at offsets per shard; init_weights
+    seeds each shard's own generator instead, as on a CPU mesh, where
+    DTensor has no tracker. A tracker made here is dropped after."""
+    from torch.distributed.tensor import _random
+
+    made = _random._rng_tracker is None and _random.is_rng_supported_mesh(mesh)
+    if made:
+        _random._rng_tracker = _random.OffsetBasedRNGTracker(mesh, run_state_sync=False)
+    tracker = _random._rng_tracker
+    enabled = tracker.distribute_region_enabled if tracker is not None else None
+    if tracker is not None:
+        tracker.distribute_region_enabled = False
+    try:
+        yield
+    finally:
+        if tracker is not None:
+            tracker.distribute_region_enabled = enabled
+        if made:
+            _random._rng_tracker = None
 
 
 def _listed(names: Sequence[str], shown: int = 6) -> str:

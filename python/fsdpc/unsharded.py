@@ -79,6 +79,7 @@ class Unsharded:
         module._check_ready()
         module.wait_for_host_optimizer()
         module._agree_on_call(f"entering {self.describe()}")
+        module._let_graphs_go()  # a replayed step's reserved memory would sit under the whole parameters
         model = module._original
         self._shards = {fqn: owner._parameters[leaf] for fqn, (owner, leaf) in module._param_slots.items()}
         self._saved_training, model.training = model.training, module.training
@@ -168,6 +169,8 @@ class Unsharded:
 
     def _unit_returned(self, unit: str, fqns: list[str]):
         def returned(block, args, output) -> None:
+            if self._depth[unit] == 0:  # its pre-hook raised (ours, or one before it): nothing was gathered
+                return
             self._depth[unit] -= 1
             if self._depth[unit] == 0:
                 self._install({fqn: self._shards[fqn] for fqn in fqns})
