@@ -332,8 +332,9 @@ class ShardedModule(nn.Module):
         # read); `_attribute_baseline` are their values when first compiled.
         self._attribute_slots: dict[tuple[str, str], tuple[nn.Module, str]] = {}
         self._attribute_baseline: tuple = ()
-        # Per mode (train, training): the program whose CUDA graphs the last call used.
-        self._replaying: dict[tuple, CompiledProgram] = {}
+        # Per mode (train, training): the program whose CUDA graphs the last
+        # call used, and that call's batch shapes.
+        self._replaying: dict[tuple, tuple[CompiledProgram, tuple]] = {}
         self._warned_replay_shapes = False
         self._warned_many_shapes = False
         self._groups: dict[str, dist.ProcessGroup] = {}
@@ -637,7 +638,7 @@ class ShardedModule(nn.Module):
     def _let_graphs_go(self) -> None:
         """Every step replayed as a CUDA graph lets its graph and the working
         memory it keeps reserved go (the next call captures again)."""
-        for compiled in self._replaying.values():
+        for compiled, _ in self._replaying.values():
             compiled.runtime.release_replays()
         self._replaying.clear()
 
@@ -646,13 +647,15 @@ class ShardedModule(nn.Module):
         the last call in this mode lets that shape's graphs go: each graph
         keeps its step's working memory reserved, so one per shape would
         add up. Said once: alternating shapes capture again each time."""
-        mode = (train, self.training)
+        mode, shapes = (train, self.training), tuple(tuple(t.shape) for t in batch)
         previous = self._replaying.get(mode)
-        self._replaying[mode] = compiled
-        if previous is None or previous is compiled:
+        self._replaying[mode] = (compiled, shapes)
+        if previous is None or previous[0] is compiled:
             return
-        previous.runtime.release_replays()
-        if not self._warned_replay_shapes:
+        previous[0].runtime.release_replays()
+        # Another program for the same shapes (options, frozen parameters or
+        # attributes changed) is a one-off; alternating shapes is what repeats.
+        if previous[1] != shapes and not self._warned_replay_shapes:
             self._warned_replay_shapes = True
             warnings.warn(f"fsdpc: the step is replayed as a CUDA graph and the batch {_describe(batch)} has "
                           "another shape than the last call's: that shape's graph and its memory are let go, and "
