@@ -271,9 +271,10 @@ class ShardedModule(nn.Module):
             raise StepError("fsdpc.shard needs torch.distributed initialized (run under torchrun)")
         if isinstance(model, ShardedModule):
             raise StepError("this model is already sharded by fsdpc")
-        synced = [name or "the model" for name, module in model.named_modules() if isinstance(module, nn.SyncBatchNorm)]
+        model = _unwrapped(model)
+        synced = [name for name, module in model.named_modules() if isinstance(module, nn.SyncBatchNorm)]
         if synced:  # capture would meet torch's "expected input tensor to be on GPU" on meta tensors
-            raise StepError(f"{_listed(synced, 3)} {'is a' if len(synced) == 1 else 'are'} SyncBatchNorm, which "
+            raise StepError(f"{_modules_named(synced)} SyncBatchNorm, which "
                             "all-reduces batch statistics inside forward: a collective the compiled step does not "
                             "hold; use nn.BatchNorm* (each rank's own statistics, as DDP and FSDP2 keep them)")
         super().__init__()
@@ -1474,6 +1475,35 @@ def _draws_from_each_ranks_generator(mesh: DeviceMesh) -> Iterator[None]:
             tracker.distribute_region_enabled = enabled
         if made:
             _random._rng_tracker = None
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The model a torch.compile wrapper holds (fsdpc compiles the step
+    itself, and the wrapper's `_orig_mod.` would prefix every name); a
+    model another data-parallel wrapper holds is refused, naming what to
+    pass (their hooks and parameters are not the model's own)."""
+    if type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), nn.Module):
+        warnings.warn("fsdpc.shard was handed a torch.compile'd model: fsdpc compiles the training step itself, so it "
+                      "shards the model inside (parameter names without '_orig_mod.'); the compiled wrapper is not "
+                      "used", stacklevel=4)
+        return _unwrapped(model._orig_mod)
+    if isinstance(getattr(model, "module", None), nn.Module) and \
+            type(model).__name__ in ("DistributedDataParallel", "FullyShardedDataParallel"):
+        raise StepError(f"fsdpc.shard was handed a {type(model).__name__}: fsdpc replaces it; hand fsdpc.shard the "
+                        "model it wraps (build the model, then fsdpc.shard it, without the wrapper)")
+    wrapped = [name for name, module in model.named_modules()
+               if any(cls.__name__ in ("FSDPModule", "FullyShardedDataParallel") for cls in type(module).__mro__)]
+    if wrapped:
+        raise StepError(f"{_modules_named(wrapped)} already sharded by FSDP (fully_shard): fsdpc replaces it; hand "
+                        "fsdpc.shard the model before fully_shard")
+    return model
+
+
+def _modules_named(names: Sequence[str]) -> str:
+    """"the model is", "module 'a' is" or "modules 'a', 'b' are"."""
+    if names == [""]:
+        return "the model is"
+    return f"module {_listed(names, 3)} is" if len(names) == 1 else f"modules {_listed(names, 3)} are"
 
 
 def _listed(names: Sequence[str], shown: int = 6) -> str:

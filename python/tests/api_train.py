@@ -544,7 +544,11 @@ def scenario_misuse(args):
         (lambda: sharded(tokens=mine(data[0])[0], targets=mine(data[0])[1]),
          "called with keyword arguments 'targets', 'tokens'; it takes the batch as fsdpc.shard's example batch"),
         (lambda: fsdpc.shard(nn.Sequential(nn.Linear(4, 4), nn.SyncBatchNorm(4)), (torch.randn(2, 4, device=DEVICE),),
-                             lambda m, x: m(x).sum()), "'1' is a SyncBatchNorm, which all-reduces batch statistics"),
+                             lambda m, x: m(x).sum()), "module '1' is SyncBatchNorm, which all-reduces batch statistics"),
+        (lambda: fsdpc.shard(nn.parallel.DistributedDataParallel(reference_model().to(DEVICE)), mine(data[0]),
+                             next_token_loss), "handed a DistributedDataParallel: fsdpc replaces it; hand fsdpc.shard"),
+        (lambda: fsdpc.shard(torch.distributed.fsdp.fully_shard(reference_model().to(DEVICE)), mine(data[0]),
+                             next_token_loss), "the model is already sharded by FSDP"),
         (lambda: sharded.set_requires_gradient_sync(False), "gradient_accumulation=True"),
         (lambda: sharded.to(torch.bfloat16), "parameter 'tok_emb.weight' would become bfloat16 on"),
         (lambda: sharded.double(), "convert the model before fsdpc.shard"),
@@ -561,6 +565,12 @@ def scenario_misuse(args):
         else:
             raise AssertionError(f"no error; expected one saying {expected!r}")
     assert sharded.to(DEVICE) is sharded and sharded.float() is sharded  # conversions that change nothing pass
+    # A torch.compile'd model: fsdpc shards the model inside, under its own names.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        unwrapped = fsdpc.shard(torch.compile(reference_model()), mine(data[0]), next_token_loss)
+    assert any("handed a torch.compile'd model" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    assert [n for n, _ in unwrapped.named_parameters()] == [n for n, _ in reference_model().named_parameters()]
     # The model's other attributes read through (a Hugging Face config); its methods are not offered.
     assert sharded.config is model.config and not hasattr(sharded, "no_such_attribute")
     try:
