@@ -34,6 +34,7 @@ import warnings
 import weakref
 from datetime import timedelta
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -269,6 +270,8 @@ class ShardedModule(nn.Module):
                  pipeline: str = "", timeout: timedelta = timedelta(minutes=5), check_reshard_frees: bool = False):
         if not dist.is_initialized():
             raise StepError("fsdpc.shard needs torch.distributed initialized (run under torchrun)")
+        if isinstance(example_batch, (torch.Tensor, Mapping)):  # one item, as `model(batch)` will be called
+            example_batch = (example_batch,)
         if isinstance(model, ShardedModule):
             raise StepError("this model is already sharded by fsdpc")
         model = _unwrapped(model)
@@ -1568,7 +1571,9 @@ def _describe(batch: Sequence[torch.Tensor]) -> str:
 def shard(model: nn.Module, example_batch: Sequence[torch.Tensor], loss_fn: Callable, **options) -> ShardedModule:
     """Compiles `loss_fn(model, *batch)` with its backward into a sharded
     training step on every rank of the job and returns the module that runs
-    it. Options (FSDP2's names where FSDP2 has the knob): `mesh` (1-D, or
+    it. `example_batch` is a tuple of the items loss_fn takes after the
+    model (tensors, or dicts, lists or tuples of them); one tensor or dict
+    alone is one item. Options (FSDP2's names where FSDP2 has the knob): `mesh` (1-D, or
     2-D (replicate, shard) for hybrid sharding), `reshard_after_forward`
     (bool or an inner group size), `mp_policy` (MixedPrecisionPolicy),
     `offload_policy` (CPUOffloadPolicy), `wrap` (a predicate

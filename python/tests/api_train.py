@@ -1388,6 +1388,10 @@ def scenario_named_batch(args):
     expect_error(lambda: sharded({"tokens": rows[0], "labels": rows[1]}), "the batch is structured")
     expect_error(lambda: sharded(*rows), "the batch is structured")
     sharded(named(rows))  # a refused call left the module as it was
+    # The example batch given as the one dict itself (not in a tuple): the same step.
+    bare = fsdpc.shard(reference_model(), named(rows), loss_fn)
+    close(bare(named(rows)), next_token_loss(reference_model(), *(t.cpu() for t in rows)).detach(),
+          "this rank's loss with a bare dict as the example batch")
 
 
 def forward_only(sharded, rows):
