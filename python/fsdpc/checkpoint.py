@@ -18,6 +18,15 @@ the previous checkpoint (if the kill hit between the two renames, `load`
 finds it under its `.<name>.previous-<id>` name) and a partial directory
 that `load` refuses and the next save removes.
 
+`save(..., asynchronous=True)` returns once the state is copied to host
+memory; DCP writes it on a thread of its own (planning over a Gloo group of
+fsdpc's, apart from the training's collectives) while training goes on, and
+rank 0 renames it into place when every rank's part and the metadata are
+written. The returned `PendingSave.wait()` (collective) returns once the
+checkpoint is in place on every rank; the next save or load waits for it
+first. Wait before destroying the process group: a save cut off there is a
+partial directory, and the previous checkpoint stays.
+
 Loading never runs code from a checkpoint: `extra` is read with
 `torch.load(weights_only=True)`, so it may hold tensors, numbers, strings,
 bytes, None and dicts, lists and tuples of those (what a training loop
@@ -34,7 +43,9 @@ import io
 import os
 import pickle
 import shutil
+import threading
 import uuid
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
@@ -89,11 +100,76 @@ def _first_line(error: Exception) -> str:
     return next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
 
 
+class PendingSave:
+    """An asynchronous save under way (see the module's docstring)."""
+
+    def __init__(self, written: Future, target: Path, partial: Path, extra: dict, group: dist.ProcessGroup):
+        self._target, self._group = target, group
+        self._in_place = threading.Event()  # rank 0's rename done (or failed); others: their part written
+        self._failure: BaseException | None = None
+
+        def finished(future: Future) -> None:  # on DCP's thread, once every rank's part and the metadata are written
+            try:
+                future.result()
+                if dist.get_rank() == 0:
+                    _put_in_place(partial, target, extra)
+            except BaseException as error:
+                self._failure = error
+            finally:
+                self._in_place.set()
+
+        written.add_done_callback(finished)
+
+    def done(self) -> bool:
+        """Whether this rank's part is finished (rank 0: the checkpoint is in place)."""
+        return self._in_place.is_set()
+
+    def wait(self) -> Path:
+        """Collective: returns the checkpoint's path once it is in place,
+        on every rank; raises CheckpointError if the save failed."""
+        global _pending
+        self._in_place.wait()
+        if _pending is self:
+            _pending = None
+        failed = torch.tensor([self._failure is not None], dtype=torch.int32)
+        dist.all_reduce(failed, group=self._group)  # also: rank 0's rename is done when this returns
+        if self._failure is not None:
+            raise CheckpointError(f"the asynchronous save to {self._target} failed: "
+                                  f"{_first_line(self._failure)}") from self._failure
+        if int(failed):
+            raise CheckpointError(f"the asynchronous save to {self._target} failed on another rank; the previous "
+                                  "checkpoint there is kept")
+        return self._target
+
+
+_pending: PendingSave | None = None
+_save_group: dist.ProcessGroup | None = None
+
+
+def _writing_group() -> dist.ProcessGroup:
+    """Collective on first use: a Gloo group for DCP's planning on its own
+    thread, so that it never interleaves with the training thread's
+    collectives on the default group."""
+    global _save_group
+    if _save_group is None:
+        _save_group = dist.new_group(backend="gloo")
+    return _save_group
+
+
+def wait_for_pending_save() -> None:
+    """Collective: the asynchronous save under way, if any, finished."""
+    if _pending is not None:
+        _pending.wait()
+
+
 def save(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-         extra: dict | None = None) -> Path:
+         extra: dict | None = None, asynchronous: bool = False) -> Path | PendingSave:
     """Collective: saves `model` (and `optimizer`, and the picklable
     `extra`) to the directory `path`, replacing a checkpoint there only
-    once the new one is complete."""
+    once the new one is complete. `asynchronous`: returns a PendingSave
+    once the state is copied to host memory, and writes it meanwhile."""
+    global _pending
+    wait_for_pending_save()
     target = Path(path).absolute()
     extra = _check_extra(dict(extra or {}))
     if ".partial-" in target.name or ".previous-" in target.name:
@@ -106,20 +182,32 @@ def save(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optim
         name[0] = f".{target.name}.partial-{uuid.uuid4().hex[:12]}"
     dist.broadcast_object_list(name, src=0)
     partial = target.parent / name[0]
+    if asynchronous:
+        group = _writing_group()
+        written = dcp.async_save(_state(model, optimizer), checkpoint_id=partial, process_group=group)
+        _pending = PendingSave(written, target, partial, extra, group)
+        return _pending
     dcp.save(_state(model, optimizer), checkpoint_id=partial)
     dist.barrier()
     if dist.get_rank() == 0:
-        torch.save(extra, partial / EXTRA_FILE)
-        previous = None
-        if target.exists():
-            previous = target.parent / f".{target.name}.previous-{uuid.uuid4().hex[:12]}"
-            target.rename(previous)
-        partial.rename(target)
-        _fsync_directory(target.parent)
-        if previous is not None:
-            shutil.rmtree(previous)
+        _put_in_place(partial, target, extra)
     dist.barrier()
     return target
+
+
+def _put_in_place(partial: Path, target: Path, extra: dict) -> None:
+    """Rank 0, once every rank's part and DCP's metadata are written: the
+    extra state beside them, then the partial directory renamed into place
+    (a previous checkpoint moved aside first and deleted last)."""
+    torch.save(extra, partial / EXTRA_FILE)
+    previous = None
+    if target.exists():
+        previous = target.parent / f".{target.name}.previous-{uuid.uuid4().hex[:12]}"
+        target.rename(previous)
+    partial.rename(target)
+    _fsync_directory(target.parent)
+    if previous is not None:
+        shutil.rmtree(previous)
 
 
 def _readable(target: Path) -> Path:
@@ -137,6 +225,7 @@ def load(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optim
     """Collective: loads a checkpoint saved on any number of ranks (by fsdpc
     or by an FSDP2 job with the same layout) into `model` and `optimizer`;
     returns the saved `extra`."""
+    wait_for_pending_save()
     source = _readable(Path(path).absolute())
     state = _state(model, optimizer)
     metadata = dcp.FileSystemReader(source).read_metadata()
@@ -205,6 +294,7 @@ def _host_mesh_for_gloo(mesh: DeviceMesh, device: torch.device) -> DeviceMesh | 
 def save_full(path: str | os.PathLike, model: nn.Module) -> None:
     """Collective: gathers the unsharded, unpadded model state and rank 0
     writes it with torch.save (for inference or a single-process load)."""
+    wait_for_pending_save()
     full = full_state_dict(model, rank0_only=True)
     if dist.get_rank() == 0:
         target = Path(path)

@@ -351,6 +351,42 @@ def scenario_checkpoint(args):
         torch.save({"losses": losses, "start": start}, args.out)
 
 
+def scenario_async_checkpoint(args):
+    """An asynchronous save returns once the state is copied to host memory
+    and training goes on while it is written: the checkpoint holds the
+    model, optimizer and extra state as they were at the save, and a module
+    that loads it continues with the same losses. A load right after a save
+    that nobody waited for waits for it; no temporary directory is left."""
+    target = Path(args.save) / "async_checkpoint" / "ckpt"
+    data = batches(6)
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)
+    optimizer = optimizer_for(sharded)
+    train(sharded, optimizer, data[:2])
+    at_save = sharded.full_state_dict()
+    pending = checkpoint.save(target, sharded, optimizer, extra={"step": 2}, asynchronous=True)
+    went_on, _ = train(sharded, optimizer, data[2:4])  # changes every shard while the save writes
+    assert pending.wait() == target.absolute()
+
+    def resumed() -> tuple:
+        module = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)
+        return module, optimizer_for(module)
+
+    module, its_optimizer = resumed()
+    assert checkpoint.load(target, module, its_optimizer) == {"step": 2}
+    for name, value in module.full_state_dict().items():
+        close(value, at_save[name], f"{name} as it was at the asynchronous save", rtol=0, atol=0)
+    again, _ = train(module, its_optimizer, data[2:4])
+    close(torch.tensor(again), torch.tensor(went_on), "losses after loading the asynchronous save")
+    at_second = sharded.full_state_dict()
+    checkpoint.save(target, sharded, optimizer, extra={"step": 4}, asynchronous=True)
+    train(sharded, optimizer, data[4:])
+    module, its_optimizer = resumed()
+    assert checkpoint.load(target, module, its_optimizer) == {"step": 4}  # waited for the save under way
+    for name, value in module.full_state_dict().items():
+        close(value, at_second[name], f"{name} as it was at the second asynchronous save", rtol=0, atol=0)
+    assert [p.name for p in target.parent.iterdir()] == ["ckpt"], list(target.parent.iterdir())
+
+
 def scenario_fsdp2(args):
     """fsdpc's checkpoint loads into FSDP2 and FSDP2's into fsdpc (model and optimizer)."""
     from torch.distributed.fsdp import fully_shard
