@@ -11,7 +11,9 @@ dataclasses below. Python never parses the format itself.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -82,6 +84,10 @@ class Program:
     loaded: object  # the runtime's program, loaded for `device`
     device: str
     device_kind: str  # what the step was compiled for ("cpu", "cuda"); `device` is of this kind
+    # A digest of every function's collectives in issue order (kind, group,
+    # tensors, reduction, unit): ranks whose programs share it issue the
+    # same collectives, whatever their batch shapes.
+    collective_schedule: str = ""
 
     @staticmethod
     def parse(text: str, device: str | None = None) -> "Program":
@@ -107,7 +113,8 @@ class Program:
                                              tuple((tuple(t["shape"]), t["dtype"]) for t in f["input_types"]),
                                              f["instructions"], tuple(f["host_units"]), f["cuda_graph"])
                      for f in doc["functions"]}
-        return Program(text, groups, params, buffers, functions, loaded, device or doc["device"], doc["device"])
+        return Program(text, groups, params, buffers, functions, loaded, device or doc["device"], doc["device"],
+                       _collective_schedule(text))
 
     def load(self, device: str = "cpu"):
         """The runtime's loaded program (operators resolved, literals converted)."""
@@ -154,3 +161,16 @@ def runtime_extension():
         return importlib.import_module("_fsdp_rt")
     finally:
         sys.path.remove(str(directory))
+
+
+# What an instruction that names a group says about the collective it
+# issues; its slots (inputs, results, futures) are numbered per program.
+_COLLECTIVE_FIELDS = ("op", "group", "shapes", "dtypes", "reduction", "reduce_dtype", "pre_divide", "post_divide",
+                      "host", "into_results", "unit")
+
+
+def _collective_schedule(text: str) -> str:
+    schedule = [(function["name"], [[instruction.get(key) for key in _COLLECTIVE_FIELDS]
+                                     for instruction in function["instructions"] if "group" in instruction])
+                for function in json.loads(text)["functions"]]
+    return hashlib.sha256(json.dumps(schedule).encode()).hexdigest()

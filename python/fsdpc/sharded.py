@@ -368,8 +368,17 @@ class ShardedModule(nn.Module):
             model.train()
         self._hooked_modules = dict(model.named_modules())  # by name: their modes and forward hooks are checked
 
-        first = self._program_for(self._example, train=True, frozen=_frozen(dict(self.named_parameters())))
+        # Each rank's example batch may have sizes of its own (its first
+        # batch, padded to its own longest sequence): rank 0's sizes set the
+        # layout, then every rank's are compiled as a call's would be.
+        sizes_by_rank: list = [None] * world
+        dist.all_gather_object(sizes_by_rank, tuple(tuple(t.shape) for t in self._example))
+        frozen = _frozen(dict(self.named_parameters()))
+        first = self._program_for([torch.empty(size, dtype=t.dtype, device="meta")
+                                   for size, t in zip(sizes_by_rank[0], self._example)], train=True, frozen=frozen)
         self.layout: dict[str, ParamSpec] = {spec.name: spec for spec in first.program.params}
+        if len(set(sizes_by_rank)) > 1:
+            self._program_among(sizes_by_rank, self._example, train=True, frozen=frozen, read=None)
         self.mesh = mesh if mesh is not None else self._mesh_of(first.program)
         # Parameters (by the layout's names) and buffers that hold no values
         # yet: built on meta, and neither initialized nor loaded since.
@@ -625,6 +634,25 @@ class ShardedModule(nn.Module):
         self._programs[self._signature(batch, train, frozen)] = compiled  # the values the step now holds
         self._say_if_many_shapes()
         return compiled
+
+    def _program_among(self, sizes_by_rank: list, batch: Sequence[torch.Tensor], *, train: bool,
+                       frozen: tuple[str, ...], read: tuple) -> CompiledProgram:
+        """This rank's program where the ranks' batches differ in size: every
+        rank takes (or compiles, together, in rank order) the program of
+        every size any rank has, so each holds them all and checks the same
+        thing: that they issue the same collectives, which a mismatch would
+        pair wrongly. FSDP2 lets each rank's batch be its own too."""
+        programs: dict[tuple, CompiledProgram] = {}
+        for sizes in sizes_by_rank:
+            if sizes not in programs:
+                shapes = [torch.empty(size, dtype=t.dtype, device="meta") for size, t in zip(sizes, batch)]
+                programs[sizes] = self._program_for(shapes, train=train, frozen=frozen, read=read)
+        if len({compiled.program.collective_schedule for compiled in programs.values()}) > 1:
+            raise StepError("the ranks' batches differ in size (" + "; ".join(
+                f"rank {rank}: {', '.join(str(s) for s in sizes)}" for rank, sizes in enumerate(sizes_by_rank)) +
+                "), and the steps compiled for those sizes issue different collectives (their memory plans "
+                "differ): nothing was communicated; pad every rank's batch to one size")
+        return programs[tuple(tuple(t.shape) for t in batch)]
 
     def _say_if_many_shapes(self) -> None:
         """Warns once when steps were compiled for MANY_SHAPES batch shapes:
@@ -917,15 +945,22 @@ class ShardedModule(nn.Module):
                 "an accumulating (no gradient sync)")
         frozen = _frozen(named) if train else ()
         read = (self._modes_apart(), self._attribute_values())  # read once: they key the program too
-        # A call that is wrong on one rank is refused on all, before any collective.
-        self._agree_on_call(f"a call refused with: {problem}" if problem else
-                            f"{kind} step on {_describe(batch)}{_frozen_text(frozen)}"
-                            f"{_overrides_text(self._overrides) if train else ''}"
-                            f"{self._attributes_changed(read[1])}{_modes_text(read[0], self.training)}")
+        # A call that is wrong on one rank is refused on all, before any
+        # collective. Batch sizes may differ by rank (each padded to its own
+        # longest sequence): they are agreed apart from the rest.
+        rest = (f"{_frozen_text(frozen)}{_overrides_text(self._overrides) if train else ''}"
+                f"{self._attributes_changed(read[1])}{_modes_text(read[0], self.training)}")
+        sizes_by_rank = self._agree_on_call(
+            f"a call refused with: {problem}" if problem else f"{kind} step on {_describe(batch)}{rest}",
+            key=None if problem else f"{kind} step on {_kinds(batch)}{rest}",
+            sizes=None if problem else tuple(tuple(t.shape) for t in batch))
         if problem:
             raise problem
         batch = tuple(t.contiguous() for t in batch)  # the program was compiled for dense row-major inputs
-        compiled = self._program_for(batch, train=train, frozen=frozen, read=read)
+        if sizes_by_rank is None:
+            compiled = self._program_for(batch, train=train, frozen=frozen, read=read)
+        else:
+            compiled = self._program_among(sizes_by_rank, batch, train=train, frozen=frozen, read=read)
         if name not in compiled.program.functions:
             raise StepError(f"the step was compiled without '{name}': fsdpc.shard(..., gradient_accumulation=True)")
         if compiled.program.functions[name].cuda_graph and not (trace or self._check_reshard_frees):
@@ -1103,16 +1138,22 @@ class ShardedModule(nn.Module):
                            function, call, caller, what, since=since),
                        owner=self, device=self.device)
 
-    def _agree_on_call(self, description: str) -> None:
+    def _agree_on_call(self, description: str, *, key: str | None = None,
+                       sizes: tuple | None = None) -> list | None:
         """Before any collective of a call, every rank checks that all run the
-        same kind of step on the same shapes (one small all-gather)."""
+        same kind of step (one small all-gather): `key` (default: the
+        `description` the refusal shows) and, apart, the batch's `sizes`.
+        Returns every rank's sizes where only those differ, else None."""
         self._calls += 1
         if self._heartbeat:
             self._heartbeat.entered_call(self._serial, self._calls)
         if dist.get_world_size() == 1:
-            return  # nobody to disagree with
-        digest = int.from_bytes(hashlib.sha256(description.encode()).digest()[:7], "little")
-        mine = torch.tensor([digest, self._calls], dtype=torch.int64)
+            return None  # nobody to disagree with
+
+        def digest(text: str) -> int:
+            return int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little")
+
+        mine = torch.tensor([digest(key or description), self._calls, digest(repr(sizes))], dtype=torch.int64)
         everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         try:
             dist.all_gather(everyone, mine, group=self._control)
@@ -1125,7 +1166,11 @@ class ShardedModule(nn.Module):
                 raise  # the watchdog's error for the previous call, raised in this thread
             raise failure from error
         if all(torch.equal(other, mine) for other in everyone):
-            return
+            return None
+        if sizes is not None and all(torch.equal(other[:2], mine[:2]) for other in everyone):
+            sizes_by_rank: list = [None] * dist.get_world_size()
+            dist.all_gather_object(sizes_by_rank, sizes, group=self._control)
+            return sizes_by_rank
         descriptions: list = [None] * dist.get_world_size()
         dist.all_gather_object(descriptions, f"call {self._calls}: {description}", group=self._control)
         raise StepError("the ranks disagree about this call, and nothing was communicated for it: " +
@@ -1562,6 +1607,11 @@ def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
         strides.append(step)
         step *= max(dim, 1)
     return tuple(reversed(strides))
+
+
+def _kinds(batch: Sequence[torch.Tensor]) -> str:
+    """The batch as `_describe` says it but for its sizes, which may differ by rank."""
+    return ", ".join(f"{t.dim()}-d {str(t.dtype).removeprefix('torch.')}" for t in batch)
 
 
 def _describe(batch: Sequence[torch.Tensor]) -> str:

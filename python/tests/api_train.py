@@ -1430,6 +1430,43 @@ def scenario_named_batch(args):
           "this rank's loss with a bare dict as the example batch")
 
 
+def scenario_uneven_batches(args):
+    """Each rank's batch of its own size (a collator that pads each batch to
+    its own longest sequence, a last batch split unevenly), as FSDP2 allows:
+    every rank compiles, together, the step of every size any rank has, each
+    runs its own, and training equals eager's on the same per-rank batches
+    (the gradient of the mean of the ranks' mean losses); calls of one size
+    on every rank go on as before."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    generator = torch.Generator().manual_seed(11)
+
+    def batches_of_step(seqs: list[int], rows: list[int]) -> list[tuple]:
+        return [tuple(torch.randint(0, CONFIG.vocab_size, (rows[r], seqs[r]), generator=generator) for _ in range(2))
+                for r in range(world)]
+
+    steps = [batches_of_step([16] * world, [4] * world),
+             batches_of_step([16 - 2 * r for r in range(world)], [4] * world),
+             batches_of_step([12] * world, [4 - (r % 2) for r in range(world)]),
+             batches_of_step([16 - 2 * r for r in range(world)], [4] * world)]
+    # Each rank's example batch is its own first batch: sizes differ from the start.
+    sharded = fsdpc.shard(reference_model(), tuple(t.to(DEVICE) for t in steps[1][rank]), next_token_loss)
+    reference = reference_model()
+    optimizers = [optimizer_for(sharded), optimizer_for(reference)]
+    losses, expected = [], []
+    for per_rank in steps:
+        losses.append(mean_over_ranks(sharded(*(t.to(DEVICE) for t in per_rank[rank]))))
+        loss = sum(next_token_loss(reference, *rows) for rows in per_rank) / world
+        loss.backward()
+        expected.append(float(loss))
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    close(torch.tensor(losses), torch.tensor(expected), "losses with each rank's batch of its own size")
+    sizes = {signature[3] for signature in sharded._programs}
+    assert len(sizes) == len({tuple(tuple(t.shape) for t in per_rank[r]) for per_rank in steps for r in range(world)}), \
+        f"{len(sizes)} programs"
+
+
 def forward_only(sharded, rows):
     with torch.no_grad():
         return sharded(*rows)

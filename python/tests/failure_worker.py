@@ -26,10 +26,10 @@ DEVICE = os.environ.get("DEVICE", "cpu")
 BACKEND = os.environ.get("BACKEND", "gloo")
 
 
-def batch(rows: int = 4, seq: int = 64):
+def batch():
     generator = torch.Generator().manual_seed(dist.get_rank())
-    return (torch.randint(0, CONFIG.vocab_size, (rows, seq), generator=generator).to(DEVICE),
-            torch.randint(0, CONFIG.vocab_size, (rows, seq), generator=generator).to(DEVICE))
+    return (torch.randint(0, CONFIG.vocab_size, (4, 64), generator=generator).to(DEVICE),
+            torch.randint(0, CONFIG.vocab_size, (4, 64), generator=generator).to(DEVICE))
 
 
 def main() -> None:
@@ -53,15 +53,16 @@ def main() -> None:
         if call == 3 and rank == victim:
             if scenario == "kinds":
                 model.set_requires_gradient_sync(False)
-            elif scenario == "shapes":
-                model(*batch(rows=2))
+            elif scenario == "forward_only":
+                with torch.no_grad():
+                    model(*batch())
             elif scenario == "die":  # SIGKILL in the middle of the step's collectives
                 threading.Timer(0.03, os.kill, (os.getpid(), signal.SIGKILL)).start()
             elif scenario == "vanish":  # agrees to call 3, then dies before its first collective
                 agree = model._agree_on_call
 
-                def agree_then_die(description: str) -> None:
-                    agree(description)
+                def agree_then_die(*args, **kwargs) -> None:
+                    agree(*args, **kwargs)
                     os.kill(os.getpid(), signal.SIGKILL)
 
                 model._agree_on_call = agree_then_die

@@ -52,6 +52,50 @@ def test_manifest_describes_the_shard_layout():
     assert program.functions["train_step"].inputs == (((2, 16), "i64"), ((2, 16), "i64"))
 
 
+def test_the_collective_schedule_digests_the_collectives_not_the_batch():
+    """Ranks whose batches differ in size run together where their programs'
+    collective schedules agree (sharded.py `_program_among`): the digest is
+    the same for another batch size, and changes with what the collectives
+    do (an offloaded unit's host gathers, another group)."""
+    from fsdpc.models.gpt import GPT, GPTConfig
+    from fsdpc.models.language import next_token_loss
+    from fsdpc.program import _collective_schedule
+
+    def program(rows: int, seq: int, options: str = "ranks=2") -> Program:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(vocab_size=257, max_seq=32, d_model=32, n_heads=2, n_layers=2))
+        batch = tuple(torch.randint(0, 257, (rows, seq)) for _ in range(2))
+        exported = export_training_step(model, batch, next_token_loss)
+        return translate(run_fsdp_opt(exported.mlir, [f"--fsdp-sharding-pipeline={options}"]))
+
+    schedule = program(2, 16).collective_schedule
+    assert program(3, 12).collective_schedule == schedule
+    assert program(2, 16, "ranks=2 offload=*").collective_schedule != schedule
+    document = json.loads(program(2, 16).text)
+    gather = next(i for f in document["functions"] for i in f["instructions"] if i.get("op") == "all_gather")
+    gather["group"] = "another"
+    assert _collective_schedule(json.dumps(document)) != schedule
+
+
+def test_ranks_batch_sizes_run_together_only_where_their_collectives_agree():
+    """The rule itself, on programs whose schedules differ: refused on every
+    rank (each holds every size's program), naming each rank's sizes."""
+    from types import SimpleNamespace
+
+    from fsdpc.runtime import StepError
+    from fsdpc.sharded import ShardedModule
+
+    programs = {(4, 16): "same", (4, 12): "same", (3, 12): "other"}
+    module = SimpleNamespace(_program_for=lambda shapes, **_: SimpleNamespace(program=SimpleNamespace(
+        collective_schedule=programs[tuple(shapes[0].shape)])))
+    batch = (torch.zeros(4, 16, dtype=torch.long),)
+    chosen = ShardedModule._program_among(module, [((4, 16),), ((4, 12),)], batch, train=True, frozen=(), read=None)
+    assert chosen.program.collective_schedule == "same"
+    with pytest.raises(StepError, match=r"rank 0: \(4, 16\); rank 1: \(3, 12\)\), and the steps compiled for those "
+                                        r"sizes issue different collectives"):
+        ShardedModule._program_among(module, [((4, 16),), ((3, 12),)], batch, train=True, frozen=(), read=None)
+
+
 def test_hybrid_groups_list_their_ranks():
     _, program = compile_program("mlp", "ranks=2 replicas=2 strategy=hybrid-shard")
     members = {g.axes: g.members for g in program.groups.values()}
