@@ -22,10 +22,11 @@ that `load` refuses and the next save removes.
 memory; DCP writes it on a thread of its own (planning over a Gloo group of
 fsdpc's, apart from the training's collectives) while training goes on, and
 rank 0 renames it into place when every rank's part and the metadata are
-written. The returned `PendingSave.wait()` (collective) returns once the
-checkpoint is in place on every rank; the next save or load waits for it
-first. Wait before destroying the process group: a save cut off there is a
-partial directory, and the previous checkpoint stays.
+written. The returned `PendingSave.wait()` returns once the checkpoint is
+in place on every rank (it communicates nothing, so `done()` may be
+polled); the next save or load waits for it first. Wait before destroying
+the process group: a save cut off there is a partial directory, and the
+previous checkpoint stays.
 
 Loading never runs code from a checkpoint: `extra` is read with
 `torch.load(weights_only=True)`, so it may hold tensors, numbers, strings,
@@ -81,9 +82,10 @@ def _fsync_directory(path: Path) -> None:
         os.close(descriptor)
 
 
-def _check_extra(extra: dict) -> dict:
-    """`extra` as `load` will read it back, or a CheckpointError naming what
-    a weights-only load refuses."""
+def _check_extra(extra: dict) -> bytes:
+    """`extra` serialized now (an asynchronous save writes it later, while
+    the loop may change it), once a weights-only load reads it back; else a
+    CheckpointError naming what such a load refuses."""
     written = io.BytesIO()
     torch.save(extra, written)
     written.seek(0)
@@ -93,7 +95,7 @@ def _check_extra(extra: dict) -> dict:
         raise CheckpointError(f"extra holds something other than tensors, numbers, strings and containers of "
                               f"them, which fsdpc does not load from checkpoints (they could run code): "
                               f"{_first_line(error)}") from None
-    return extra
+    return written.getvalue()
 
 
 def _first_line(error: Exception) -> str:
@@ -103,40 +105,49 @@ def _first_line(error: Exception) -> str:
 class PendingSave:
     """An asynchronous save under way (see the module's docstring)."""
 
-    def __init__(self, written: Future, target: Path, partial: Path, extra: dict, group: dist.ProcessGroup):
-        self._target, self._group = target, group
-        self._in_place = threading.Event()  # rank 0's rename done (or failed); others: their part written
+    def __init__(self, written: Future, target: Path, partial: Path, extra: bytes, group: dist.ProcessGroup):
+        self._target = target
+        self._settled = threading.Event()  # in place on every rank, or failed
         self._failure: BaseException | None = None
+        self._failed_elsewhere = False
 
-        def finished(future: Future) -> None:  # on DCP's thread, once every rank's part and the metadata are written
+        def finished(future: Future) -> None:
+            # On DCP's thread, once every rank's part and the metadata are
+            # written: rank 0 renames, then every rank learns whether all
+            # went well (after DCP's own collectives on the group, in the
+            # same order on every rank), so each settles with it in place.
             try:
-                future.result()
-                if dist.get_rank() == 0:
-                    _put_in_place(partial, target, extra)
+                try:
+                    future.result()
+                    if dist.get_rank() == 0:
+                        _put_in_place(partial, target, extra)
+                except BaseException as error:
+                    self._failure = error
+                failed = torch.tensor([self._failure is not None], dtype=torch.int32)
+                dist.all_reduce(failed, group=group)
+                self._failed_elsewhere = bool(int(failed)) and self._failure is None
             except BaseException as error:
-                self._failure = error
+                self._failure = self._failure or error
             finally:
-                self._in_place.set()
+                self._settled.set()
 
         written.add_done_callback(finished)
 
     def done(self) -> bool:
-        """Whether this rank's part is finished (rank 0: the checkpoint is in place)."""
-        return self._in_place.is_set()
+        """Whether the save has settled: in place on every rank, or failed."""
+        return self._settled.is_set()
 
     def wait(self) -> Path:
-        """Collective: returns the checkpoint's path once it is in place,
-        on every rank; raises CheckpointError if the save failed."""
+        """Returns the checkpoint's path once it is in place on every rank;
+        raises CheckpointError if the save failed on any."""
         global _pending
-        self._in_place.wait()
+        self._settled.wait()
         if _pending is self:
             _pending = None
-        failed = torch.tensor([self._failure is not None], dtype=torch.int32)
-        dist.all_reduce(failed, group=self._group)  # also: rank 0's rename is done when this returns
         if self._failure is not None:
             raise CheckpointError(f"the asynchronous save to {self._target} failed: "
                                   f"{_first_line(self._failure)}") from self._failure
-        if int(failed):
+        if self._failed_elsewhere:
             raise CheckpointError(f"the asynchronous save to {self._target} failed on another rank; the previous "
                                   "checkpoint there is kept")
         return self._target
@@ -157,7 +168,7 @@ def _writing_group() -> dist.ProcessGroup:
 
 
 def wait_for_pending_save() -> None:
-    """Collective: the asynchronous save under way, if any, finished."""
+    """The asynchronous save under way, if any, settled."""
     if _pending is not None:
         _pending.wait()
 
@@ -195,11 +206,11 @@ def save(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optim
     return target
 
 
-def _put_in_place(partial: Path, target: Path, extra: dict) -> None:
+def _put_in_place(partial: Path, target: Path, extra: bytes) -> None:
     """Rank 0, once every rank's part and DCP's metadata are written: the
     extra state beside them, then the partial directory renamed into place
     (a previous checkpoint moved aside first and deleted last)."""
-    torch.save(extra, partial / EXTRA_FILE)
+    (partial / EXTRA_FILE).write_bytes(extra)
     previous = None
     if target.exists():
         previous = target.parent / f".{target.name}.previous-{uuid.uuid4().hex[:12]}"

@@ -170,7 +170,14 @@ _COLLECTIVE_FIELDS = ("op", "group", "shapes", "dtypes", "reduction", "reduce_dt
 
 
 def _collective_schedule(text: str) -> str:
-    schedule = [(function["name"], [[instruction.get(key) for key in _COLLECTIVE_FIELDS]
-                                     for instruction in function["instructions"] if "group" in instruction])
-                for function in json.loads(text)["functions"]]
+    """Each collective's fields, and the parameters it reads by name (a
+    gather's inputs), in issue order per function."""
+    schedule = []
+    for function in json.loads(text)["functions"]:
+        names = {instruction["result"]: instruction["name"] for instruction in function["instructions"]
+                 if instruction.get("op") == "param"}
+        schedule.append((function["name"], [
+            [*(instruction.get(key) for key in _COLLECTIVE_FIELDS),
+             [names.get(slot) for slot in instruction.get("inputs", [])]]
+            for instruction in function["instructions"] if "group" in instruction]))
     return hashlib.sha256(json.dumps(schedule).encode()).hexdigest()

@@ -134,6 +134,9 @@ _WATCHED_TREES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _noting(kind: str) -> Callable:
     def note(module, name, value) -> None:
         entry = _WATCHED_TREES.get(module)
+        slots = module._modules if kind == "submodule" else module._parameters
+        if slots.get(name) is value:  # assigned again as it is (Hugging Face's tie_weights())
+            return
         if entry is not None and not entry[0].lent.on:
             entry[0].changes.append(f"{kind} '{entry[1]}{name}'")
     return note
@@ -371,8 +374,14 @@ class ShardedModule(nn.Module):
         # Each rank's example batch may have sizes of its own (its first
         # batch, padded to its own longest sequence): rank 0's sizes set the
         # layout, then every rank's are compiled as a call's would be.
-        sizes_by_rank: list = [None] * world
-        dist.all_gather_object(sizes_by_rank, tuple(tuple(t.shape) for t in self._example))
+        examples: list = [None] * world
+        dist.all_gather_object(examples, (str(self._batch_structure), _kinds(self._example),
+                                          tuple(tuple(t.shape) for t in self._example)))
+        if len({(structure, kinds) for structure, kinds, _ in examples}) > 1:
+            raise StepError("the ranks' example batches differ in more than sizes (" + "; ".join(
+                f"rank {rank}: {kinds}{'' if structure == examples[0][0] else ', structured otherwise'}"
+                for rank, (structure, kinds, _) in enumerate(examples)) + "): only sizes may differ between ranks")
+        sizes_by_rank = [sizes for _, _, sizes in examples]
         frozen = _frozen(dict(self.named_parameters()))
         first = self._program_for([torch.empty(size, dtype=t.dtype, device="meta")
                                    for size, t in zip(sizes_by_rank[0], self._example)], train=True, frozen=frozen)
@@ -385,6 +394,7 @@ class ShardedModule(nn.Module):
         originals = dict(model.named_parameters(remove_duplicate=False))
         self._empty = ({name for name in self.layout if originals[name].is_meta} |
                        {name for name, buffer in self.named_buffers() if buffer.is_meta})
+        self._filled: set[str] = set()  # what a load filled: init_weights() keeps it
         self._storage: dict[str, torch.Tensor] = {}
         on_every_rank("placing the parameter shards", lambda: self._place_shards(model))
         self._move_buffers()
@@ -495,13 +505,17 @@ class ShardedModule(nn.Module):
                 original.data = torch.empty(0, dtype=original.dtype, device=original.device)
 
     def _move_buffers(self) -> None:
-        """Buffers the step reads live on its device (meta ones wait for init_weights)."""
+        """Buffers the step reads live on its device; meta ones become zeros
+        there, empty until init_weights() or a load fills them (a copy into a
+        meta tensor does nothing, and DCP would assign instead)."""
         moved: dict[int, torch.Tensor] = {}  # a buffer under two names stays one tensor
         for name, buffer in list(self.named_buffers(remove_duplicate=False)):
-            if buffer.is_meta or buffer.device == self.device:
+            if buffer.device == self.device:
                 continue
             owner, leaf = _owner(self, name)
-            owner._buffers[leaf] = moved.setdefault(id(buffer), buffer.to(self.device))
+            placed = (torch.zeros(buffer.shape, dtype=buffer.dtype, device=self.device) if buffer.is_meta
+                      else buffer.to(self.device))
+            owner._buffers[leaf] = moved.setdefault(id(buffer), placed)
             if owner is self:
                 self._original._buffers[leaf] = owner._buffers[leaf]
 
@@ -532,8 +546,9 @@ class ShardedModule(nn.Module):
         load's missing keys stay empty; non-persistent buffers are in no
         state dict)."""
         filled = set(self.state_dict()) - set(incompatible_keys.missing_keys)
-        self._empty = {name for name in self._empty
-                       if not any(alias in filled for alias in (name, *self._aliases(name)))}
+        self._filled |= {name for name in [*self.layout, *(n for n, _ in self.named_buffers())]
+                         if any(alias in filled for alias in (name, *self._aliases(name)))}
+        self._empty -= self._filled
 
     def _aliases(self, name: str) -> tuple[str, ...]:
         spec = self.layout.get(name)
@@ -941,8 +956,8 @@ class ShardedModule(nn.Module):
                           "(call .train() to train)", stacklevel=2)
         sync = self._gradient_sync if sync is None else sync
         name = STEP if (sync or not train) else NO_SYNC_STEP
-        kind = ("a forward-only" if not train else "a synchronizing" if sync else
-                "an accumulating (no gradient sync)")
+        kind = (f"a forward-only ({'training' if self.training else 'eval'} mode)" if not train else
+                "a synchronizing" if sync else "an accumulating (no gradient sync)")
         frozen = _frozen(named) if train else ()
         read = (self._modes_apart(), self._attribute_values())  # read once: they key the program too
         # A call that is wrong on one rank is refused on all, before any
@@ -1260,19 +1275,14 @@ class ShardedModule(nn.Module):
         from a stream per shard index, so replicas of a shard agree;
         replicated parameters and buffers are broadcast from rank 0.
 
-        After a load that left some tensors empty (a new head missing from a
-        pretrained checkpoint, non-persistent buffers such as rotary tables
-        or masks), only those are initialized: every loaded value is kept.
-        Where every tensor holds values, all are initialized anew."""
+        What a load filled is kept: after a load that left some tensors
+        empty (a new head missing from a pretrained checkpoint,
+        non-persistent buffers such as rotary tables or masks) only those
+        are initialized. Where nothing was loaded and every tensor holds
+        values, all are initialized anew."""
         self._refuse_inside_unsharded("init_weights()")
         self.wait_for_host_optimizer()
-        kept = self._values_held() if self._empty else {}
-        for name, buffer in list(self.named_buffers()):
-            if buffer.is_meta:
-                owner, leaf = _owner(self, name)
-                owner._buffers[leaf] = torch.zeros(buffer.shape, dtype=buffer.dtype, device=self.device)
-                if owner is self:
-                    self._original._buffers[leaf] = owner._buffers[leaf]
+        kept = self._values_held(lambda name: name not in self._empty if self._empty else name in self._filled)
         base = int(torch.randint(0, 2**31, (1,))) if seed is None else seed
         shard_index = self.mesh.get_local_rank(self.mesh.ndim - 1)
         with torch.random.fork_rng(devices=seed_generators(self.device)), torch.no_grad(), \
@@ -1293,14 +1303,13 @@ class ShardedModule(nn.Module):
         self._broadcast_replicated()
         self._empty = set()
 
-    def _values_held(self) -> dict[str, torch.Tensor]:
+    def _values_held(self, kept: Callable[[str], bool]) -> dict[str, torch.Tensor]:
         """A copy in host memory (a pretrained model's shards may fill the
-        device) of every local shard and buffer that holds values, for
-        init_weights to put back after initializing the empty ones."""
+        device) of every local shard and buffer whose name is `kept`, for
+        init_weights to put back after initializing the rest."""
         held = {fqn: owner._parameters[leaf]._local_tensor.to("cpu", copy=True)
-                for fqn, (owner, leaf) in self._param_slots.items() if fqn not in self._empty}
-        held.update({name: buffer.to("cpu", copy=True) for name, buffer in self.named_buffers()
-                     if name not in self._empty})
+                for fqn, (owner, leaf) in self._param_slots.items() if kept(fqn)}
+        held.update({name: buffer.to("cpu", copy=True) for name, buffer in self.named_buffers() if kept(name)})
         return held
 
     def _broadcast_replicated(self) -> None:

@@ -107,14 +107,16 @@ class Unsharded:
         return model
 
     def __exit__(self, kind, error, traceback) -> None:
-        module = self._module
+        module, written = self._module, "left"
         try:
             if self._writeback and kind is None:
+                written = "write-back refused"
                 self._write_back()
+                written = "left"
         finally:
             self._restore()
-        if not module._failed:
-            module._agree_on_call(f"leaving {self.describe()}")
+            if not module._failed:  # the call count stays in step on every rank, whatever happened here
+                module._agree_on_call(f"leaving {self.describe()}: {written}")
 
     def _restore(self) -> None:
         """Shards back in every slot, the model as it was; the module's mode
@@ -150,6 +152,12 @@ class Unsharded:
                 raise StepError(f"parameter '{fqn}' was replaced inside unsharded() by "
                                 f"{'None' if now is None else f'a tensor of shape {tuple(now.shape)}'}; the "
                                 f"sharded step was compiled for shape {spec.shape}: nothing was written back")
+            for alias in spec.tied:
+                owner, leaf = _owner(module._original, alias)
+                if owner._parameters.get(leaf) is not now:
+                    raise StepError(f"'{alias}' was replaced inside unsharded() apart from '{fqn}', to which it "
+                                    f"is tied: they are one parameter; edit or replace '{fqn}' (nothing was "
+                                    "written back)")
         for fqn, whole in self._whole.items():
             owner, leaf = _owner(module._original, fqn)
             begin, real = module._shard_rows(module.layout[fqn])

@@ -308,6 +308,21 @@ def scenario_meta(args):
         close(value.cpu(), pretrained[name], f"{name} loaded from whole tensors", rtol=0, atol=0)
     close(torch.tensor(mean_over_ranks(loaded(*mine(data[0])))),
           torch.tensor(float(next_token_loss(reference_model(), *data[0]))), "loss after loading whole tensors")
+    loaded.init_weights()  # "to be safe" after a complete load: what the load filled is kept
+    for name, value in loaded.full_state_dict().items():
+        close(value.cpu(), pretrained[name], f"{name} after a load, then init_weights()", rtol=0, atol=0)
+    # Built on meta with persistent buffers (batch norm's statistics): a load fills them too.
+    with torch.device("meta"):
+        normed = NormedMLP()
+    rows = (torch.randn(4, 16, device=DEVICE), torch.randint(0, 5, (4,), device=DEVICE))
+    normed = fsdpc.shard(normed, rows, classify)
+    trained = NormedMLP()
+    trained.train()
+    trained(torch.randn(8, 16))  # statistics that are not the initial ones
+    normed.load_state_dict(trained.state_dict())
+    for name, value in normed.full_state_dict().items():
+        close(value.cpu(), trained.state_dict()[name], f"{name} of a meta-built model after a load", rtol=0, atol=0)
+    normed(*rows)
     # Built on meta, then a pretrained checkpoint without the new head's
     # parameters (ln_f here) loaded: the call names what is still empty
     # (those, and the causal masks, non-persistent buffers no state dict
@@ -356,15 +371,20 @@ def scenario_async_checkpoint(args):
     and training goes on while it is written: the checkpoint holds the
     model, optimizer and extra state as they were at the save, and a module
     that loads it continues with the same losses. A load right after a save
-    that nobody waited for waits for it; no temporary directory is left."""
+    that nobody waited for waits for it; no temporary directory is left;
+    `done()` can be polled (waiting communicates nothing)."""
     target = Path(args.save) / "async_checkpoint" / "ckpt"
     data = batches(6)
     sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)
     optimizer = optimizer_for(sharded)
     train(sharded, optimizer, data[:2])
     at_save = sharded.full_state_dict()
-    pending = checkpoint.save(target, sharded, optimizer, extra={"step": 2}, asynchronous=True)
+    history = [0.5]  # extra state the loop goes on changing
+    pending = checkpoint.save(target, sharded, optimizer, extra={"step": 2, "history": history}, asynchronous=True)
+    history.append(0.25)
     went_on, _ = train(sharded, optimizer, data[2:4])  # changes every shard while the save writes
+    while not pending.done():  # polled on every rank; each settles once the checkpoint is in place everywhere
+        time.sleep(0.01)
     assert pending.wait() == target.absolute()
 
     def resumed() -> tuple:
@@ -372,7 +392,7 @@ def scenario_async_checkpoint(args):
         return module, optimizer_for(module)
 
     module, its_optimizer = resumed()
-    assert checkpoint.load(target, module, its_optimizer) == {"step": 2}
+    assert checkpoint.load(target, module, its_optimizer) == {"step": 2, "history": [0.5]}
     for name, value in module.full_state_dict().items():
         close(value, at_save[name], f"{name} as it was at the asynchronous save", rtol=0, atol=0)
     again, _ = train(module, its_optimizer, data[2:4])
@@ -1462,6 +1482,11 @@ def scenario_uneven_batches(args):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     close(torch.tensor(losses), torch.tensor(expected), "losses with each rank's batch of its own size")
+    if world > 1:  # only sizes may differ: refused on every rank, before anything is compiled
+        example = tuple(t.to(DEVICE, torch.int32 if rank == 1 else torch.int64) for t in steps[0][rank])
+        expect_error(lambda: fsdpc.shard(reference_model(), example, next_token_loss),
+                     r"example batches differ in more than sizes \(rank 0: 2-d int64, 2-d int64; rank 1: "
+                     r"2-d int32, 2-d int32")
     sizes = {signature[3] for signature in sharded._programs}
     assert len(sizes) == len({tuple(tuple(t.shape) for t in per_rank[r]) for per_rank in steps for r in range(world)}), \
         f"{len(sizes)} programs"
@@ -1698,6 +1723,11 @@ def scenario_batch_norm(args):
     with torch.no_grad():
         close(sharded(*mine(data[4])), classify(theirs, *mine(data[4])), "a forward under no_grad")
     same_statistics("after a forward under no_grad in training mode")
+    if dist.get_world_size() > 1:  # a forward-only call in training mode (it updates statistics) against eval
+        sharded.train(dist.get_rank() != 0)
+        with torch.no_grad():
+            expect_error(lambda: sharded(*mine(data[4])), r"the ranks disagree.*forward-only \(eval mode\)")
+        sharded.train()
     sharded.eval()
     theirs.eval()
     with torch.no_grad():
@@ -1758,6 +1788,11 @@ def scenario_unsharded(args):
     with sharded.unsharded(writeback=False) as model:
         with torch.no_grad():
             model.blocks[1].attn.qkv.weight.zero_()
+
+    def untie() -> None:
+        with sharded.unsharded() as model:
+            model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())
+    expect_error(untie, r"'lm_head.weight' was replaced inside unsharded\(\) apart from 'tok_emb.weight'")
     for name, value in sharded.full_state_dict().items():
         close(value, reference.state_dict()[name], f"'{name}' after an edit that writeback=False discards")
 

@@ -73,7 +73,7 @@ def test_a_rank_that_cannot_set_up_its_step_stops_every_rank_with_its_reason():
 
 @pytest.mark.parametrize("scenario, says", [
     ("kinds", "rank 1 runs call 3: an accumulating (no gradient sync) step"),
-    ("forward_only", "rank 1 runs call 3: a forward-only step on (4, 64) int64"),
+    ("forward_only", "rank 1 runs call 3: a forward-only (training mode) step on (4, 64) int64"),
 ])
 def test_ranks_that_disagree_about_a_call_stop_before_communicating(scenario, says):
     results = finish(start(scenario, 2, victim=1, port=port() + 1), within=90)
