@@ -645,6 +645,9 @@ def scenario_misuse(args):
         changed = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)
         change(changed)
         expect_error(lambda: changed(*mine(data[0])), f"{what}.* assigned after fsdpc.shard compiled the step")
+    retied = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)
+    retied.lm_head.weight = retied.tok_emb.weight  # tie_weights() after sharding: assigned as it already is
+    retied(*mine(data[0]))
     # torch.compile of the sharded module (a loop ported from FSDP2 + compile) runs the compiled step as it is.
     from torch._dynamo.utils import counters
 
