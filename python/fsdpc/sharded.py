@@ -33,8 +33,8 @@ import time
 import warnings
 import weakref
 from datetime import timedelta
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -133,11 +133,11 @@ _WATCHED_TREES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _noting(kind: str) -> Callable:
     def note(module, name, value) -> None:
-        entry = _WATCHED_TREES.get(module)
-        slots = module._modules if kind == "submodule" else module._parameters
-        if slots.get(name) is value:  # assigned again as it is (Hugging Face's tie_weights())
+        entry = _WATCHED_TREES.get(module)  # every registration in the process passes here: this first
+        if entry is None or entry[0].lent.on:
             return
-        if entry is not None and not entry[0].lent.on:
+        slots = module._modules if kind == "submodule" else module._parameters
+        if slots.get(name) is not value:  # not assigned again as it is (Hugging Face's tie_weights())
             entry[0].changes.append(f"{kind} '{entry[1]}{name}'")
     return note
 
@@ -383,8 +383,7 @@ class ShardedModule(nn.Module):
                 for rank, (structure, kinds, _) in enumerate(examples)) + "): only sizes may differ between ranks")
         sizes_by_rank = [sizes for _, _, sizes in examples]
         frozen = _frozen(dict(self.named_parameters()))
-        first = self._program_for([torch.empty(size, dtype=t.dtype, device="meta")
-                                   for size, t in zip(sizes_by_rank[0], self._example)], train=True, frozen=frozen)
+        first = self._program_for(_meta_batch(sizes_by_rank[0], self._example), train=True, frozen=frozen)
         self.layout: dict[str, ParamSpec] = {spec.name: spec for spec in first.program.params}
         if len(set(sizes_by_rank)) > 1:
             self._program_among(sizes_by_rank, self._example, train=True, frozen=frozen, read=None)
@@ -660,8 +659,7 @@ class ShardedModule(nn.Module):
         programs: dict[tuple, CompiledProgram] = {}
         for sizes in sizes_by_rank:
             if sizes not in programs:
-                shapes = [torch.empty(size, dtype=t.dtype, device="meta") for size, t in zip(sizes, batch)]
-                programs[sizes] = self._program_for(shapes, train=train, frozen=frozen, read=read)
+                programs[sizes] = self._program_for(_meta_batch(sizes, batch), train=train, frozen=frozen, read=read)
         if len({compiled.program.collective_schedule for compiled in programs.values()}) > 1:
             raise StepError("the ranks' batches differ in size (" + "; ".join(
                 f"rank {rank}: {', '.join(str(s) for s in sizes)}" for rank, sizes in enumerate(sizes_by_rank)) +
@@ -1616,6 +1614,11 @@ def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
         strides.append(step)
         step *= max(dim, 1)
     return tuple(reversed(strides))
+
+
+def _meta_batch(sizes: Sequence[tuple[int, ...]], batch: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """`batch`'s tensors as meta tensors of `sizes` (another rank's): what compiling for them needs."""
+    return [torch.empty(size, dtype=t.dtype, device="meta") for size, t in zip(sizes, batch)]
 
 
 def _kinds(batch: Sequence[torch.Tensor]) -> str:

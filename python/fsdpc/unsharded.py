@@ -60,14 +60,14 @@ class Unsharded:
         self._module = module
         self._per_unit, self._dtype, self._writeback = per_unit, dtype, writeback
         self._shards: dict[str, nn.Parameter] = {}
-        self._whole: dict[str, nn.Parameter] = {}  # gathered now, by FQN
+        self._gathered: set[str] = set()  # FQNs whole in the model now
         self._depth: dict[str, int] = {}  # per unit: forwards of it running now
         self._hooks: list = []
         self._saved_flag = None
         self._saved_training = True
 
     def describe(self) -> str:
-        return (f"unsharded(per_unit={self._per_unit}, dtype={self._dtype}, writeback={self._writeback})")
+        return f"unsharded(per_unit={self._per_unit}, dtype={self._dtype}, writeback={self._writeback})"
 
     # -- entry and exit ----------------------------------------------------
 
@@ -126,7 +126,7 @@ class Unsharded:
             hook.remove()
         self._hooks.clear()
         self._install(self._shards)
-        self._whole.clear()
+        self._gathered.clear()
         for fqn in self._shards:
             _LENT.pop(id(self._shards[fqn]), None)
         if self._per_unit:
@@ -144,7 +144,7 @@ class Unsharded:
         (edited in place, or replaced by a tensor of the same shape) into
         its shard."""
         module = self._module
-        for fqn, whole in self._whole.items():
+        for fqn in self._gathered:
             owner, leaf = _owner(module._original, fqn)
             now = owner._parameters[leaf]
             spec = module.layout[fqn]
@@ -158,7 +158,7 @@ class Unsharded:
                     raise StepError(f"'{alias}' was replaced inside unsharded() apart from '{fqn}', to which it "
                                     f"is tied: they are one parameter; edit or replace '{fqn}' (nothing was "
                                     "written back)")
-        for fqn, whole in self._whole.items():
+        for fqn in self._gathered:
             owner, leaf = _owner(module._original, fqn)
             begin, real = module._shard_rows(module.layout[fqn])
             local = self._shards[fqn]._local_tensor
@@ -182,8 +182,7 @@ class Unsharded:
             self._depth[unit] -= 1
             if self._depth[unit] == 0:
                 self._install({fqn: self._shards[fqn] for fqn in fqns})
-                for fqn in fqns:
-                    self._whole.pop(fqn, None)
+                self._gathered.difference_update(fqns)
         return returned
 
     # -- gathering ---------------------------------------------------------
@@ -241,6 +240,6 @@ class Unsharded:
             if work is not None:
                 gathered = rows(gathered, 0, spec.shape[0]).to(device)
             whole[fqn] = nn.Parameter(gathered, requires_grad=False)
-        self._whole.update(whole)
+        self._gathered.update(whole)
         return whole
 
