@@ -74,6 +74,48 @@ _SERIALS = itertools.count()
 # Batch shapes compiled for before a module says that each new one compiles a step.
 MANY_SHAPES = 8
 
+_GATHERED_IN_THE_STEP = ("the compiled step gathers and frees every unit's parameters itself; for whole parameters "
+                         "outside it (inspecting, editing, generating), `with model.unsharded():` (per_unit=True "
+                         "to gather unit by unit)")
+_WHOLE_STEP = ("every call is a whole step (forward, backward and its reductions); to accumulate gradients, "
+               "model(*batch, sync=False) or model.set_requires_gradient_sync(False) (with fsdpc.shard(..., "
+               "gradient_accumulation=True)), then one synchronizing call")
+_PREFETCH = ("the compiled step prefetches by its schedule: fsdpc.shard(..., pipeline=\"forward-prefetch=2 "
+             "backward-prefetch=2\") sets how many units ahead (`python -m fsdpc plan` ranks settings by time "
+             "and memory)")
+_OWN_COLLECTIVES = ("fsdpc runs the collectives its compiled program holds, on its own groups and buffers; "
+                    "custom collectives and hooks on them are not supported")
+_PLACED_BY_THE_PROGRAM = ("the compiled program places its communication buffers, streams and groups itself "
+                          "(the memory report shows them); there is nothing to set")
+# FSDP2's FSDPModule methods that have no counterpart on the sharded module,
+# with what to do instead (a loop ported from FSDP2 gets this, not "no attribute").
+FSDP2_METHODS_INSTEAD = {
+    "unshard": _GATHERED_IN_THE_STEP,
+    "reshard": _GATHERED_IN_THE_STEP,
+    "set_is_last_backward": _WHOLE_STEP,
+    "set_requires_all_reduce": _WHOLE_STEP,
+    "finalize_backward": _WHOLE_STEP,
+    "set_manual_backward_finalization": _WHOLE_STEP,
+    "reset_iter_state": _WHOLE_STEP,
+    "set_reshard_after_backward": ("each call frees what it gathered by its end; set_reshard_after_forward(False) "
+                                   "keeps a unit's gathered parameters from its forward to its backward"),
+    "set_unshard_in_backward": "backward gathers only the parameters it reads, which the compiled step knows",
+    "set_modules_to_forward_prefetch": _PREFETCH,
+    "set_modules_to_backward_prefetch": _PREFETCH,
+    "set_post_optim_event": ("the call's collectives start after the work queued on the current stream before it "
+                             "(the optimizer's step included); no event is needed"),
+    "set_all_reduce_hook": _OWN_COLLECTIVES,
+    "set_custom_all_gather": _OWN_COLLECTIVES,
+    "set_custom_reduce_scatter": _OWN_COLLECTIVES,
+    "set_allocate_memory_from_process_group_for_comm": _PLACED_BY_THE_PROGRAM,
+    "set_symm_mem_for_comm": _PLACED_BY_THE_PROGRAM,
+    "set_reduce_scatter_max_input_buffers": _PLACED_BY_THE_PROGRAM,
+    "set_separate_reduce_scatter_group": _PLACED_BY_THE_PROGRAM,
+    "set_keep_unsharded_storage": _PLACED_BY_THE_PROGRAM,
+    "set_reduce_scatter_unused_params": ("a parameter the step does not use gets no gradient and is not reduced, "
+                                         "as in eager PyTorch"),
+}
+
 
 class _Absent:
     """A read module attribute deleted since: its value in a program's key."""
@@ -792,6 +834,9 @@ class ShardedModule(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
+            if name in FSDP2_METHODS_INSTEAD:
+                raise AttributeError(f"the sharded module has no FSDP2 method '{name}': "
+                                     f"{FSDP2_METHODS_INSTEAD[name]}") from None
             original = self.__dict__.get("_original")
             if original is None or name.startswith("__"):
                 raise
@@ -897,6 +942,17 @@ class ShardedModule(nn.Module):
         reduces so; every rank must set the same factor (a call where they
         differ is refused)."""
         self._overrides["gradient-divide-factor"] = _divide_factor_option(factor)
+
+    def set_reduce_scatter_divide_factor(self, factor: float) -> None:
+        """FSDP2's former name of set_gradient_divide_factor."""
+        self.set_gradient_divide_factor(factor)
+
+    def set_force_sum_reduction_for_comms(self, enable: bool) -> None:
+        """FSDP2's knob for reducing with a sum and dividing after (instead
+        of an average or pre-scaled sum): fsdpc's reductions always do, so
+        either value leaves the step as it is."""
+        if not isinstance(enable, bool):
+            raise StepError(f"set_force_sum_reduction_for_comms takes True or False, got {enable!r}")
 
     def set_reshard_after_forward(self, reshard_after_forward: bool, recurse: bool = True) -> None:
         """FSDP2's knob on the root: whether the next training calls free

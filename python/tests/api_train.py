@@ -634,6 +634,21 @@ def scenario_misuse(args):
         raise AssertionError("the model's own method was offered")
     except AttributeError as error:
         assert "it is GPT's own method" in str(error), error
+    # Every FSDP2 method is one of the sharded module's, or refused saying what to do instead.
+    from torch.distributed.fsdp import FSDPModule
+
+    for name in sorted(name for name in dir(FSDPModule) if not name.startswith("_")):
+        if name not in fsdpc.sharded.FSDP2_METHODS_INSTEAD:
+            assert callable(getattr(sharded, name)), f"FSDP2's {name} is neither offered nor refused"
+    for name, expected in [("unshard", "with model.unsharded()"), ("set_modules_to_forward_prefetch",
+                                                                    "forward-prefetch=2"),
+                           ("set_is_last_backward", "sync=False")]:
+        try:
+            getattr(sharded, name)
+            raise AssertionError(f"FSDP2's {name} was offered")
+        except AttributeError as error:
+            assert f"no FSDP2 method '{name}': " in str(error) and expected in str(error), error
+    sharded.set_force_sum_reduction_for_comms(True)  # fsdpc's reductions sum, then divide: nothing changes
     loss = sharded(*mine(data[0]))  # a refused call left the module as it was
     # The model's structure changed after fsdpc.shard: every later call is refused, naming what changed.
     for change, what in [(lambda m: setattr(m, "ln_f", nn.LayerNorm(CONFIG.d_model)), "submodule 'ln_f'"),
