@@ -487,30 +487,106 @@ def _refusing_autocast() -> Iterator[None]:
 _PLAIN_VALUES = frozenset({bool, int, float, str, type(None)})
 # What nn.Module itself keeps in every module's __dict__ (`training` keys programs apart).
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))
+# A read value that the compiled step does not hold as a constant.
+_UNWATCHED = object()
+
+
+def watched_value(value):
+    """`value` as the programs compiled with it are keyed by: a plain value
+    itself, a tuple or list of plain values as a tuple (a snapshot: a list
+    edited in place must compare unequal); anything else `_UNWATCHED`."""
+    kind = type(value)
+    if kind in _PLAIN_VALUES:
+        return value
+    if kind in (tuple, list) and all(type(item) in _PLAIN_VALUES for item in value):
+        return tuple(value)
+    return _UNWATCHED
+
+
+def read_attribute(module: nn.Module, dotted: str, absent):
+    """The current value of a watched read: `dotted` is an attribute of
+    `module` (`scale`) or of a configuration object it holds
+    (`config.use_cache`, `config.text_config.rope_theta`); `absent` where
+    any link is gone."""
+    value = module
+    for name in dotted.split("."):
+        value = getattr(value, name, absent)
+        if value is absent:
+            return absent
+    return watched_value(value)
+
+
+def _is_configuration(value) -> bool:
+    """A configuration object of the kind models keep and their forwards
+    read (a dataclass instance, a Hugging Face PretrainedConfig): its reads
+    are watched like a module's own attributes."""
+    kind = type(value)
+    return (not isinstance(value, type) and hasattr(value, "__dict__")
+            and (hasattr(kind, "__dataclass_fields__")
+                 or any(base.__module__.startswith("transformers.") and base.__name__ in
+                        ("PretrainedConfig", "PreTrainedConfig") for base in kind.__mro__)))
+
+
+def _configurations(model: nn.Module) -> dict[int, tuple[object, str, str]]:
+    """The configuration objects the model's modules hold (and those they
+    hold in turn, a multimodal config's `text_config`), by id: (the object,
+    the path of the first module holding it, the attribute path from there)."""
+    found: dict[int, tuple[object, str, str]] = {}
+
+    def visit(value, path: str, dotted: str) -> None:
+        if id(value) in found or not _is_configuration(value):
+            return
+        found[id(value)] = (value, path, dotted)
+        for name, inner in list(vars(value).items()):
+            visit(inner, path, f"{dotted}.{name}")
+
+    for path, module in model.named_modules(remove_duplicate=False):
+        for name, value in list(vars(module).items()):
+            if name not in _MODULE_INTERNALS:
+                visit(value, path, name)
+    return found
 
 
 @contextlib.contextmanager
 def _attribute_reads(model: nn.Module) -> Iterator[set[tuple[str, str]]]:
     """The plain instance attributes of the model's modules (numbers,
-    strings, flags, tuples of them) that the step reads, as (module path,
-    name): a dropout's `p`, a norm's `eps`, a scale of the user's own. The
-    compiled step holds the values they had, so the sharded module compiles
-    anew for a call after one of them changed."""
+    strings, flags, tuples of them) that the step reads, and the plain
+    attributes it reads of configuration objects they hold (a Hugging Face
+    `config`, a dataclass of the user's), as (module path, attribute path):
+    a dropout's `p`, a norm's `eps`, a scale of the user's own,
+    `config.use_cache`. The compiled step holds the values they
+    had, so the sharded module compiles anew for a call after one of them
+    changed."""
     paths: dict[int, str] = {}
     for path, module in model.named_modules(remove_duplicate=False):
         paths.setdefault(id(module), path)
+    configurations = _configurations(model)
     reads: set[tuple[str, str]] = set()
 
     def read(self, name):
         value = object.__getattribute__(self, name)
-        kind = type(value)
-        if (kind in _PLAIN_VALUES or (kind is tuple and all(type(item) in _PLAIN_VALUES for item in value))) \
-                and name not in _MODULE_INTERNALS and id(self) in paths \
+        if name not in _MODULE_INTERNALS and id(self) in paths and watched_value(value) is not _UNWATCHED \
                 and name in object.__getattribute__(self, "__dict__"):
             reads.add((paths[id(self)], name))
         return value
 
-    with patched(nn.Module, __getattribute__=read):
+    def reading(kind: type):
+        inner = kind.__getattribute__
+
+        def read_configuration(self, name):
+            value = inner(self, name)
+            holder = configurations.get(id(self))
+            # Any plain value, properties and aliases included (`use_return_dict`, GPT-2's `hidden_size`):
+            # reading it again after training began gives its value then.
+            if holder is not None and not name.startswith("__") and watched_value(value) is not _UNWATCHED:
+                reads.add((holder[1], f"{holder[2]}.{name}"))
+            return value
+        return read_configuration
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched(nn.Module, __getattribute__=read))
+        for kind in {type(value): None for value, _, _ in configurations.values()}:
+            stack.enter_context(patched(kind, __getattribute__=reading(kind)))
         yield reads
 
 

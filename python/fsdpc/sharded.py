@@ -48,7 +48,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from fsdpc import clip, liveness
-from fsdpc.capture import CaptureError, MixedPrecision, aux_count, batch_leaves
+from fsdpc.capture import CaptureError, MixedPrecision, aux_count, batch_leaves, read_attribute
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.device import DeviceError, collective_backend, dtensor_where_it_is, job_device, seed_generators
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
@@ -636,7 +636,7 @@ class ShardedModule(nn.Module):
                      if name and module.training != self.training)
 
     def _attribute_values(self) -> tuple:
-        return tuple(getattr(module, name, _ABSENT) for module, name in self._attribute_slots.values())
+        return tuple(read_attribute(module, name, _ABSENT) for module, name in self._attribute_slots.values())
 
     def _attributes_changed(self, values: tuple) -> str:
         """The read attributes whose `values` differ from those first
@@ -645,7 +645,7 @@ class ShardedModule(nn.Module):
             return ""
         changed = [f"{path or 'the model'}.{name}={value!r}" for ((path, name), value, before)
                    in zip(self._attribute_slots, values, self._attribute_baseline) if value != before]
-        return f", module attributes changed since compiling: {', '.join(changed)}"
+        return f", attributes changed since compiling: {', '.join(changed)}"
 
     def _signature(self, batch: Sequence[torch.Tensor], train: bool, frozen: tuple[str, ...],
                    read: tuple[tuple[str, ...], tuple] | None = None) -> tuple:
@@ -686,7 +686,7 @@ class ShardedModule(nn.Module):
             if (path, name) not in self._attribute_slots:
                 module = self._original.get_submodule(path)
                 self._attribute_slots[path, name] = (module, name)
-                self._attribute_baseline += (getattr(module, name, _ABSENT),)
+                self._attribute_baseline += (read_attribute(module, name, _ABSENT),)
         self._programs[self._signature(batch, train, frozen)] = compiled  # the values the step now holds
         self._say_if_many_shapes()
         return compiled

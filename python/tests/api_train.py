@@ -8,6 +8,7 @@ order)."""
 
 import argparse
 import copy
+import dataclasses
 import datetime
 import functools
 import gc
@@ -1368,32 +1369,63 @@ class Scaled(nn.Module):
         return self.inner(x) * self.scale
 
 
+@dataclasses.dataclass
+class ScaleConfig:
+    scale: float = 1.0
+
+
+class ConfigScaled(nn.Module):
+    """`inner`'s output times its configuration's `scale`: a model whose
+    forward reads its config, as Hugging Face models read theirs."""
+
+    def __init__(self, inner: nn.Module, config):
+        super().__init__()
+        self.inner = inner
+        self.config = config
+
+    def forward(self, x):
+        return self.inner(x) * self.config.scale
+
+
 def scenario_attributes(args):
-    """A plain module attribute that forward reads, changed between steps
-    (a scale annealed by the loop, a dropout's p): the next call compiles
-    for the new value (or takes the program compiled for it before), as
-    eager PyTorch computes with it; ranks whose values differ are refused
-    before any collective."""
-    data = batches(4)
+    """A plain module attribute that forward reads, or an attribute of a
+    configuration object a module holds (a dataclass, a Hugging Face
+    config), changed between steps (a scale annealed by the loop, a
+    dropout's p, `config.output_router_logits`): the next call compiles for
+    the new value (or takes the program compiled for it before), as eager
+    PyTorch computes with it; ranks whose values differ are refused before
+    any collective."""
+    from transformers import PretrainedConfig
+
+    data = batches(5)
 
     def scaled() -> GPT:
         model = reference_model()
         model.blocks[0] = Scaled(model.blocks[0])
+        model.blocks[1] = ConfigScaled(model.blocks[1], ScaleConfig())
+        model.ln_f = ConfigScaled(model.ln_f, PretrainedConfig(scale=1.0))
         return model
 
+    # Step by step: blocks.0.scale, blocks.1.config.scale (a dataclass), ln_f.config.scale (Hugging Face's).
+    settings = [(1.0, 1.0, 1.0), (0.5, 1.0, 1.0), (0.5, 0.5, 1.0), (1.0, 1.0, 2.0), (1.0, 1.0, 1.0)]
     sharded, reference = fsdpc.shard(scaled(), mine(data[0]), next_token_loss), scaled()
     optimizers = [optimizer_for(sharded), optimizer_for(reference)]
     pairs = []
-    for index, batch in enumerate(data):
+    for batch, (scale, dataclass_scale, hf_scale) in zip(data, settings):
         for module in (sharded, reference):
-            module.get_submodule("blocks.0").scale = 0.5 if index in (1, 2) else 1.0
+            module.get_submodule("blocks.0").scale = scale
+            module.get_submodule("blocks.1").config.scale = dataclass_scale
+            module.get_submodule("ln_f").config.scale = hf_scale
         pairs.append(step_beside_eager(lambda: sharded(*mine(batch)), reference, batch, optimizers))
-    close(*map(torch.tensor, zip(*pairs)), "losses with blocks.0.scale 1, 0.5, 0.5, 1")
-    assert len(sharded._programs) == 2, f"{len(sharded._programs)} programs for two values of the scale"
+    close(*map(torch.tensor, zip(*pairs)), f"losses with the scales set as {settings}")
+    assert len(sharded._programs) == 4, f"{len(sharded._programs)} programs for four settings of the scales"
     if dist.get_world_size() > 1:
         sharded.get_submodule("blocks.0").scale = 1.0 + dist.get_rank()
         expect_error(lambda: sharded(*mine(data[0])), r"the ranks disagree about this call.*blocks\.0\.scale=2\.0")
         sharded.get_submodule("blocks.0").scale = 1.0
+        sharded.get_submodule("ln_f").config.scale = 1.0 + dist.get_rank()
+        expect_error(lambda: sharded(*mine(data[0])), r"the ranks disagree about this call.*ln_f\.config\.scale=2\.0")
+        sharded.get_submodule("ln_f").config.scale = 1.0
         sharded(*mine(data[0]))
 
 
