@@ -24,13 +24,17 @@ device and a 70B-parameter model captures in a few GiB.
 from __future__ import annotations
 
 import contextlib
+import dis
+import functools
 import hashlib
 import io
 import logging
 import os
 import re
 import sys
+import sysconfig
 import traceback
+import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -545,6 +549,126 @@ def _configurations(model: nn.Module) -> dict[int, tuple[object, str, str]]:
             if name not in _MODULE_INTERNALS:
                 visit(value, path, name)
     return found
+
+
+_LIBRARY_DIRS = tuple(os.path.abspath(sysconfig.get_paths()[kind]) for kind in ("stdlib", "purelib", "platlib"))
+
+
+def _user_function(value) -> bool:
+    """A Python function of the user's (not torch's, a library's or fsdpc's
+    own outside its models): its globals and closure are the user's too."""
+    if not isinstance(value, types.FunctionType):
+        return False
+    path = os.path.abspath(value.__code__.co_filename)
+    return not ((path.startswith(_FSDPC_DIR) and not path.startswith(_FSDPC_MODELS_DIR))
+                or path.startswith(_TORCH_DIR) or path.startswith(_LIBRARY_DIRS))
+
+
+def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
+    """`code` and the code of the functions, lambdas and comprehensions in it."""
+    yield code
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            yield from _codes(constant)
+
+
+def _names_read(function: types.FunctionType) -> tuple[list[str], set[str]]:
+    """The global names a function may read and the attribute names it may
+    read, leaving out what it assigns (a counter it keeps is no setting)."""
+    globals_read: dict[str, None] = {}
+    attributes: set[str] = set()
+    assigned: set[str] = set()
+    for code in _codes(function.__code__):
+        for instruction in dis.get_instructions(code):
+            if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                globals_read[instruction.argval] = None
+            elif instruction.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+                attributes.add(instruction.argval)
+            elif instruction.opname in ("STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR", "DELETE_ATTR"):
+                assigned.add(instruction.argval)
+    return [name for name in globals_read if name not in assigned], attributes - assigned
+
+
+def free_variable_reads(loss_fn: Callable) -> list[tuple[str, Callable[[], object]]]:
+    """The plain values the loss function reads from outside itself, which
+    the compiled step holds as constants: its globals and closure variables
+    (a weight the loop anneals, a label smoothing a sweep sets), the
+    attributes it reads of a configuration object held in one, of a
+    callable loss object or of a bound method's object, and the same for
+    the functions of the user's that it calls by name. Each as (what it is,
+    how to read its value now): the sharded module keys the programs by
+    them, as by module attributes. Found in the code, without running it:
+    what the code may read and does not assign."""
+    reads: dict[str, Callable[[], object]] = {}
+    seen: set[int] = set()
+
+    def value_of(value, attributes: set[str]):
+        watched = watched_value(value)
+        if watched is not _UNWATCHED:
+            return watched
+        if _is_configuration(value):  # the attributes the code reads, properties and aliases included
+            read = {name: watched_value(getattr(value, name, _UNWATCHED)) for name in sorted(attributes)}
+            return tuple((name, inner) for name, inner in read.items() if inner is not _UNWATCHED)
+        return type(value).__name__  # not a setting; a different kind of value since is a change
+
+    def watch(description: str, read_now: Callable[[], object], attributes: set[str]) -> None:
+        value = read_now()
+        if watched_value(value) is not _UNWATCHED or _is_configuration(value):
+            reads.setdefault(description, lambda: value_of(read_now(), attributes))
+
+    def watch_attributes(owner, described: str, attributes: set[str]) -> None:
+        for name in sorted(attributes & set(getattr(owner, "__dict__", ()))):
+            watch(f"{described}'s attribute '{name}'", lambda name=name: getattr(owner, name, _ABSENT_NAME),
+                  attributes)
+
+    def visit(function, described: str, depth: int) -> None:
+        if id(function) in seen or depth > 3:
+            return
+        seen.add(id(function))
+        if isinstance(function, functools.partial):
+            visit(function.func, described, depth + 1)
+            return
+        owner = None
+        if isinstance(function, types.MethodType):
+            owner, function = function.__self__, function.__func__
+        elif not isinstance(function, types.FunctionType):  # a callable object
+            owner, function = function, getattr(type(function), "__call__", None)
+        if not _user_function(function):
+            return
+        names, attributes = _names_read(function)
+        if owner is not None:
+            watch_attributes(owner, described, attributes)
+        namespace = function.__globals__
+        for name in names:
+            value = namespace.get(name, _ABSENT_NAME)
+            if _user_function(value):
+                visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
+            else:
+                watch(f"{described}'s global '{name}'", lambda name=name: namespace.get(name, _ABSENT_NAME),
+                      attributes)
+        for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # not bound yet
+                continue
+            if _user_function(value):
+                visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
+            else:
+                watch(f"{described}'s closure variable '{name}'", lambda cell=cell: _cell_value(cell), attributes)
+
+    visit(loss_fn, "loss_fn", 0)
+    return list(reads.items())
+
+
+# The value of a global or closure variable a loss function read, once it is gone.
+_ABSENT_NAME = "<no longer defined>"
+
+
+def _cell_value(cell) -> object:
+    try:
+        return cell.cell_contents
+    except ValueError:  # deleted since
+        return _ABSENT_NAME
 
 
 @contextlib.contextmanager

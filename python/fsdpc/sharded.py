@@ -48,7 +48,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from fsdpc import clip, liveness
-from fsdpc.capture import CaptureError, MixedPrecision, aux_count, batch_leaves, read_attribute
+from fsdpc.capture import (CaptureError, MixedPrecision, aux_count, batch_leaves, free_variable_reads,
+                           read_attribute)
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.device import DeviceError, collective_backend, dtensor_where_it_is, job_device, seed_generators
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
@@ -381,11 +382,16 @@ class ShardedModule(nn.Module):
         # read); `_attribute_baseline` are their values when first compiled.
         self._attribute_slots: dict[tuple[str, str], tuple[nn.Module, str]] = {}
         self._attribute_baseline: tuple = ()
+        # The same for the plain values loss_fn reads from outside itself (its
+        # globals and closure, found in its code): (what, how to read it now).
+        self._free_reads = free_variable_reads(loss_fn)
+        self._free_baseline = tuple(read() for _, read in self._free_reads)
         # Per mode (train, training): the program whose CUDA graphs the last
         # call used, and that call's batch shapes.
         self._replaying: dict[tuple, tuple[CompiledProgram, tuple]] = {}
         self._warned_replay_shapes = False
         self._warned_many_shapes = False
+        self._warned_many_values = False
         self._groups: dict[str, dist.ProcessGroup] = {}
         self._accumulated: dict[str, torch.Tensor] = {}
         self._gradient_sync = True
@@ -636,16 +642,25 @@ class ShardedModule(nn.Module):
                      if name and module.training != self.training)
 
     def _attribute_values(self) -> tuple:
-        return tuple(read_attribute(module, name, _ABSENT) for module, name in self._attribute_slots.values())
+        """The current values of the module attributes the steps read, then
+        of loss_fn's free variables."""
+        return (tuple(read_attribute(module, name, _ABSENT) for module, name in self._attribute_slots.values())
+                + tuple(read() for _, read in self._free_reads))
 
     def _attributes_changed(self, values: tuple) -> str:
         """The read attributes whose `values` differ from those first
         compiled with, for the per-call agreement (usually nothing)."""
-        if values == self._attribute_baseline:
+        baseline = self._attribute_baseline + self._free_baseline
+        if values == baseline:
             return ""
-        changed = [f"{path or 'the model'}.{name}={value!r}" for ((path, name), value, before)
-                   in zip(self._attribute_slots, values, self._attribute_baseline) if value != before]
+        changed = [f"{name}={value!r}" for name, value, before in zip(self._read_names(), values, baseline)
+                   if value != before]
         return f", attributes changed since compiling: {', '.join(changed)}"
+
+    def _read_names(self) -> list[str]:
+        """What each of `_attribute_values` is, in its order."""
+        return ([f"{path or 'the model'}.{name}" for path, name in self._attribute_slots]
+                + [described for described, _ in self._free_reads])
 
     def _signature(self, batch: Sequence[torch.Tensor], train: bool, frozen: tuple[str, ...],
                    read: tuple[tuple[str, ...], tuple] | None = None) -> tuple:
@@ -689,6 +704,7 @@ class ShardedModule(nn.Module):
                 self._attribute_baseline += (read_attribute(module, name, _ABSENT),)
         self._programs[self._signature(batch, train, frozen)] = compiled  # the values the step now holds
         self._say_if_many_shapes()
+        self._say_if_many_values()
         return compiled
 
     def _program_among(self, sizes_by_rank: list, batch: Sequence[torch.Tensor], *, train: bool,
@@ -721,6 +737,24 @@ class ShardedModule(nn.Module):
         warnings.warn(f"fsdpc compiled steps for {len(shapes)} batch shapes ({seconds:.1f} s so far): each new shape "
                       "compiles one (or loads it from the cache) and keeps it loaded; pad batches to a few fixed "
                       "lengths (buckets), or to one", stacklevel=2)
+
+    def _say_if_many_values(self) -> None:
+        """Warns once when steps were compiled for MANY_SHAPES values of what
+        they read (module attributes, loss_fn's variables): a value changed
+        every step (a loss weight annealed by the loop) compiles a step each
+        time, since the step holds it as a constant."""
+        values = {key[-1] for key in self._programs}  # _signature's read values
+        if len(values) < MANY_SHAPES or self._warned_many_values:
+            return
+        self._warned_many_values = True
+        names = self._read_names()
+        current = [read for read in values if len(read) == len(names)]
+        changing = [name for index, name in enumerate(names) if len({read[index] for read in current}) > 1]
+        seconds = sum(sum(program.compile_seconds.values()) for program in self._programs.values())
+        warnings.warn(f"fsdpc compiled steps for {len(values)} values of {', '.join(changing)} ({seconds:.1f} s so "
+                      "far): the step holds such plain values as constants, so each new one compiles a step (or "
+                      "loads it from the cache); pass a value that changes every step as a tensor in the batch",
+                      stacklevel=2)
 
     def _let_graphs_go(self) -> None:
         """Every step replayed as a CUDA graph lets its graph and the working

@@ -1387,6 +1387,16 @@ class ConfigScaled(nn.Module):
         return self.inner(x) * self.config.scale
 
 
+LOSS_SCALE = 1.0  # a global the loss reads, which the loop may change
+LOSS_CALLS = 0  # a global the loss counts its runs in: no setting
+
+
+def scaled_loss(model, tokens, targets):
+    global LOSS_CALLS
+    LOSS_CALLS += 1
+    return next_token_loss(model, tokens, targets) * LOSS_SCALE
+
+
 def scenario_attributes(args):
     """A plain module attribute that forward reads, or an attribute of a
     configuration object a module holds (a dataclass, a Hugging Face
@@ -1427,6 +1437,34 @@ def scenario_attributes(args):
         expect_error(lambda: sharded(*mine(data[0])), r"the ranks disagree about this call.*ln_f\.config\.scale=2\.0")
         sharded.get_submodule("ln_f").config.scale = 1.0
         sharded(*mine(data[0]))
+    # What the loss function reads from outside itself (a global, a configuration in its closure) keys the
+    # programs too; a counter it keeps does not.
+    weights = ScaleConfig()
+    for loss_fn, set_scale in [(scaled_loss, lambda value: globals().update(LOSS_SCALE=value)),
+                               (lambda m, tokens, targets: next_token_loss(m, tokens, targets) * weights.scale,
+                                lambda value: setattr(weights, "scale", value))]:
+        set_scale(1.0)
+        weighted = fsdpc.shard(reference_model(), mine(data[0]), loss_fn)
+        plain = weighted(*mine(data[0]))
+        set_scale(3.0)
+        close(weighted(*mine(data[0])), 3 * plain, "the loss after its scale changed from 1 to 3")
+        weighted(*mine(data[0]))
+        assert len(weighted._programs) == 2, f"{len(weighted._programs)} programs for two scales"
+        if loss_fn is scaled_loss:  # a value changed every step (annealed) compiles a step each time: said once
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for scale in range(4, 4 + fsdpc.sharded.MANY_SHAPES - 2):
+                    set_scale(float(scale))
+                    weighted(*mine(data[0]))
+            said = [str(w.message) for w in caught if "values of" in str(w.message)]
+            many = fsdpc.sharded.MANY_SHAPES
+            assert len(said) == 1 and f"{many} values of loss_fn's global 'LOSS_SCALE' (" in said[0], said
+        if dist.get_world_size() > 1:
+            set_scale(1.0 + dist.get_rank())
+            expect_error(lambda: weighted(*mine(data[0])), "the ranks disagree about this call.*"
+                         + ("loss_fn's global 'LOSS_SCALE'=2.0" if loss_fn is scaled_loss
+                            else r"loss_fn's closure variable 'weights'=\(\('scale', 2.0\),\)"))
+        set_scale(1.0)
 
 
 def loss_with_metrics(model, tokens, targets):

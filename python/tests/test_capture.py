@@ -501,3 +501,60 @@ def test_another_models_weights_in_the_step_are_refused_with_the_ways_out():
     with pytest.raises(CaptureError, match=r"another model's weights, a teacher's\? .* make its module a submodule "
                                            r"of the model \(frozen with requires_grad_\(False\)\)"):
         export_training_step(model, batch, distilled)
+
+
+SMOOTHING = 0.1  # globals of this file's loss functions below
+RUNS = 0
+
+
+def _smoothed(logits, targets):
+    return nn.functional.cross_entropy(logits, targets, label_smoothing=SMOOTHING)
+
+
+class _WeightedLoss:
+    """A callable loss object: the attribute its call reads is a setting, the one it counts in is not."""
+
+    def __init__(self):
+        self.weight, self.calls, self.name = 2.0, 0, "unread"
+
+    def __call__(self, model, x, y):
+        self.calls += 1
+        return _smoothed(model(x), y) * self.weight
+
+    def method(self, model, x, y):
+        return model(x).sum() * self.weight
+
+
+def test_what_loss_fn_reads_from_outside_itself_is_found_in_its_code():
+    """free_variable_reads: the values the compiled step would hold as
+    constants, each read anew by name; what the code assigns is left out."""
+    from dataclasses import dataclass
+
+    from fsdpc.capture import free_variable_reads
+
+    @dataclass
+    class Weights:
+        aux: float = 0.5
+        unread: int = 1
+
+    weights = Weights()
+
+    def counted(model, x, y):
+        global RUNS
+        RUNS += 1
+        return _smoothed(model(x), y) + weights.aux
+
+    def reads(loss_fn):
+        return {described: read() for described, read in free_variable_reads(loss_fn)}
+
+    assert reads(counted) == {"_smoothed (called by loss_fn)'s global 'SMOOTHING'": 0.1,
+                              "loss_fn's closure variable 'weights'": (("aux", 0.5),)}
+    loss = _WeightedLoss()
+    assert reads(loss) == {"loss_fn's attribute 'weight'": 2.0,
+                           "_smoothed (called by loss_fn)'s global 'SMOOTHING'": 0.1}
+    assert reads(loss.method) == {"loss_fn's attribute 'weight'": 2.0}
+    assert reads(functools.partial(counted)) == reads(counted)
+    weights.aux, loss.weight = 0.25, 3.0
+    assert reads(counted)["loss_fn's closure variable 'weights'"] == (("aux", 0.25),)
+    assert reads(loss)["loss_fn's attribute 'weight'"] == 3.0
+    assert reads(lambda model, x: model(x).sum()) == {}
