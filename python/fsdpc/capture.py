@@ -572,35 +572,87 @@ def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
             yield from _codes(constant)
 
 
-def _names_read(function: types.FunctionType) -> tuple[list[str], set[str]]:
-    """The global names a function may read and the attribute names it may
-    read, leaving out what it assigns (a counter it keeps is no setting)."""
-    globals_read: dict[str, None] = {}
-    attributes: set[str] = set()
+def _names_read(function: types.FunctionType) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """The global names, closure variables and attribute names a function
+    may read, each with the first line reading it, leaving out what it
+    assigns (a counter it keeps is no setting)."""
+    globals_read: dict[str, int] = {}
+    closure_read: dict[str, int] = {}
+    attributes: dict[str, int] = {}
     assigned: set[str] = set()
+    line = function.__code__.co_firstlineno
     for code in _codes(function.__code__):
         for instruction in dis.get_instructions(code):
+            line = getattr(instruction.positions, "lineno", None) or line
             if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-                globals_read[instruction.argval] = None
+                globals_read.setdefault(instruction.argval, line)
+            elif instruction.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF"):
+                closure_read.setdefault(instruction.argval, line)
             elif instruction.opname in ("LOAD_ATTR", "LOAD_METHOD"):
-                attributes.add(instruction.argval)
+                attributes.setdefault(instruction.argval, line)
             elif instruction.opname in ("STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR", "DELETE_ATTR"):
                 assigned.add(instruction.argval)
-    return [name for name in globals_read if name not in assigned], attributes - assigned
+    return ({name: at for name, at in globals_read.items() if name not in assigned}, closure_read,
+            {name: at for name, at in attributes.items() if name not in assigned})
+
+
+def _free_variables(loss_fn: Callable) -> Iterator[tuple[str, Callable[[], object], set[str], str]]:
+    """What the loss function reads from outside itself, found in its code
+    without running it (what the code may read and does not assign): its
+    globals and closure variables, a callable loss object's or a bound
+    method's object's attributes, and the same for the functions of the
+    user's that it calls by name. Each as (what it is, how to read its value
+    now, the attribute names the code reads, the file and line reading it)."""
+    seen: set[int] = set()
+
+    def visit(function, described: str, depth: int):
+        if id(function) in seen or depth > 3:
+            return
+        seen.add(id(function))
+        if isinstance(function, functools.partial):
+            yield from visit(function.func, described, depth + 1)
+            return
+        owner = None
+        if isinstance(function, types.MethodType):
+            owner, function = function.__self__, function.__func__
+        elif not isinstance(function, types.FunctionType):  # a callable object
+            owner, function = function, getattr(type(function), "__call__", None)
+        if not _user_function(function):
+            return
+        globals_read, closure_read, attributes = _names_read(function)
+        read_names = set(attributes)
+        where = function.__code__.co_filename
+        if owner is not None:
+            for name in sorted(read_names & set(getattr(owner, "__dict__", ()))):
+                yield (f"{described}'s attribute '{name}'", lambda name=name: getattr(owner, name, _ABSENT_NAME),
+                       read_names, f"{where}:{attributes[name]}")
+        namespace = function.__globals__
+        for name, line in globals_read.items():
+            value = namespace.get(name, _ABSENT_NAME)
+            if _user_function(value):
+                yield from visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
+            else:
+                yield (f"{described}'s global '{name}'", lambda name=name: namespace.get(name, _ABSENT_NAME),
+                       read_names, f"{where}:{line}")
+        for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
+            value = _cell_value(cell)
+            if _user_function(value):
+                yield from visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
+            else:
+                yield (f"{described}'s closure variable '{name}'", lambda cell=cell: _cell_value(cell), read_names,
+                       f"{where}:{closure_read.get(name, function.__code__.co_firstlineno)}")
+
+    yield from visit(loss_fn, "loss_fn", 0)
 
 
 def free_variable_reads(loss_fn: Callable) -> list[tuple[str, Callable[[], object]]]:
-    """The plain values the loss function reads from outside itself, which
-    the compiled step holds as constants: its globals and closure variables
-    (a weight the loop anneals, a label smoothing a sweep sets), the
-    attributes it reads of a configuration object held in one, of a
-    callable loss object or of a bound method's object, and the same for
-    the functions of the user's that it calls by name. Each as (what it is,
-    how to read its value now): the sharded module keys the programs by
-    them, as by module attributes. Found in the code, without running it:
-    what the code may read and does not assign."""
+    """The plain values the loss function reads from outside itself
+    (`_free_variables`), which the compiled step holds as constants: a
+    weight the loop anneals, a label smoothing a sweep sets, the attributes
+    the code reads of a configuration object. Each as (what it is, how to
+    read its value now): the sharded module keys the programs by them, as
+    by module attributes."""
     reads: dict[str, Callable[[], object]] = {}
-    seen: set[int] = set()
 
     def value_of(value, attributes: set[str]):
         watched = watched_value(value)
@@ -611,53 +663,34 @@ def free_variable_reads(loss_fn: Callable) -> list[tuple[str, Callable[[], objec
             return tuple((name, inner) for name, inner in read.items() if inner is not _UNWATCHED)
         return type(value).__name__  # not a setting; a different kind of value since is a change
 
-    def watch(description: str, read_now: Callable[[], object], attributes: set[str]) -> None:
+    for described, read_now, attributes, _ in _free_variables(loss_fn):
         value = read_now()
         if watched_value(value) is not _UNWATCHED or _is_configuration(value):
-            reads.setdefault(description, lambda: value_of(read_now(), attributes))
-
-    def watch_attributes(owner, described: str, attributes: set[str]) -> None:
-        for name in sorted(attributes & set(getattr(owner, "__dict__", ()))):
-            watch(f"{described}'s attribute '{name}'", lambda name=name: getattr(owner, name, _ABSENT_NAME),
-                  attributes)
-
-    def visit(function, described: str, depth: int) -> None:
-        if id(function) in seen or depth > 3:
-            return
-        seen.add(id(function))
-        if isinstance(function, functools.partial):
-            visit(function.func, described, depth + 1)
-            return
-        owner = None
-        if isinstance(function, types.MethodType):
-            owner, function = function.__self__, function.__func__
-        elif not isinstance(function, types.FunctionType):  # a callable object
-            owner, function = function, getattr(type(function), "__call__", None)
-        if not _user_function(function):
-            return
-        names, attributes = _names_read(function)
-        if owner is not None:
-            watch_attributes(owner, described, attributes)
-        namespace = function.__globals__
-        for name in names:
-            value = namespace.get(name, _ABSENT_NAME)
-            if _user_function(value):
-                visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
-            else:
-                watch(f"{described}'s global '{name}'", lambda name=name: namespace.get(name, _ABSENT_NAME),
-                      attributes)
-        for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
-            try:
-                value = cell.cell_contents
-            except ValueError:  # not bound yet
-                continue
-            if _user_function(value):
-                visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
-            else:
-                watch(f"{described}'s closure variable '{name}'", lambda cell=cell: _cell_value(cell), attributes)
-
-    visit(loss_fn, "loss_fn", 0)
+            reads.setdefault(described, lambda read_now=read_now, attributes=attributes:
+                             value_of(read_now(), attributes))
     return list(reads.items())
+
+
+def refuse_outside_tensors(loss_fn: Callable, model: nn.Module) -> None:
+    """A tensor the loss function reads from outside itself that is not the
+    model's (class weights for cross entropy, a learnable temperature):
+    capture runs on meta tensors and would meet a device mismatch, or hold
+    the tensor's value at capture as a constant, and a learnable one would
+    get no gradient. Refused, saying how to bring it in."""
+    owned = {id(tensor) for tensor in (*model.parameters(), *model.buffers())}
+    for described, read_now, _, where in _free_variables(loss_fn):
+        value = read_now()
+        if isinstance(value, torch.Tensor) and id(value) not in owned:
+            shape = "x".join(map(str, value.shape)) or "a scalar"
+            learnable = value.requires_grad
+            raise CaptureError(
+                f"{where}: {described} is a tensor ({shape}, {value.dtype}, on {value.device}) that is not the model's: "
+                "the compiled step reads tensors from the model and the batch only; "
+                + ("make it a parameter of the model (`model.register_parameter(\"temperature\", "
+                   "nn.Parameter(t))`, read in loss_fn as `model.temperature`), so that it is sharded, trained and "
+                   "saved" if learnable else
+                   "make it a buffer of the model (`model.register_buffer(\"class_weights\", t)`, read in "
+                   "loss_fn as `model.class_weights`; changes to it are then seen), or pass it in the batch"))
 
 
 # The value of a global or closure variable a loss function read, once it is gone.

@@ -49,7 +49,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from fsdpc import clip, liveness
 from fsdpc.capture import (CaptureError, MixedPrecision, aux_count, batch_leaves, free_variable_reads,
-                           read_attribute)
+                           read_attribute, refuse_outside_tensors)
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.device import DeviceError, collective_backend, dtensor_where_it_is, job_device, seed_generators
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
@@ -339,6 +339,7 @@ class ShardedModule(nn.Module):
             except DeviceError as error:
                 raise StepError(str(error)) from None
             _refuse_autocast(device, "fsdpc.shard called")
+            refuse_outside_tensors(loss_fn, model)
             offload = self._check_offload(offload_policy, device)
             policy = _mixed_precision(mp_policy)
             return device, policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, offload is not None,

@@ -583,6 +583,7 @@ def scenario_misuse(args):
         finally:
             handle.remove()
 
+    outside = torch.ones((), device=DEVICE)  # a tensor loss_fn reads that is not the model's
     for attempt, expected in [
         (lambda: stale.step(), "build the optimizer over sharded.parameters()"),
         (lambda: under_autocast(lambda: sharded(*mine(data[0]))),
@@ -606,6 +607,8 @@ def scenario_misuse(args):
                              next_token_loss), "handed a DistributedDataParallel: fsdpc replaces it; hand fsdpc.shard"),
         (lambda: fsdpc.shard(torch.distributed.fsdp.fully_shard(reference_model().to(DEVICE)), mine(data[0]),
                              next_token_loss), "the model is already sharded by FSDP"),
+        (lambda: fsdpc.shard(reference_model(), mine(data[0]), lambda m, t, y: next_token_loss(m, t, y) * outside),
+         "loss_fn's closure variable 'outside' is a tensor (a scalar, torch.float32, on"),
         (lambda: sharded.set_requires_gradient_sync(False), "gradient_accumulation=True"),
         (lambda: sharded.to(torch.bfloat16), "parameter 'tok_emb.weight' would become bfloat16 on"),
         (lambda: sharded.double(), "convert the model before fsdpc.shard"),

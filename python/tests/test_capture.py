@@ -558,3 +558,30 @@ def test_what_loss_fn_reads_from_outside_itself_is_found_in_its_code():
     assert reads(counted)["loss_fn's closure variable 'weights'"] == (("aux", 0.25),)
     assert reads(loss)["loss_fn's attribute 'weight'"] == 3.0
     assert reads(lambda model, x: model(x).sum()) == {}
+
+
+def test_tensors_loss_fn_reads_from_outside_the_model_are_refused_with_the_way_in():
+    """Class weights or a learnable temperature held outside the model would
+    meet meta tensors in capture (or be held as constants, untrained): the
+    error names the variable and its line, and says how to bring it in."""
+    from fsdpc.capture import refuse_outside_tensors
+
+    model = nn.Linear(4, 3)
+    model.register_buffer("class_weights", torch.ones(3))
+    class_weights, temperature = torch.ones(3), torch.ones((), requires_grad=True)
+
+    def weighted(m, x, y):
+        return nn.functional.cross_entropy(m(x), y, weight=class_weights)
+
+    def tempered(m, x, y):
+        return nn.functional.cross_entropy(m(x) / temperature, y)
+
+    line = weighted.__code__.co_firstlineno + 1
+    with pytest.raises(CaptureError, match=rf"test_capture.py:{line}: loss_fn's closure variable 'class_weights' is "
+                                           r"a tensor \(3, torch.float32, on cpu\) that is not the model's: .*"
+                                           r"model.register_buffer"):
+        refuse_outside_tensors(weighted, model)
+    with pytest.raises(CaptureError, match=r"'temperature' is a tensor \(a scalar, .*make it a parameter of the model"):
+        refuse_outside_tensors(tempered, model)
+    own = model.class_weights
+    refuse_outside_tensors(lambda m, x, y: nn.functional.cross_entropy(m(x), y, weight=own), model)  # the model's
