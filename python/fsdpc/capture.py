@@ -596,13 +596,15 @@ def _names_read(function: types.FunctionType) -> tuple[dict[str, int], dict[str,
             {name: at for name, at in attributes.items() if name not in assigned})
 
 
-def _free_variables(loss_fn: Callable) -> Iterator[tuple[str, Callable[[], object], set[str], str]]:
-    """What the loss function reads from outside itself, found in its code
-    without running it (what the code may read and does not assign): its
-    globals and closure variables, a callable loss object's or a bound
-    method's object's attributes, and the same for the functions of the
-    user's that it calls by name. Each as (what it is, how to read its value
-    now, the attribute names the code reads, the file and line reading it)."""
+def _free_variables(loss_fn: Callable, model: nn.Module) -> Iterator[tuple[str, Callable[[], object], set[str], str]]:
+    """What the loss function and the forwards of the model's own module
+    classes read from outside themselves, found in their code without
+    running it (what the code may read and does not assign): globals and
+    closure variables, a callable loss object's or a bound method's
+    object's attributes, and the same for the functions of the user's that
+    they call by name (a module's own attributes are watched as forward
+    reads them). Each as (what it is, how to read its value now, the
+    attribute names the code reads, the file and line reading it)."""
     seen: set[int] = set()
 
     def visit(function, described: str, depth: int):
@@ -628,7 +630,9 @@ def _free_variables(loss_fn: Callable) -> Iterator[tuple[str, Callable[[], objec
                        read_names, f"{where}:{attributes[name]}")
         namespace = function.__globals__
         for name, line in globals_read.items():
-            value = namespace.get(name, _ABSENT_NAME)
+            if name not in namespace:  # a builtin
+                continue
+            value = namespace[name]
             if _user_function(value):
                 yield from visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
             else:
@@ -643,15 +647,17 @@ def _free_variables(loss_fn: Callable) -> Iterator[tuple[str, Callable[[], objec
                        f"{where}:{closure_read.get(name, function.__code__.co_firstlineno)}")
 
     yield from visit(loss_fn, "loss_fn", 0)
+    for kind in dict.fromkeys(type(module) for module in model.modules()):
+        yield from visit(getattr(kind, "forward", None), f"{kind.__name__}.forward", 0)
 
 
-def free_variable_reads(loss_fn: Callable) -> list[tuple[str, Callable[[], object]]]:
-    """The plain values the loss function reads from outside itself
-    (`_free_variables`), which the compiled step holds as constants: a
-    weight the loop anneals, a label smoothing a sweep sets, the attributes
-    the code reads of a configuration object. Each as (what it is, how to
-    read its value now): the sharded module keys the programs by them, as
-    by module attributes."""
+def free_variable_reads(loss_fn: Callable, model: nn.Module) -> list[tuple[str, Callable[[], object]]]:
+    """The plain values the loss function and the model's forwards read
+    from outside themselves (`_free_variables`), which the compiled step
+    holds as constants: a weight the loop anneals, a label smoothing a
+    sweep sets, the attributes the code reads of a configuration object.
+    Each as (what it is, how to read its value now): the sharded module
+    keys the programs by them, as by module attributes."""
     reads: dict[str, Callable[[], object]] = {}
 
     def value_of(value, attributes: set[str]):
@@ -663,7 +669,7 @@ def free_variable_reads(loss_fn: Callable) -> list[tuple[str, Callable[[], objec
             return tuple((name, inner) for name, inner in read.items() if inner is not _UNWATCHED)
         return type(value).__name__  # not a setting; a different kind of value since is a change
 
-    for described, read_now, attributes, _ in _free_variables(loss_fn):
+    for described, read_now, attributes, _ in _free_variables(loss_fn, model):
         value = read_now()
         if watched_value(value) is not _UNWATCHED or _is_configuration(value):
             reads.setdefault(described, lambda read_now=read_now, attributes=attributes:
@@ -672,13 +678,14 @@ def free_variable_reads(loss_fn: Callable) -> list[tuple[str, Callable[[], objec
 
 
 def refuse_outside_tensors(loss_fn: Callable, model: nn.Module) -> None:
-    """A tensor the loss function reads from outside itself that is not the
-    model's (class weights for cross entropy, a learnable temperature):
+    """A tensor the loss function or a forward reads from outside itself
+    that is not the model's (class weights for cross entropy, a learnable
+    temperature, a mask a model file keeps in a global):
     capture runs on meta tensors and would meet a device mismatch, or hold
     the tensor's value at capture as a constant, and a learnable one would
     get no gradient. Refused, saying how to bring it in."""
     owned = {id(tensor) for tensor in (*model.parameters(), *model.buffers())}
-    for described, read_now, _, where in _free_variables(loss_fn):
+    for described, read_now, _, where in _free_variables(loss_fn, model):
         value = read_now()
         if isinstance(value, torch.Tensor) and id(value) not in owned:
             shape = "x".join(map(str, value.shape)) or "a scalar"
@@ -687,10 +694,11 @@ def refuse_outside_tensors(loss_fn: Callable, model: nn.Module) -> None:
                 f"{where}: {described} is a tensor ({shape}, {value.dtype}, on {value.device}) that is not the model's: "
                 "the compiled step reads tensors from the model and the batch only; "
                 + ("make it a parameter of the model (`model.register_parameter(\"temperature\", "
-                   "nn.Parameter(t))`, read in loss_fn as `model.temperature`), so that it is sharded, trained and "
-                   "saved" if learnable else
-                   "make it a buffer of the model (`model.register_buffer(\"class_weights\", t)`, read in "
-                   "loss_fn as `model.class_weights`; changes to it are then seen), or pass it in the batch"))
+                   "nn.Parameter(t))`, read as `model.temperature` in loss_fn, or of the module whose forward "
+                   "reads it), so that it is sharded, trained and saved" if learnable else
+                   "make it a buffer of the model (`model.register_buffer(\"class_weights\", t)`, read as "
+                   "`model.class_weights` in loss_fn, or of the module whose forward reads it; changes to it are "
+                   "then seen), or pass it in the batch"))
 
 
 # The value of a global or closure variable a loss function read, once it is gone.

@@ -383,9 +383,10 @@ class ShardedModule(nn.Module):
         # read); `_attribute_baseline` are their values when first compiled.
         self._attribute_slots: dict[tuple[str, str], tuple[nn.Module, str]] = {}
         self._attribute_baseline: tuple = ()
-        # The same for the plain values loss_fn reads from outside itself (its
-        # globals and closure, found in its code): (what, how to read it now).
-        self._free_reads = free_variable_reads(loss_fn)
+        # The same for the plain values loss_fn and the model's forwards read
+        # from outside themselves (globals and closures, found in their code):
+        # (what, how to read it now).
+        self._free_reads = free_variable_reads(loss_fn, model)
         self._free_baseline = tuple(read() for _, read in self._free_reads)
         # Per mode (train, training): the program whose CUDA graphs the last
         # call used, and that call's batch shapes.

@@ -545,7 +545,7 @@ def test_what_loss_fn_reads_from_outside_itself_is_found_in_its_code():
         return _smoothed(model(x), y) + weights.aux
 
     def reads(loss_fn):
-        return {described: read() for described, read in free_variable_reads(loss_fn)}
+        return {described: read() for described, read in free_variable_reads(loss_fn, nn.Linear(1, 1))}
 
     assert reads(counted) == {"_smoothed (called by loss_fn)'s global 'SMOOTHING'": 0.1,
                               "loss_fn's closure variable 'weights'": (("aux", 0.5),)}
@@ -585,3 +585,32 @@ def test_tensors_loss_fn_reads_from_outside_the_model_are_refused_with_the_way_i
         refuse_outside_tensors(tempered, model)
     own = model.class_weights
     refuse_outside_tensors(lambda m, x, y: nn.functional.cross_entropy(m(x), y, weight=own), model)  # the model's
+
+
+GATE = 1.0  # globals of the module classes below, as a model file may keep them
+MASK = torch.ones(3)
+
+
+class _Gated(nn.Linear):
+    def forward(self, x):
+        return super().forward(x) * GATE
+
+
+class _Masked(nn.Linear):
+    def forward(self, x):
+        return super().forward(x) * MASK
+
+
+def test_what_a_modules_forward_reads_from_outside_itself_is_watched_or_refused():
+    """The model's own forwards are read like loss_fn: a plain global keys
+    the programs, a tensor that is not the model's is refused."""
+    from fsdpc.capture import free_variable_reads, refuse_outside_tensors
+
+    def summed(m, x):
+        return m(x).sum()
+
+    reads = free_variable_reads(summed, nn.Sequential(_Gated(3, 3), nn.ReLU()))
+    assert [(described, read()) for described, read in reads] == [("_Gated.forward's global 'GATE'", 1.0)]
+    with pytest.raises(CaptureError, match=r"_Masked.forward's global 'MASK' is a tensor \(3, .* of the module "
+                                           r"whose forward reads it"):
+        refuse_outside_tensors(summed, nn.Sequential(_Masked(3, 3)))
