@@ -266,7 +266,7 @@ def trace_calls(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callab
     if not all(isinstance(t, torch.Tensor) and t.is_meta for t in tensors):
         return None
     step = _TrainingStep(model, loss_fn)
-    units = [model.get_submodule(name) for name in unit_modules]
+    units = {name: model.get_submodule(name) for name in unit_modules}
     recorder = _CallRecorder(id(sys._getframe()))
     printed, complained = io.StringIO(), io.StringIO()
     collecting = gc.isenabled()

@@ -55,6 +55,7 @@ from fsdpc.attention import FusedAttentionFor
 from fsdpc.checkpointing import (REGION_KEY, CheckpointRegions, SavedCall, SavingSelectively, checkpoint_regions,
                                  patched, regions_of)
 from fsdpc.rms_norm import FusedRmsNormFor, fuse_written_out_rms_norms
+from fsdpc.units import ROOT_UNIT, Unit, UnitPlan
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FSDPC_DIR = os.path.dirname(__file__)
@@ -92,6 +93,16 @@ class MixedPrecision:
     reduce_dtype: torch.dtype | None = None
     output_dtype: torch.dtype | None = None
     cast_forward_inputs: bool = True
+    # Other policies for some wrap units, by the unit module's FQN (FSDP2's
+    # mp_policy given per fully_shard call); the fields above are the root
+    # unit's and every unit's not listed.
+    units: tuple[tuple[str, "MixedPrecision"], ...] = ()
+
+    def of_unit(self, fqn: str) -> "MixedPrecision":
+        """The policy of the wrap unit whose module is `fqn` ("" the root)."""
+        own = dict(self.units).get(fqn)
+        return own if own is not None else MixedPrecision(self.param_dtype, self.reduce_dtype, self.output_dtype,
+                                                          self.cast_forward_inputs)
 
 
 @dataclass
@@ -351,30 +362,38 @@ def _unparametrized(path: str) -> str:
 
 
 @contextlib.contextmanager
-def _mixed_precision_casts(model: nn.Module, modules: list[nn.Module], policy: MixedPrecision | None):
-    """FSDP2's MixedPrecisionPolicy while export traces: parameters in the
-    compute dtype (parametrizations), and casts of each wrap unit's floating
-    inputs and outputs (forward hooks). Undone afterwards."""
+def _mixed_precision_casts(model: nn.Module, units: dict[str, nn.Module], policy: MixedPrecision | None):
+    """FSDP2's MixedPrecisionPolicy while export traces, each wrap unit's
+    own (`units`: the unit modules by FQN, "" the model): parameters in
+    their unit's compute dtype (parametrizations), and casts of each unit's
+    floating inputs and outputs (forward hooks). Undone afterwards."""
     from torch.nn.utils import parametrize
 
     handles, parametrized = [], []
-    if policy is not None and policy.param_dtype is not None:
+    if policy is not None:
+        plan = UnitPlan([Unit(ROOT_UNIT, "", is_root=True)] + [Unit(fqn, "") for fqn in units if fqn])
+        names: dict[int, list[str]] = {}
+        for fqn, param in model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(param), []).append(fqn)
         for module in list(model.modules()):
             for name, param in list(module._parameters.items()):
-                if param is not None and param.is_floating_point() and param.dtype != policy.param_dtype:
-                    parametrize.register_parametrization(module, name, _CastTo(policy.param_dtype),
-                                                         unsafe=True)
+                if param is None or not param.is_floating_point():
+                    continue
+                unit = plan.owner(names[id(param)])  # tied across units: the root's, as FSDP2 rules
+                dtype = policy.of_unit("" if unit == ROOT_UNIT else unit).param_dtype
+                if dtype is not None and param.dtype != dtype:
+                    parametrize.register_parametrization(module, name, _CastTo(dtype), unsafe=True)
                     parametrized.append((module, name))
-    if policy is not None:
-        for module in modules:
-            if policy.cast_forward_inputs and policy.param_dtype is not None:
+        for fqn, module in units.items():
+            own = policy.of_unit(fqn)
+            if own.cast_forward_inputs and own.param_dtype is not None:
                 handles.append(module.register_forward_pre_hook(
-                    lambda _, args, kwargs: (_cast_floats(args, policy.param_dtype),
-                                             _cast_floats(kwargs, policy.param_dtype)),
+                    lambda _, args, kwargs, dtype=own.param_dtype: (_cast_floats(args, dtype),
+                                                                    _cast_floats(kwargs, dtype)),
                     with_kwargs=True))
-            if policy.output_dtype is not None:
+            if own.output_dtype is not None:
                 handles.append(module.register_forward_hook(
-                    lambda _, args, output: _cast_floats(output, policy.output_dtype)))
+                    lambda _, args, output, dtype=own.output_dtype: _cast_floats(output, dtype)))
     try:
         yield
     finally:
@@ -797,7 +816,7 @@ class Observed:
 
 
 @contextlib.contextmanager
-def capture_modes(model: nn.Module, units: list[nn.Module], mixed_precision: MixedPrecision | None,
+def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision: MixedPrecision | None,
                   device: str) -> Iterator[Observed]:
     """What forward runs under while it is traced for `device`: the policy's
     casts, the fused attention, RMSNorm and scalar-tensor modes, the marks
@@ -869,7 +888,7 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
     batch = tuple(batch)
     leaves, structure = batch_leaves(batch)
     step = _TrainingStep(model, loss_fn)
-    units = [model.get_submodule(name) for name in unit_modules]
+    units = {name: model.get_submodule(name) for name in unit_modules}
     with _tracing_safe_names(model) as real_fqn:
         with capture_modes(model, units, mixed_precision, device) as observed:
             program = _export(step, batch)

@@ -58,7 +58,7 @@ from fsdpc.local_step import LocalStep
 from fsdpc.program import ParamSpec, Program, runtime_extension
 from fsdpc.runtime import (NO_SYNC_STEP, STEP, CompiledProgram, StepError, compile_program, on_every_rank,
                            pipeline_options)
-from fsdpc.units import WrapPolicy
+from fsdpc.units import WrapPolicy, plan_units
 from fsdpc.watchdog import DUMPS_OFF_BEFORE_FIRST_GROUP, WATCHDOG, interrupt
 
 # Parameters of models handed to `shard`, by object: an optimizer that still
@@ -197,15 +197,50 @@ def _install_registration_hooks() -> None:
                                register_module_parameter_registration_hook(_noting("parameter")))
 
 
-def _mixed_precision(policy) -> MixedPrecision | None:
-    """fsdpc's MixedPrecision from ours or from FSDP2's MixedPrecisionPolicy."""
+def _mixed_precision(policy, model: nn.Module, wrap: WrapPolicy) -> MixedPrecision | None:
+    """fsdpc's MixedPrecision from ours or from FSDP2's MixedPrecisionPolicy,
+    or from a dict of them by wrap unit (`_per_unit_precision`)."""
+    if isinstance(policy, Mapping):
+        return _per_unit_precision(policy, model, wrap)
     if policy is None or isinstance(policy, MixedPrecision):
         return policy
     fields = ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs")
     if all(hasattr(policy, name) for name in fields):
         return MixedPrecision(*(getattr(policy, name) for name in fields))
-    raise StepError(f"mp_policy must be fsdpc.MixedPrecision or torch.distributed.fsdp.MixedPrecisionPolicy, "
-                    f"got {type(policy).__name__}")
+    raise StepError(f"mp_policy must be fsdpc.MixedPrecision or torch.distributed.fsdp.MixedPrecisionPolicy (or a "
+                    f"dict of them by wrap unit), got {type(policy).__name__}")
+
+
+def _per_unit_precision(policies: Mapping, model: nn.Module, wrap: WrapPolicy) -> MixedPrecision:
+    """FSDP2's mp_policy given per fully_shard call: `policies` by wrap unit
+    module FQN, "" the model (the root unit, whose policy every unit not
+    listed takes; without it, no casts). One reduce dtype for all: the
+    reductions of every unit share it."""
+    converted: dict[str, MixedPrecision] = {}
+    for fqn, policy in policies.items():
+        if not isinstance(fqn, str):
+            raise StepError(f"mp_policy's keys are wrap units' module names (\"\" the model), got {fqn!r}")
+        converted[fqn] = _mixed_precision(policy, model, wrap) if policy is not None else MixedPrecision()
+        if converted[fqn].units:
+            raise StepError(f"mp_policy[{fqn!r}] is itself a policy by unit")
+    try:
+        units = ["" if unit.is_root else unit.name for unit in plan_units(model, wrap).units]
+    except ValueError as error:
+        raise StepError(str(error)) from None
+    unknown = sorted(set(converted) - set(units))
+    if unknown:
+        raise StepError(f"mp_policy names {', '.join(map(repr, unknown))}, which {'is' if len(unknown) == 1 else 'are'} "
+                        f"not a wrap unit; the units: {', '.join(map(repr, units))} (\"\" the model; wrap= chooses "
+                        "them)")
+    root = converted.pop("", MixedPrecision())
+    own = {fqn: policy for fqn, policy in converted.items() if policy != root}
+    everyone = (root, *own.values())
+    if len({policy.reduce_dtype for policy in everyone}) > 1 or (
+            everyone[0].reduce_dtype is None and len({policy.param_dtype for policy in everyone}) > 1):
+        raise StepError("mp_policy by unit: every unit's gradients are reduced in one dtype, so give each policy "
+                        "the same reduce_dtype (torch.float32 keeps the full-precision units' reductions exact)")
+    return MixedPrecision(root.param_dtype, root.reduce_dtype, root.output_dtype, root.cast_forward_inputs,
+                          units=tuple(sorted(own.items())))
 
 
 def _divide_factor_option(factor) -> str:
@@ -269,6 +304,8 @@ def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_af
         if policy.reduce_dtype not in reduce_types:
             raise StepError(f"mp_policy.reduce_dtype {policy.reduce_dtype} is not a float type fsdpc reduces in")
         checked["reduce-dtype"] = reduce_types[policy.reduce_dtype]
+        if policy.units:  # the IR's policy is the root unit's, which may have no param_dtype to carry it
+            wanted["reduce-dtype"] = checked["reduce-dtype"]
     for name, value in checked.items():
         if name in given and given[name] != value:
             raise StepError(f"conflicting settings: pipeline option '{name}={given[name]}' and "
@@ -341,7 +378,7 @@ class ShardedModule(nn.Module):
             _refuse_autocast(device, "fsdpc.shard called")
             refuse_outside_tensors(loss_fn, model)
             offload = self._check_offload(offload_policy, device)
-            policy = _mixed_precision(mp_policy)
+            policy = _mixed_precision(mp_policy, model, wrap)
             return device, policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, offload is not None,
                                                  policy, gradient_accumulation, backend,
                                                  gradient_divide_factor), offload
@@ -1729,8 +1766,8 @@ def shard(model: nn.Module, example_batch: Sequence[torch.Tensor], loss_fn: Call
     model (tensors, or dicts, lists or tuples of them); one tensor or dict
     alone is one item. Options (FSDP2's names where FSDP2 has the knob): `mesh` (1-D, or
     2-D (replicate, shard) for hybrid sharding), `reshard_after_forward`
-    (bool or an inner group size), `mp_policy` (MixedPrecisionPolicy),
-    `offload_policy` (CPUOffloadPolicy), `wrap` (a predicate
+    (bool or an inner group size), `mp_policy` (MixedPrecisionPolicy, or a
+    dict of them by wrap unit module name, "" the model), `offload_policy` (CPUOffloadPolicy), `wrap` (a predicate
     `(fqn, module) -> bool` choosing the units), `gradient_accumulation`
     (compile the step set_requires_gradient_sync(False) uses),
     `gradient_divide_factor` (sum gradients over the ranks and divide by

@@ -789,23 +789,29 @@ def scenario_scalar(args):
     assert restored_optimizer.state_dict()["state"], "the optimizer state was not restored"
 
 
-def mixed_against_fsdp2(make_model, blocks_of, what: str):
+def mixed_against_fsdp2(make_model, blocks_of, what: str, by_unit: dict | None = None):
     """bf16 compute with fp32 master weights and fp32 reductions: fsdpc's
     losses equal FSDP2's under the same MixedPrecisionPolicy within one bf16
     rounding step of the loss (2^-7 relative, or 1e-2: bf16 keeps 8 bits of
     mantissa, and the two round at different points; a generated kernel
-    rounds once per chain), and both stay within 0.05 of fp32 eager."""
+    rounds once per chain), and both stay within 0.05 of fp32 eager.
+    `by_unit`: other policies for some blocks, by FQN, given to fsdpc as
+    mp_policy's dict and to FSDP2 in those blocks' fully_shard calls.
+    Returns the sharded module."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    by_unit = by_unit or {}
     data = batches(3)
-    sharded = fsdpc.shard(make_model(), mine(data[0]), next_token_loss, mp_policy=policy)
+    sharded = fsdpc.shard(make_model(), mine(data[0]), next_token_loss,
+                          mp_policy={"": policy, **by_unit} if by_unit else policy)
     ours, _ = train(sharded, optimizer_for(sharded), data, clip=0.5)
     theirs_model = make_model()
     mesh = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
+    names = {id(module): name for name, module in theirs_model.named_modules()}
     for block in blocks_of(theirs_model):
-        fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=by_unit.get(names[id(block)], policy))
     fully_shard(theirs_model, mesh=mesh, mp_policy=policy)
     theirs_optimizer = optimizer_for(theirs_model)
 
@@ -819,11 +825,38 @@ def mixed_against_fsdp2(make_model, blocks_of, what: str):
     expected, _ = eager_losses(make_model(), data, clip=0.5, schedule=False)
     close(torch.tensor(ours), torch.tensor(theirs), f"{what} bf16 losses against FSDP2's", rtol=2**-7, atol=1e-2)
     close(torch.tensor(ours), torch.tensor(expected), f"{what} bf16 losses against fp32 eager", rtol=0, atol=0.05)
+    return sharded
 
 
 def scenario_mixed_fsdp2(args):
     """The GPT in bf16 against FSDP2 bf16 (mixed_against_fsdp2)."""
     mixed_against_fsdp2(reference_model, lambda model: model.blocks, "GPT")
+
+
+def scenario_mixed_by_unit(args):
+    """mp_policy by wrap unit (FSDP2's policy per fully_shard call): the
+    GPT's second block computes in fp32, the rest in bf16, against FSDP2 with
+    the same policies (mixed_against_fsdp2); the step gathers that block's
+    parameters in f32 and the first block's in bf16; a policy for a module
+    that is not a unit, and reduce dtypes that differ, are refused."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    full = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=torch.bfloat16)
+    sharded = mixed_against_fsdp2(reference_model, lambda model: model.blocks, "GPT, blocks.1 in fp32",
+                                  by_unit={"blocks.1": full})
+    gathered: dict[str, set[str]] = {}  # element types each unit's all-gathers deliver
+    for line in sharded.sharded_ir.splitlines():
+        found = re.search(r"all_gather_start .* unit @([\w.]+) .*-> !fsdp\.future<(.*)>", line)
+        if found:
+            gathered.setdefault(found[1], set()).update(re.findall(r"x([a-z]\w*)>", found[2]))
+    assert gathered["blocks.0"] == {"bf16"} and gathered["blocks.1"] == {"f32"}, gathered
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    data = batches(1)
+    for policies, expected in [({"": bf16, "blocks.1.ln1": full}, "names 'blocks.1.ln1', which is not a wrap unit"),
+                               ({"": bf16, "blocks.1": MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)},
+                                "give each policy the same reduce_dtype")]:
+        expect_error(lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, mp_policy=policies),
+                     re.escape(expected))
 
 
 def small_llama(torch_norm: bool = False):
