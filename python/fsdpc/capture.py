@@ -678,6 +678,7 @@ def free_variable_reads(loss_fn: Callable, model: nn.Module) -> list[tuple[str, 
     Each as (what it is, how to read its value now): the sharded module
     keys the programs by them, as by module attributes."""
     reads: dict[str, Callable[[], object]] = {}
+    inside = {id(module) for module in model.modules()}
 
     def value_of(value, attributes: set[str]):
         watched = watched_value(value)
@@ -686,14 +687,26 @@ def free_variable_reads(loss_fn: Callable, model: nn.Module) -> list[tuple[str, 
         if _is_configuration(value):  # the attributes the code reads, properties and aliases included
             read = {name: watched_value(getattr(value, name, _UNWATCHED)) for name in sorted(attributes)}
             return tuple((name, inner) for name, inner in read.items() if inner is not _UNWATCHED)
+        if isinstance(value, nn.Module):  # a loss module (its label smoothing): torch's code reads it
+            return _module_settings(value)
         return type(value).__name__  # not a setting; a different kind of value since is a change
 
     for described, read_now, attributes, _ in _free_variables(loss_fn, model):
         value = read_now()
-        if watched_value(value) is not _UNWATCHED or _is_configuration(value):
+        if watched_value(value) is not _UNWATCHED or _is_configuration(value) \
+                or (isinstance(value, nn.Module) and id(value) not in inside):
             reads.setdefault(described, lambda read_now=read_now, attributes=attributes:
                              value_of(read_now(), attributes))
     return list(reads.items())
+
+
+def _module_settings(module: nn.Module) -> tuple:
+    """A module's plain attributes and modes, its submodules' too (a loss
+    module outside the model: `label_smoothing`, `reduction`)."""
+    return tuple((path, name, watched) for path, inner in module.named_modules()
+                 for name, value in (("training", inner.training), *vars(inner).items())
+                 if (name == "training" or name not in _MODULE_INTERNALS)
+                 and (watched := watched_value(value)) is not _UNWATCHED)
 
 
 def refuse_outside_tensors(loss_fn: Callable, model: nn.Module) -> None:
@@ -704,8 +717,18 @@ def refuse_outside_tensors(loss_fn: Callable, model: nn.Module) -> None:
     the tensor's value at capture as a constant, and a learnable one would
     get no gradient. Refused, saying how to bring it in."""
     owned = {id(tensor) for tensor in (*model.parameters(), *model.buffers())}
+    inside = {id(module) for module in model.modules()}
     for described, read_now, _, where in _free_variables(loss_fn, model):
         value = read_now()
+        if isinstance(value, nn.Module) and id(value) not in inside:
+            held = [name for name, tensor in (*value.named_parameters(), *value.named_buffers())
+                    if id(tensor) not in owned]
+            if held:
+                raise CaptureError(
+                    f"{where}: {described} is a {type(value).__name__} holding tensors that are not the model's "
+                    f"({', '.join(held)}): the compiled step reads tensors from the model and the batch only; make "
+                    "it a submodule of the model (`model.loss_module = it`, called as `model.loss_module(...)` in "
+                    "loss_fn), so that its tensors are the model's")
         if isinstance(value, torch.Tensor) and id(value) not in owned:
             shape = "x".join(map(str, value.shape)) or "a scalar"
             learnable = value.requires_grad

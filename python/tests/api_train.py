@@ -1501,6 +1501,19 @@ def scenario_attributes(args):
                          + ("loss_fn's global 'LOSS_SCALE'=2.0" if loss_fn is scaled_loss
                             else r"loss_fn's closure variable 'weights'=\(\('scale', 2.0\),\)"))
         set_scale(1.0)
+    # A loss module outside the model: its settings key the programs, as torch's code reads them.
+    criterion = nn.CrossEntropyLoss(label_smoothing=0.0)
+
+    def smoothed(m, tokens, targets):
+        logits = m(tokens)
+        return criterion(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    reference = reference_model()
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), smoothed)
+    for smoothing in (0.0, 0.3):
+        criterion.label_smoothing = smoothing
+        close(sharded(*mine(data[0])), smoothed(reference, *mine(data[0])).detach(),
+              f"the loss with label smoothing {smoothing}")
 
 
 def loss_with_metrics(model, tokens, targets):

@@ -424,7 +424,7 @@ def test_mixed_precision_capture_matches_eager_under_the_same_policy(name):
     run_fsdp_opt(result.mlir, ["-o", "/dev/null"])
     loss, grads = run_joint(result, model, batch)
 
-    units = [model.get_submodule("" if u.is_root else u.name) for u in result.plan.units]
+    units = {name: model.get_submodule(name) for name in ("" if u.is_root else u.name for u in result.plan.units)}
     with _mixed_precision_casts(model, units, policy):
         eager_loss = loss_fn(model, *batch)
         eager_loss.backward()
@@ -614,3 +614,22 @@ def test_what_a_modules_forward_reads_from_outside_itself_is_watched_or_refused(
     with pytest.raises(CaptureError, match=r"_Masked.forward's global 'MASK' is a tensor \(3, .* of the module "
                                            r"whose forward reads it"):
         refuse_outside_tensors(summed, nn.Sequential(_Masked(3, 3)))
+
+
+def test_a_loss_module_outside_the_model_is_watched_or_refused():
+    """A loss module in a global or closure (nn.CrossEntropyLoss): its
+    settings key the programs (torch's code reads them), and one holding
+    tensors (class weights) is refused, saying to make it a submodule."""
+    from fsdpc.capture import free_variable_reads, refuse_outside_tensors
+
+    smoothing, weighted = nn.CrossEntropyLoss(label_smoothing=0.1), nn.CrossEntropyLoss(weight=torch.ones(3))
+    model = nn.Linear(4, 3)
+    (described, read), = free_variable_reads(lambda m, x, y: smoothing(m(x), y), model)
+    before = read()
+    smoothing.label_smoothing = 0.2
+    assert described == "loss_fn's closure variable 'smoothing'" and read() != before, (described, read())
+    assert ("", "label_smoothing", 0.2) in read(), read()
+    refuse_outside_tensors(lambda m, x, y: smoothing(m(x), y), model)
+    with pytest.raises(CaptureError, match=r"'weighted' is a CrossEntropyLoss holding tensors that are not the "
+                                           r"model's \(weight\): .*make it a submodule of the model"):
+        refuse_outside_tensors(lambda m, x, y: weighted(m(x), y), model)

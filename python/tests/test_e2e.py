@@ -37,7 +37,8 @@ def eager(name, *, world=1, accumulate=1, freeze="", mixed_precision=None):
             part = tuple(t[rows] for t in batch)
             if mixed_precision:
                 from fsdpc.units import plan_units
-                units = [model.get_submodule("" if u.is_root else u.name) for u in plan_units(model).units]
+                units = {name: model.get_submodule(name)
+                         for name in ("" if u.is_root else u.name for u in plan_units(model).units)}
                 with _mixed_precision_casts(model, units, mixed_precision):
                     loss = loss_fn(model, *part)
             else:
