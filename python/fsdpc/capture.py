@@ -30,6 +30,7 @@ import hashlib
 import io
 import logging
 import os
+import random
 import re
 import sys
 import sysconfig
@@ -709,17 +710,39 @@ def _module_settings(module: nn.Module) -> tuple:
                  and (watched := watched_value(value)) is not _UNWATCHED)
 
 
-def refuse_outside_tensors(loss_fn: Callable, model: nn.Module) -> None:
-    """A tensor the loss function or a forward reads from outside itself
-    that is not the model's (class weights for cross entropy, a learnable
-    temperature, a mask a model file keeps in a global):
-    capture runs on meta tensors and would meet a device mismatch, or hold
-    the tensor's value at capture as a constant, and a learnable one would
-    get no gradient. Refused, saying how to bring it in."""
+def _draws_on_the_host(value, attributes: set[str]) -> bool:
+    """Python's or NumPy's random numbers: the random module, a generator,
+    or one of their functions imported by name (`from random import
+    uniform`)."""
+    numpy = sys.modules.get("numpy")
+    generators = (random.Random, *((numpy.random.RandomState, numpy.random.Generator) if numpy else ()))
+    if value is random or (numpy is not None and (value is numpy.random
+                                                   or (value is numpy and "random" in attributes))):
+        return True
+    return isinstance(value, generators) or isinstance(getattr(value, "__self__", None), generators)
+
+
+def refuse_outside_state(loss_fn: Callable, model: nn.Module) -> None:
+    """What the loss function or a forward reads from outside itself that
+    the compiled step cannot hold, refused saying how to bring it in: a
+    tensor that is not the model's (class weights for cross entropy, a
+    learnable temperature, a mask a model file keeps in a global) or a
+    module holding one (capture runs on meta tensors and would meet a
+    device mismatch, or hold the tensor's value at capture as a constant,
+    and a learnable one would get no gradient); Python's or NumPy's random
+    numbers (the step would hold the value drawn at capture, in every call:
+    a random mask ratio, LayerDrop)."""
     owned = {id(tensor) for tensor in (*model.parameters(), *model.buffers())}
     inside = {id(module) for module in model.modules()}
-    for described, read_now, _, where in _free_variables(loss_fn, model):
+    for described, read_now, attributes, where in _free_variables(loss_fn, model):
         value = read_now()
+        if _draws_on_the_host(value, attributes):
+            raise CaptureError(
+                f"{where}: {described} draws random numbers on the host "
+                f"({getattr(value, '__name__', None) or type(value).__name__}): the compiled step would hold "
+                "the value drawn when it was compiled, the same in every call; draw them with torch "
+                "(torch.rand, torch.randint, torch.bernoulli: drawn anew in every call, from each rank's "
+                "generator), or pass them in the batch")
         if isinstance(value, nn.Module) and id(value) not in inside:
             held = [name for name, tensor in (*value.named_parameters(), *value.named_buffers())
                     if id(tensor) not in owned]
@@ -733,7 +756,8 @@ def refuse_outside_tensors(loss_fn: Callable, model: nn.Module) -> None:
             shape = "x".join(map(str, value.shape)) or "a scalar"
             learnable = value.requires_grad
             raise CaptureError(
-                f"{where}: {described} is a tensor ({shape}, {value.dtype}, on {value.device}) that is not the model's: "
+                f"{where}: {described} is a tensor ({shape}, {value.dtype}, on {value.device}) that is not the "
+                "model's: "
                 "the compiled step reads tensors from the model and the batch only; "
                 + ("make it a parameter of the model (`model.register_parameter(\"temperature\", "
                    "nn.Parameter(t))`, read as `model.temperature` in loss_fn, or of the module whose forward "

@@ -49,7 +49,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from fsdpc import clip, liveness
 from fsdpc.capture import (CaptureError, MixedPrecision, aux_count, batch_leaves, free_variable_reads,
-                           read_attribute, refuse_outside_tensors)
+                           read_attribute, refuse_outside_state)
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.device import DeviceError, collective_backend, dtensor_where_it_is, job_device, seed_generators
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
@@ -229,9 +229,9 @@ def _per_unit_precision(policies: Mapping, model: nn.Module, wrap: WrapPolicy) -
         raise StepError(str(error)) from None
     unknown = sorted(set(converted) - set(units))
     if unknown:
-        raise StepError(f"mp_policy names {', '.join(map(repr, unknown))}, which {'is' if len(unknown) == 1 else 'are'} "
-                        f"not a wrap unit; the units: {', '.join(map(repr, units))} (\"\" the model; wrap= chooses "
-                        "them)")
+        which = "is not a wrap unit" if len(unknown) == 1 else "are not wrap units"
+        raise StepError(f"mp_policy names {', '.join(map(repr, unknown))}, which {which}; the units: "
+                        f"{', '.join(map(repr, units))} (\"\" the model; wrap= chooses them)")
     root = converted.pop("", MixedPrecision())
     own = {fqn: policy for fqn, policy in converted.items() if policy != root}
     everyone = (root, *own.values())
@@ -376,7 +376,7 @@ class ShardedModule(nn.Module):
             except DeviceError as error:
                 raise StepError(str(error)) from None
             _refuse_autocast(device, "fsdpc.shard called")
-            refuse_outside_tensors(loss_fn, model)
+            refuse_outside_state(loss_fn, model)
             offload = self._check_offload(offload_policy, device)
             policy = _mixed_precision(mp_policy, model, wrap)
             return device, policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, offload is not None,

@@ -564,7 +564,7 @@ def test_tensors_loss_fn_reads_from_outside_the_model_are_refused_with_the_way_i
     """Class weights or a learnable temperature held outside the model would
     meet meta tensors in capture (or be held as constants, untrained): the
     error names the variable and its line, and says how to bring it in."""
-    from fsdpc.capture import refuse_outside_tensors
+    from fsdpc.capture import refuse_outside_state
 
     model = nn.Linear(4, 3)
     model.register_buffer("class_weights", torch.ones(3))
@@ -580,11 +580,11 @@ def test_tensors_loss_fn_reads_from_outside_the_model_are_refused_with_the_way_i
     with pytest.raises(CaptureError, match=rf"test_capture.py:{line}: loss_fn's closure variable 'class_weights' is "
                                            r"a tensor \(3, torch.float32, on cpu\) that is not the model's: .*"
                                            r"model.register_buffer"):
-        refuse_outside_tensors(weighted, model)
+        refuse_outside_state(weighted, model)
     with pytest.raises(CaptureError, match=r"'temperature' is a tensor \(a scalar, .*make it a parameter of the model"):
-        refuse_outside_tensors(tempered, model)
+        refuse_outside_state(tempered, model)
     own = model.class_weights
-    refuse_outside_tensors(lambda m, x, y: nn.functional.cross_entropy(m(x), y, weight=own), model)  # the model's
+    refuse_outside_state(lambda m, x, y: nn.functional.cross_entropy(m(x), y, weight=own), model)  # the model's
 
 
 GATE = 1.0  # globals of the module classes below, as a model file may keep them
@@ -604,7 +604,7 @@ class _Masked(nn.Linear):
 def test_what_a_modules_forward_reads_from_outside_itself_is_watched_or_refused():
     """The model's own forwards are read like loss_fn: a plain global keys
     the programs, a tensor that is not the model's is refused."""
-    from fsdpc.capture import free_variable_reads, refuse_outside_tensors
+    from fsdpc.capture import free_variable_reads, refuse_outside_state
 
     def summed(m, x):
         return m(x).sum()
@@ -613,14 +613,14 @@ def test_what_a_modules_forward_reads_from_outside_itself_is_watched_or_refused(
     assert [(described, read()) for described, read in reads] == [("_Gated.forward's global 'GATE'", 1.0)]
     with pytest.raises(CaptureError, match=r"_Masked.forward's global 'MASK' is a tensor \(3, .* of the module "
                                            r"whose forward reads it"):
-        refuse_outside_tensors(summed, nn.Sequential(_Masked(3, 3)))
+        refuse_outside_state(summed, nn.Sequential(_Masked(3, 3)))
 
 
 def test_a_loss_module_outside_the_model_is_watched_or_refused():
     """A loss module in a global or closure (nn.CrossEntropyLoss): its
     settings key the programs (torch's code reads them), and one holding
     tensors (class weights) is refused, saying to make it a submodule."""
-    from fsdpc.capture import free_variable_reads, refuse_outside_tensors
+    from fsdpc.capture import free_variable_reads, refuse_outside_state
 
     smoothing, weighted = nn.CrossEntropyLoss(label_smoothing=0.1), nn.CrossEntropyLoss(weight=torch.ones(3))
     model = nn.Linear(4, 3)
@@ -629,7 +629,33 @@ def test_a_loss_module_outside_the_model_is_watched_or_refused():
     smoothing.label_smoothing = 0.2
     assert described == "loss_fn's closure variable 'smoothing'" and read() != before, (described, read())
     assert ("", "label_smoothing", 0.2) in read(), read()
-    refuse_outside_tensors(lambda m, x, y: smoothing(m(x), y), model)
+    refuse_outside_state(lambda m, x, y: smoothing(m(x), y), model)
     with pytest.raises(CaptureError, match=r"'weighted' is a CrossEntropyLoss holding tensors that are not the "
                                            r"model's \(weight\): .*make it a submodule of the model"):
-        refuse_outside_tensors(lambda m, x, y: weighted(m(x), y), model)
+        refuse_outside_state(lambda m, x, y: weighted(m(x), y), model)
+
+
+def test_random_numbers_drawn_on_the_host_are_refused():
+    """Python's or NumPy's random numbers in the loss or a forward would be
+    drawn once, at capture, and held in every call: refused, naming the
+    line, saying to draw with torch."""
+    import random
+
+    import numpy as np
+
+    from fsdpc.capture import refuse_outside_state
+
+    def mask_ratio(m, x, y):
+        return nn.functional.cross_entropy(m(x) * random.uniform(0.5, 1.0), y)
+
+    generator = np.random.default_rng(0)
+    uniform = random.uniform
+    model = nn.Linear(4, 3)
+    for loss_fn, what in [(mask_ratio, "closure variable 'random'"),
+                          (lambda m, x, y: m(x).sum() * np.random.rand(), "closure variable 'np'"),
+                          (lambda m, x, y: m(x).sum() * generator.random(), "closure variable 'generator'"),
+                          (lambda m, x, y: m(x).sum() * uniform(0, 1), "closure variable 'uniform'")]:
+        with pytest.raises(CaptureError, match=rf"test_capture.py:\d+: loss_fn's {what} draws random numbers on the "
+                                               r"host .*draw them with torch"):
+            refuse_outside_state(loss_fn, model)
+    refuse_outside_state(lambda m, x, y: m(x).sum() * np.pi, model)  # NumPy itself is no random number
