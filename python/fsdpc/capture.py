@@ -729,10 +729,13 @@ def refuse_outside_state(loss_fn: Callable, model: nn.Module) -> None:
     learnable temperature, a mask a model file keeps in a global) or a
     module holding one (capture runs on meta tensors and would meet a
     device mismatch, or hold the tensor's value at capture as a constant,
-    and a learnable one would get no gradient); Python's or NumPy's random
+    and a learnable one would get no gradient) or one of the model's read
+    directly rather than through the model; Python's or NumPy's random
     numbers (the step would hold the value drawn at capture, in every call:
     a random mask ratio, LayerDrop)."""
-    owned = {id(tensor) for tensor in (*model.parameters(), *model.buffers())}
+    owned = {id(tensor): (kind, fqn) for kind, named in (("parameter", model.named_parameters()),
+                                                        ("buffer", model.named_buffers()))
+             for fqn, tensor in named}
     inside = {id(module) for module in model.modules()}
     for described, read_now, attributes, where in _free_variables(loss_fn, model):
         value = read_now()
@@ -752,7 +755,14 @@ def refuse_outside_state(loss_fn: Callable, model: nn.Module) -> None:
                     f"({', '.join(held)}): the compiled step reads tensors from the model and the batch only; make "
                     "it a submodule of the model (`model.loss_module = it`, called as `model.loss_module(...)` in "
                     "loss_fn), so that its tensors are the model's")
-        if isinstance(value, torch.Tensor) and id(value) not in owned:
+        if isinstance(value, torch.Tensor) and id(value) in owned:
+            raise CaptureError(
+                f"{where}: {described} is the model's {owned[id(value)][0]} '{owned[id(value)][1]}', read "
+                f"directly: read it through the model loss_fn is given (`m.{owned[id(value)][1]}`) or through "
+                "`self` in a forward, since the step "
+                "works on the model's tensors by their place in it (capture swaps them, and the step reads each "
+                "rank's shard)")
+        if isinstance(value, torch.Tensor):
             shape = "x".join(map(str, value.shape)) or "a scalar"
             learnable = value.requires_grad
             raise CaptureError(

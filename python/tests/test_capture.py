@@ -584,7 +584,10 @@ def test_tensors_loss_fn_reads_from_outside_the_model_are_refused_with_the_way_i
     with pytest.raises(CaptureError, match=r"'temperature' is a tensor \(a scalar, .*make it a parameter of the model"):
         refuse_outside_state(tempered, model)
     own = model.class_weights
-    refuse_outside_state(lambda m, x, y: nn.functional.cross_entropy(m(x), y, weight=own), model)  # the model's
+    with pytest.raises(CaptureError, match=r"loss_fn's closure variable 'own' is the model's buffer 'class_weights', "
+                                           r"read directly: read it through the model loss_fn is given"):
+        refuse_outside_state(lambda m, x, y: nn.functional.cross_entropy(m(x), y, weight=own), model)
+    refuse_outside_state(lambda m, x, y: nn.functional.cross_entropy(m(x), y, weight=m.class_weights), model)
 
 
 GATE = 1.0  # globals of the module classes below, as a model file may keep them
