@@ -484,6 +484,26 @@ class _ScalarTensorsAsOps(torch.overrides.TorchFunctionMode):
 
 
 @contextlib.contextmanager
+def _refusing_inner_backward() -> Iterator[None]:
+    """A backward the step's own Python runs (`loss.backward()` in
+    loss_fn, `torch.autograd.grad` for a gradient penalty) is refused by
+    line: fsdpc differentiates the loss once, itself, and capture's tensors
+    do not require grad (torch's own error says only that)."""
+    def refused(what: str, why: str):
+        def call(*args, **kwargs):
+            where = user_frame(traceback.extract_stack()[:-1])
+            raise CaptureError(f"{where or 'the model'}: {what} inside the step: {why}")
+        return call
+
+    with patched(torch.autograd, grad=refused(
+            "torch.autograd.grad", "fsdpc differentiates the loss once, itself; gradients inside the step (a "
+            "gradient penalty, double backward) are not supported")), \
+            patched(torch.autograd, backward=refused(
+                "backward()", "fsdpc runs the loss's backward itself: return the loss from loss_fn")):
+        yield
+
+
+@contextlib.contextmanager
 def _refusing_autocast() -> Iterator[None]:
     """`torch.autocast` entered (enabled) inside the step is refused by line:
     capture runs on the meta device, where autocast casts nothing, so the
@@ -882,7 +902,8 @@ def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision
     # The model's own modules are named before the casts add theirs.
     with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision),
           FusedAttentionFor(device), FusedRmsNormFor(device), _ScalarTensorsAsOps(),
-          checkpoint_regions() as regions, _refusing_autocast(), _saved_tensors_hooks_entered() as hooks):
+          checkpoint_regions() as regions, _refusing_autocast(), _refusing_inner_backward(),
+          _saved_tensors_hooks_entered() as hooks):
         yield Observed(regions, reads, hooks)
 
 

@@ -1382,6 +1382,11 @@ class ShardedModule(nn.Module):
             if given.dim() != example.dim() or given.dtype != example.dtype:
                 raise StepError(f"batch argument {index} is {_describe([given])}, the step was compiled for "
                                 f"{_describe([example])}: only sizes may change between calls")
+            if given.requires_grad and torch.is_grad_enabled():
+                raise StepError(f"batch argument {index} requires grad: the step computes the gradients of the "
+                                "model's parameters only, so it would get none (eager PyTorch fills its .grad); a "
+                                "tensor that learns belongs in the model as a parameter (a soft prompt: an "
+                                "nn.Parameter of the model), and one that does not can be detach()ed")
 
     def _padded(self, fqn: str, param: nn.Parameter) -> torch.Tensor:
         """The padded shard the program reads, holding the parameter's

@@ -662,3 +662,27 @@ def test_random_numbers_drawn_on_the_host_are_refused():
                                                r"host .*draw them with torch"):
             refuse_outside_state(loss_fn, model)
     refuse_outside_state(lambda m, x, y: m(x).sum() * np.pi, model)  # NumPy itself is no random number
+
+
+def test_a_backward_inside_the_step_is_refused_by_line():
+    """loss.backward() in loss_fn, or torch.autograd.grad for a gradient
+    penalty: fsdpc differentiates the loss itself; the error names the line
+    (torch's own says a tensor does not require grad)."""
+    model, batch, loss_fn = make("mlp")
+
+    def backward_inside(m, *rest):
+        loss = loss_fn(m, *rest)
+        loss.backward()
+        return loss
+
+    def penalized(m, x, *rest):
+        out = m(x)
+        (grad,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        return loss_fn(m, x, *rest) + grad.pow(2).mean()
+
+    for step, pattern in [(backward_inside, r"test_capture.py:\d+: backward\(\) inside the step: fsdpc runs the "
+                                            r"loss's backward itself: return the loss"),
+                          (penalized, r"test_capture.py:\d+: torch.autograd.grad inside the step: .*gradient "
+                                      r"penalty")]:
+        with pytest.raises(CaptureError, match=pattern):
+            export_training_step(model, batch, step)
