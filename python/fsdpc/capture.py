@@ -24,8 +24,6 @@ device and a 70B-parameter model captures in a few GiB.
 from __future__ import annotations
 
 import contextlib
-import dis
-import functools
 import hashlib
 import io
 import logging
@@ -33,7 +31,6 @@ import os
 import random
 import re
 import sys
-import sysconfig
 import traceback
 import types
 import warnings
@@ -57,11 +54,9 @@ from fsdpc.checkpointing import (REGION_KEY, CheckpointRegions, SavedCall, Savin
                                  patched, regions_of)
 from fsdpc.rms_norm import FusedRmsNormFor, fuse_written_out_rms_norms
 from fsdpc.units import ROOT_UNIT, Unit, UnitPlan
+from fsdpc.watch import (FSDPC_DIR, FSDPC_MODELS_DIR, MODULE_INTERNALS, TORCH_DIR, UNWATCHED, configurations,
+                         free_variables, watched_value)
 
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_FSDPC_DIR = os.path.dirname(__file__)
-# The example models live in the package but are user code for locations.
-_FSDPC_MODELS_DIR = os.path.join(_FSDPC_DIR, "models")
 _MODEL_ATTR = "model"
 _NOISY_LOGGERS = ("torch.fx.experimental.symbolic_shapes", "torch._dynamo", "torch.export",
                   "torch._export")
@@ -181,11 +176,11 @@ def user_frame(frames, *, torch_fallback: bool = False) -> SourceLocation | None
     fallback = None
     for frame in reversed(list(frames)):
         path = os.path.abspath(frame.filename)
-        internal = path.startswith(_FSDPC_DIR) and not path.startswith(_FSDPC_MODELS_DIR)
+        internal = path.startswith(FSDPC_DIR) and not path.startswith(FSDPC_MODELS_DIR)
         if internal or frame.filename.startswith("<"):
             continue
         here = SourceLocation(frame.filename, frame.lineno, (frame.line or "").strip())
-        if path.startswith(_TORCH_DIR):
+        if path.startswith(TORCH_DIR):
             fallback = fallback or here
             continue
         return here
@@ -527,209 +522,6 @@ def _refusing_autocast() -> Iterator[None]:
         yield
 
 
-# Values the compiled step holds as constants when forward reads them.
-_PLAIN_VALUES = frozenset({bool, int, float, str, type(None)})
-# What nn.Module itself keeps in every module's __dict__ (`training` keys programs apart).
-_MODULE_INTERNALS = frozenset(vars(nn.Module()))
-# A read value that the compiled step does not hold as a constant.
-_UNWATCHED = object()
-
-
-def watched_value(value):
-    """`value` as the programs compiled with it are keyed by: a plain value
-    itself, a tuple or list of plain values as a tuple (a snapshot: a list
-    edited in place must compare unequal); anything else `_UNWATCHED`."""
-    kind = type(value)
-    if kind in _PLAIN_VALUES:
-        return value
-    if kind in (tuple, list) and all(type(item) in _PLAIN_VALUES for item in value):
-        return tuple(value)
-    return _UNWATCHED
-
-
-def read_attribute(module: nn.Module, dotted: str, absent):
-    """The current value of a watched read: `dotted` is an attribute of
-    `module` (`scale`) or of a configuration object it holds
-    (`config.use_cache`, `config.text_config.rope_theta`); `absent` where
-    any link is gone."""
-    value = module
-    for name in dotted.split("."):
-        value = getattr(value, name, absent)
-        if value is absent:
-            return absent
-    return watched_value(value)
-
-
-def _is_configuration(value) -> bool:
-    """A configuration object of the kind models keep and their forwards
-    read (a dataclass instance, a Hugging Face PretrainedConfig): its reads
-    are watched like a module's own attributes."""
-    kind = type(value)
-    return (not isinstance(value, type) and hasattr(value, "__dict__")
-            and (hasattr(kind, "__dataclass_fields__")
-                 or any(base.__module__.startswith("transformers.") and base.__name__ in
-                        ("PretrainedConfig", "PreTrainedConfig") for base in kind.__mro__)))
-
-
-def _configurations(model: nn.Module) -> dict[int, tuple[object, str, str]]:
-    """The configuration objects the model's modules hold (and those they
-    hold in turn, a multimodal config's `text_config`), by id: (the object,
-    the path of the first module holding it, the attribute path from there)."""
-    found: dict[int, tuple[object, str, str]] = {}
-
-    def visit(value, path: str, dotted: str) -> None:
-        if id(value) in found or not _is_configuration(value):
-            return
-        found[id(value)] = (value, path, dotted)
-        for name, inner in list(vars(value).items()):
-            visit(inner, path, f"{dotted}.{name}")
-
-    for path, module in model.named_modules(remove_duplicate=False):
-        for name, value in list(vars(module).items()):
-            if name not in _MODULE_INTERNALS:
-                visit(value, path, name)
-    return found
-
-
-_LIBRARY_DIRS = tuple(os.path.abspath(sysconfig.get_paths()[kind]) for kind in ("stdlib", "purelib", "platlib"))
-
-
-def _user_function(value) -> bool:
-    """A Python function of the user's (not torch's, a library's or fsdpc's
-    own outside its models): its globals and closure are the user's too."""
-    if not isinstance(value, types.FunctionType):
-        return False
-    path = os.path.abspath(value.__code__.co_filename)
-    return not ((path.startswith(_FSDPC_DIR) and not path.startswith(_FSDPC_MODELS_DIR))
-                or path.startswith(_TORCH_DIR) or path.startswith(_LIBRARY_DIRS))
-
-
-def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
-    """`code` and the code of the functions, lambdas and comprehensions in it."""
-    yield code
-    for constant in code.co_consts:
-        if isinstance(constant, types.CodeType):
-            yield from _codes(constant)
-
-
-def _names_read(function: types.FunctionType) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
-    """The global names, closure variables and attribute names a function
-    may read, each with the first line reading it, leaving out what it
-    assigns (a counter it keeps is no setting)."""
-    globals_read: dict[str, int] = {}
-    closure_read: dict[str, int] = {}
-    attributes: dict[str, int] = {}
-    assigned: set[str] = set()
-    line = function.__code__.co_firstlineno
-    for code in _codes(function.__code__):
-        for instruction in dis.get_instructions(code):
-            line = getattr(instruction.positions, "lineno", None) or line
-            if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-                globals_read.setdefault(instruction.argval, line)
-            elif instruction.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF"):
-                closure_read.setdefault(instruction.argval, line)
-            elif instruction.opname in ("LOAD_ATTR", "LOAD_METHOD"):
-                attributes.setdefault(instruction.argval, line)
-            elif instruction.opname in ("STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR", "DELETE_ATTR"):
-                assigned.add(instruction.argval)
-    return ({name: at for name, at in globals_read.items() if name not in assigned}, closure_read,
-            {name: at for name, at in attributes.items() if name not in assigned})
-
-
-def _free_variables(loss_fn: Callable, model: nn.Module) -> Iterator[tuple[str, Callable[[], object], set[str], str]]:
-    """What the loss function and the forwards of the model's own module
-    classes read from outside themselves, found in their code without
-    running it (what the code may read and does not assign): globals and
-    closure variables, a callable loss object's or a bound method's
-    object's attributes, and the same for the functions of the user's that
-    they call by name (a module's own attributes are watched as forward
-    reads them). Each as (what it is, how to read its value now, the
-    attribute names the code reads, the file and line reading it)."""
-    seen: set[int] = set()
-
-    def visit(function, described: str, depth: int):
-        if id(function) in seen or depth > 3:
-            return
-        seen.add(id(function))
-        if isinstance(function, functools.partial):
-            yield from visit(function.func, described, depth + 1)
-            return
-        owner = None
-        if isinstance(function, types.MethodType):
-            owner, function = function.__self__, function.__func__
-        elif not isinstance(function, types.FunctionType):  # a callable object
-            owner, function = function, getattr(type(function), "__call__", None)
-        if not _user_function(function):
-            return
-        globals_read, closure_read, attributes = _names_read(function)
-        read_names = set(attributes)
-        where = function.__code__.co_filename
-        if owner is not None:
-            for name in sorted(read_names & set(getattr(owner, "__dict__", ()))):
-                yield (f"{described}'s attribute '{name}'", lambda name=name: getattr(owner, name, _ABSENT_NAME),
-                       read_names, f"{where}:{attributes[name]}")
-        namespace = function.__globals__
-        for name, line in globals_read.items():
-            if name not in namespace:  # a builtin
-                continue
-            value = namespace[name]
-            if _user_function(value):
-                yield from visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
-            else:
-                yield (f"{described}'s global '{name}'", lambda name=name: namespace.get(name, _ABSENT_NAME),
-                       read_names, f"{where}:{line}")
-        for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
-            value = _cell_value(cell)
-            if _user_function(value):
-                yield from visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
-            else:
-                yield (f"{described}'s closure variable '{name}'", lambda cell=cell: _cell_value(cell), read_names,
-                       f"{where}:{closure_read.get(name, function.__code__.co_firstlineno)}")
-
-    yield from visit(loss_fn, "loss_fn", 0)
-    for kind in dict.fromkeys(type(module) for module in model.modules()):
-        yield from visit(getattr(kind, "forward", None), f"{kind.__name__}.forward", 0)
-
-
-def free_variable_reads(loss_fn: Callable, model: nn.Module) -> list[tuple[str, Callable[[], object]]]:
-    """The plain values the loss function and the model's forwards read
-    from outside themselves (`_free_variables`), which the compiled step
-    holds as constants: a weight the loop anneals, a label smoothing a
-    sweep sets, the attributes the code reads of a configuration object.
-    Each as (what it is, how to read its value now): the sharded module
-    keys the programs by them, as by module attributes."""
-    reads: dict[str, Callable[[], object]] = {}
-    inside = {id(module) for module in model.modules()}
-
-    def value_of(value, attributes: set[str]):
-        watched = watched_value(value)
-        if watched is not _UNWATCHED:
-            return watched
-        if _is_configuration(value):  # the attributes the code reads, properties and aliases included
-            read = {name: watched_value(getattr(value, name, _UNWATCHED)) for name in sorted(attributes)}
-            return tuple((name, inner) for name, inner in read.items() if inner is not _UNWATCHED)
-        if isinstance(value, nn.Module):  # a loss module (its label smoothing): torch's code reads it
-            return _module_settings(value)
-        return type(value).__name__  # not a setting; a different kind of value since is a change
-
-    for described, read_now, attributes, _ in _free_variables(loss_fn, model):
-        value = read_now()
-        if watched_value(value) is not _UNWATCHED or _is_configuration(value) \
-                or (isinstance(value, nn.Module) and id(value) not in inside):
-            reads.setdefault(described, lambda read_now=read_now, attributes=attributes:
-                             value_of(read_now(), attributes))
-    return list(reads.items())
-
-
-def _module_settings(module: nn.Module) -> tuple:
-    """A module's plain attributes and modes, its submodules' too (a loss
-    module outside the model: `label_smoothing`, `reduction`)."""
-    return tuple((path, name, watched) for path, inner in module.named_modules()
-                 for name, value in (("training", inner.training), *vars(inner).items())
-                 if (name == "training" or name not in _MODULE_INTERNALS)
-                 and (watched := watched_value(value)) is not _UNWATCHED)
-
-
 def _draws_on_the_host(value, attributes: set[str]) -> bool:
     """Python's or NumPy's random numbers: the random module, a generator,
     or one of their functions imported by name (`from random import
@@ -757,7 +549,7 @@ def refuse_outside_state(loss_fn: Callable, model: nn.Module) -> None:
                                                         ("buffer", model.named_buffers()))
              for fqn, tensor in named}
     inside = {id(module) for module in model.modules()}
-    for described, read_now, attributes, where in _free_variables(loss_fn, model):
+    for described, read_now, attributes, where in free_variables(loss_fn, model):
         value = read_now()
         if _draws_on_the_host(value, attributes):
             raise CaptureError(
@@ -797,17 +589,6 @@ def refuse_outside_state(loss_fn: Callable, model: nn.Module) -> None:
                    "then seen), or pass it in the batch"))
 
 
-# The value of a global or closure variable a loss function read, once it is gone.
-_ABSENT_NAME = "<no longer defined>"
-
-
-def _cell_value(cell) -> object:
-    try:
-        return cell.cell_contents
-    except ValueError:  # deleted since
-        return _ABSENT_NAME
-
-
 @contextlib.contextmanager
 def _attribute_reads(model: nn.Module) -> Iterator[set[tuple[str, str]]]:
     """The plain instance attributes of the model's modules (numbers,
@@ -821,12 +602,12 @@ def _attribute_reads(model: nn.Module) -> Iterator[set[tuple[str, str]]]:
     paths: dict[int, str] = {}
     for path, module in model.named_modules(remove_duplicate=False):
         paths.setdefault(id(module), path)
-    configurations = _configurations(model)
+    held = configurations(model)
     reads: set[tuple[str, str]] = set()
 
     def read(self, name):
         value = object.__getattribute__(self, name)
-        if name not in _MODULE_INTERNALS and id(self) in paths and watched_value(value) is not _UNWATCHED \
+        if name not in MODULE_INTERNALS and id(self) in paths and watched_value(value) is not UNWATCHED \
                 and name in object.__getattribute__(self, "__dict__"):
             reads.add((paths[id(self)], name))
         return value
@@ -836,17 +617,17 @@ def _attribute_reads(model: nn.Module) -> Iterator[set[tuple[str, str]]]:
 
         def read_configuration(self, name):
             value = inner(self, name)
-            holder = configurations.get(id(self))
+            holder = held.get(id(self))
             # Any plain value, properties and aliases included (`use_return_dict`, GPT-2's `hidden_size`):
             # reading it again after training began gives its value then.
-            if holder is not None and not name.startswith("__") and watched_value(value) is not _UNWATCHED:
+            if holder is not None and not name.startswith("__") and watched_value(value) is not UNWATCHED:
                 reads.add((holder[1], f"{holder[2]}.{name}"))
             return value
         return read_configuration
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(nn.Module, __getattribute__=read))
-        for kind in {type(value): None for value, _, _ in configurations.values()}:
+        for kind in {type(value): None for value, _, _ in held.values()}:
             stack.enter_context(patched(kind, __getattribute__=reading(kind)))
         yield reads
 

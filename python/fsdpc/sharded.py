@@ -48,8 +48,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from fsdpc import clip, liveness
-from fsdpc.capture import (CaptureError, MixedPrecision, aux_count, batch_leaves, free_variable_reads,
-                           read_attribute, refuse_outside_state)
+from fsdpc.capture import CaptureError, MixedPrecision, aux_count, batch_leaves, refuse_outside_state
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.device import DeviceError, collective_backend, dtensor_where_it_is, job_device, seed_generators
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
@@ -59,6 +58,7 @@ from fsdpc.program import ParamSpec, Program, runtime_extension
 from fsdpc.runtime import (NO_SYNC_STEP, STEP, CompiledProgram, StepError, compile_program, on_every_rank,
                            pipeline_options)
 from fsdpc.units import WrapPolicy, plan_units
+from fsdpc.watch import free_variable_reads, read_attribute
 from fsdpc.watchdog import DUMPS_OFF_BEFORE_FIRST_GROUP, WATCHDOG, interrupt
 
 # Parameters of models handed to `shard`, by object: an optimizer that still

@@ -530,7 +530,7 @@ def test_what_loss_fn_reads_from_outside_itself_is_found_in_its_code():
     constants, each read anew by name; what the code assigns is left out."""
     from dataclasses import dataclass
 
-    from fsdpc.capture import free_variable_reads
+    from fsdpc.watch import free_variable_reads
 
     @dataclass
     class Weights:
@@ -558,6 +558,17 @@ def test_what_loss_fn_reads_from_outside_itself_is_found_in_its_code():
     assert reads(counted)["loss_fn's closure variable 'weights'"] == (("aux", 0.25),)
     assert reads(loss)["loss_fn's attribute 'weight'"] == 3.0
     assert reads(lambda model, x: model(x).sum()) == {}
+
+    def counting():
+        count = 0
+
+        def loss(model, x):
+            nonlocal count
+            count += 1
+            return model(x).sum()
+        return loss
+
+    assert reads(counting()) == {}  # a nonlocal counter is no setting
 
 
 def test_tensors_loss_fn_reads_from_outside_the_model_are_refused_with_the_way_in():
@@ -607,7 +618,8 @@ class _Masked(nn.Linear):
 def test_what_a_modules_forward_reads_from_outside_itself_is_watched_or_refused():
     """The model's own forwards are read like loss_fn: a plain global keys
     the programs, a tensor that is not the model's is refused."""
-    from fsdpc.capture import free_variable_reads, refuse_outside_state
+    from fsdpc.capture import refuse_outside_state
+    from fsdpc.watch import free_variable_reads
 
     def summed(m, x):
         return m(x).sum()
@@ -623,7 +635,8 @@ def test_a_loss_module_outside_the_model_is_watched_or_refused():
     """A loss module in a global or closure (nn.CrossEntropyLoss): its
     settings key the programs (torch's code reads them), and one holding
     tensors (class weights) is refused, saying to make it a submodule."""
-    from fsdpc.capture import free_variable_reads, refuse_outside_state
+    from fsdpc.capture import refuse_outside_state
+    from fsdpc.watch import free_variable_reads
 
     smoothing, weighted = nn.CrossEntropyLoss(label_smoothing=0.1), nn.CrossEntropyLoss(weight=torch.ones(3))
     model = nn.Linear(4, 3)
