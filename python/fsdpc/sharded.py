@@ -57,7 +57,7 @@ from fsdpc.local_step import LocalStep
 from fsdpc.program import ParamSpec, Program, runtime_extension
 from fsdpc.runtime import (NO_SYNC_STEP, STEP, CompiledProgram, StepError, compile_program, on_every_rank,
                            pipeline_options)
-from fsdpc.units import WrapPolicy, plan_units
+from fsdpc.units import ROOT_UNIT, WrapPolicy, plan_units
 from fsdpc.watch import free_variable_reads, read_attribute
 from fsdpc.watchdog import DUMPS_OFF_BEFORE_FIRST_GROUP, WATCHDOG, interrupt
 
@@ -224,9 +224,10 @@ def _per_unit_precision(policies: Mapping, model: nn.Module, wrap: WrapPolicy) -
         if converted[fqn].units:
             raise StepError(f"mp_policy[{fqn!r}] is itself a policy by unit")
     try:
-        units = ["" if unit.is_root else unit.name for unit in plan_units(model, wrap).units]
+        plan = plan_units(model, wrap)
     except ValueError as error:
         raise StepError(str(error)) from None
+    units = ["" if unit.is_root else unit.name for unit in plan.units]
     unknown = sorted(set(converted) - set(units))
     if unknown:
         which = "is not a wrap unit" if len(unknown) == 1 else "are not wrap units"
@@ -234,12 +235,26 @@ def _per_unit_precision(policies: Mapping, model: nn.Module, wrap: WrapPolicy) -
                         f"{', '.join(map(repr, units))} (\"\" the model; wrap= chooses them)")
     root = converted.pop("", MixedPrecision())
     own = {fqn: policy for fqn, policy in converted.items() if policy != root}
-    everyone = (root, *own.values())
-    if len({policy.reduce_dtype for policy in everyone}) > 1 or (
-            everyone[0].reduce_dtype is None and len({policy.param_dtype for policy in everyone}) > 1):
-        raise StepError("mp_policy by unit: every unit's gradients are reduced in one dtype, so give each policy "
-                        "the same reduce_dtype (torch.float32 keeps the full-precision units' reductions exact)")
-    return MixedPrecision(root.param_dtype, root.reduce_dtype, root.output_dtype, root.cast_forward_inputs,
+    # Each unit with parameters reduces where FSDP2 would: in its reduce_dtype, else its param_dtype, else
+    # the parameters' own dtype. fsdpc's reductions share one.
+    names: dict[int, list[str]] = {}
+    for fqn, param in model.named_parameters(remove_duplicate=False):
+        if param.is_floating_point():
+            names.setdefault(id(param), []).append(fqn)
+    reduced_in: dict[str, torch.dtype] = {}
+    for fqns in names.values():
+        unit = plan.owner(fqns)
+        policy = own.get(unit, root) if unit != ROOT_UNIT else root
+        dtype = policy.reduce_dtype or policy.param_dtype or model.get_parameter(fqns[0]).dtype
+        reduced_in.setdefault("" if unit == ROOT_UNIT else unit, dtype)
+    if len(set(reduced_in.values())) > 1:
+        raise StepError("mp_policy by unit: fsdpc reduces every unit's gradients in one dtype, and these would "
+                        "reduce in " + ", ".join(f"{str(dtype).removeprefix('torch.')} ({unit or 'the model'})"
+                                                 for unit, dtype in sorted(reduced_in.items())) +
+                        "; give each policy the same reduce_dtype (torch.float32 keeps the full-precision units' "
+                        "reductions exact)")
+    common = next(iter(reduced_in.values()), root.reduce_dtype)
+    return MixedPrecision(root.param_dtype, common, root.output_dtype, root.cast_forward_inputs,
                           units=tuple(sorted(own.items())))
 
 

@@ -860,6 +860,9 @@ def scenario_mixed_by_unit(args):
                                 "give each policy the same reduce_dtype")]:
         expect_error(lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, mp_policy=policies),
                      re.escape(expected))
+    # Without a reduce_dtype a unit reduces in its param_dtype, as under FSDP2: here f32, as the others do.
+    fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, mp_policy={
+        "": bf16, "blocks.1": MixedPrecisionPolicy(param_dtype=torch.float32, output_dtype=torch.bfloat16)})
 
 
 def small_llama(torch_norm: bool = False):
