@@ -440,6 +440,8 @@ class ShardedModule(nn.Module):
         # (what, how to read it now).
         self._free_reads = free_variable_reads(loss_fn, model)
         self._free_baseline = tuple(read() for _, read in self._free_reads)
+        # Reads whose change compiled the same step: not watched (see _same_step_for_other_values).
+        self._unwatched: set[str] = set()
         # Per mode (train, training): the program whose CUDA graphs the last
         # call used, and that call's batch shapes.
         self._replaying: dict[tuple, tuple[CompiledProgram, tuple]] = {}
@@ -711,6 +713,34 @@ class ShardedModule(nn.Module):
                    if value != before]
         return f", attributes changed since compiling: {', '.join(changed)}"
 
+    def _same_step_for_other_values(self, key: tuple, compiled: CompiledProgram) -> CompiledProgram | None:
+        """Where a step compiled for changed read values is the step compiled
+        for the earlier ones (the same IR), the values that differ do not
+        reach the step (a step counter that a logging helper reads, an
+        untaken branch): they are watched no more, so that a loop changing
+        them every call does not compile every call, and the earlier
+        program serves. Every rank decides alike: the same programs."""
+        for other_key, other in self._programs.items():
+            if other_key[:-1] != key[:-1] or len(other_key[-1]) != len(key[-1]) \
+                    or other.sharded_ir != compiled.sharded_ir:
+                continue
+            names = self._read_names()
+            differing = {index for index, (now, before) in enumerate(zip(key[-1], other_key[-1])) if now != before}
+            self._unwatched.update(names[index] for index in differing)
+            slots = len(self._attribute_slots)
+            self._attribute_slots = {slot: held for index, (slot, held) in enumerate(self._attribute_slots.items())
+                                     if index not in differing}
+            self._attribute_baseline = tuple(value for index, value in enumerate(self._attribute_baseline)
+                                             if index not in differing)
+            self._free_reads = [read for index, read in enumerate(self._free_reads, slots) if index not in differing]
+            self._free_baseline = tuple(value for index, value in enumerate(self._free_baseline, slots)
+                                        if index not in differing)
+            self._programs = {
+                held_key[:-1] + (tuple(value for index, value in enumerate(held_key[-1]) if index not in differing),):
+                program for held_key, program in self._programs.items() if len(held_key[-1]) == len(key[-1])}
+            return other
+        return None
+
     def _read_names(self) -> list[str]:
         """What each of `_attribute_values` is, in its order."""
         return ([f"{path or 'the model'}.{name}" for path, name in self._attribute_slots]
@@ -752,11 +782,15 @@ class ShardedModule(nn.Module):
             self._check_same_layout(compiled.program)
         self._make_groups(compiled.program)
         for path, name in compiled.attribute_reads:
-            if (path, name) not in self._attribute_slots:
+            if (path, name) not in self._attribute_slots and f"{path or 'the model'}.{name}" not in self._unwatched:
                 module = self._original.get_submodule(path)
                 self._attribute_slots[path, name] = (module, name)
                 self._attribute_baseline += (read_attribute(module, name, _ABSENT),)
-        self._programs[self._signature(batch, train, frozen)] = compiled  # the values the step now holds
+        key = self._signature(batch, train, frozen)  # the values the step now holds
+        same = self._same_step_for_other_values(key, compiled)
+        if same is not None:
+            return same
+        self._programs[key] = compiled
         self._say_if_many_shapes()
         self._say_if_many_values()
         return compiled

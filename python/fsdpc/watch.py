@@ -23,6 +23,7 @@ import functools
 import os
 import sysconfig
 import types
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -118,29 +119,52 @@ def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
             yield from _codes(constant)
 
 
-def _names_read(function: types.FunctionType) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
-    """The global names, closure variables and attribute names a function
-    may read, each with the first line reading it, leaving out what it
-    assigns (a counter it keeps is no setting)."""
+# Instructions that push a named variable, after which a LOAD_ATTR reads an attribute of it.
+_NAMED_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FAST",
+                          "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_FAST_AND_CLEAR"})
+_ASSIGNMENTS = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_DEREF", "DELETE_DEREF", "STORE_ATTR",
+                          "DELETE_ATTR"})
+
+
+@dataclass
+class _CodeReads:
+    """What a function's code (nested functions, lambdas and comprehensions
+    included) may read, each with the first line reading it, leaving out
+    what it assigns (a counter it keeps is no setting)."""
+
+    globals: dict[str, int]
+    closure: dict[str, int]
+    # Attributes read right off a variable or an attribute chain (`cfg` ->
+    # {`smoothing`}, `self.cfg` -> {`scale`}), by the variable or chain.
+    attributes_of: dict[str, dict[str, int]]
+
+
+def _code_reads(function: types.FunctionType) -> _CodeReads:
     globals_read: dict[str, int] = {}
     closure_read: dict[str, int] = {}
-    attributes: dict[str, int] = {}
+    attributes_of: dict[str, dict[str, int]] = {}
     assigned: set[str] = set()
     line = function.__code__.co_firstlineno
     for code in _codes(function.__code__):
+        chain = None  # the variable or attribute chain the last instructions pushed
         for instruction in dis.get_instructions(code):
             line = getattr(instruction.positions, "lineno", None) or line
-            if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-                globals_read.setdefault(instruction.argval, line)
-            elif instruction.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF"):
-                closure_read.setdefault(instruction.argval, line)
-            elif instruction.opname in ("LOAD_ATTR", "LOAD_METHOD"):
-                attributes.setdefault(instruction.argval, line)
-            elif instruction.opname in ("STORE_GLOBAL", "DELETE_GLOBAL", "STORE_DEREF", "DELETE_DEREF",
-                                        "STORE_ATTR", "DELETE_ATTR"):
-                assigned.add(instruction.argval)
-    return tuple({name: at for name, at in read.items() if name not in assigned}
-                 for read in (globals_read, closure_read, attributes))
+            name, opname = instruction.argval, instruction.opname
+            if opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                globals_read.setdefault(name, line)
+            elif opname in ("LOAD_DEREF", "LOAD_CLASSDEREF"):
+                closure_read.setdefault(name, line)
+            elif opname in _ASSIGNMENTS:
+                assigned.add(name)
+            if opname in ("LOAD_ATTR", "LOAD_METHOD") and chain is not None:
+                attributes_of.setdefault(chain, {}).setdefault(name, line)
+                chain = f"{chain}.{name}"
+            else:
+                chain = name if opname in _NAMED_LOADS else None
+    return _CodeReads({name: at for name, at in globals_read.items() if name not in assigned},
+                      {name: at for name, at in closure_read.items() if name not in assigned},
+                      {of: {name: at for name, at in read.items() if name not in assigned}
+                       for of, read in attributes_of.items()})
 
 
 def free_variables(loss_fn: Callable, model: nn.Module) -> Iterator[tuple[str, Callable[[], object], set[str], str]]:
@@ -148,10 +172,11 @@ def free_variables(loss_fn: Callable, model: nn.Module) -> Iterator[tuple[str, C
     classes read from outside themselves, found in their code without
     running it (what the code may read and does not assign): globals and
     closure variables, a callable loss object's or a bound method's
-    object's attributes, and the same for the functions of the user's that
-    they call by name (a module's own attributes are watched as forward
-    reads them). Each as (what it is, how to read its value now, the
-    attribute names the code reads, the file and line reading it)."""
+    object's attributes, the values a functools.partial binds, and the same
+    for the functions of the user's that they call by name (a module's own
+    attributes are watched as forward reads them). Each as (what it is, how
+    to read its value now, the attribute names the code reads off it, the
+    file and line reading it)."""
     seen: set[int] = set()
 
     def visit(function, described: str, depth: int):
@@ -159,7 +184,17 @@ def free_variables(loss_fn: Callable, model: nn.Module) -> Iterator[tuple[str, C
             return
         seen.add(id(function))
         if isinstance(function, functools.partial):
-            yield from visit(function.func, described, depth + 1)
+            inner = function.func
+            reads = _code_reads(inner) if _user_function(inner) else _CodeReads({}, {}, {})
+            parameters = inner.__code__.co_varnames if isinstance(inner, types.FunctionType) else ()
+            where = (f"{inner.__code__.co_filename}:{inner.__code__.co_firstlineno}"
+                     if isinstance(inner, types.FunctionType) else "functools.partial")
+            bound = [(parameters[index] if index < len(parameters) else str(index), value)
+                     for index, value in enumerate(function.args)] + list(function.keywords.items())
+            for name, value in bound:
+                yield (f"{described}'s bound argument '{name}'", lambda value=value: value,
+                       set(reads.attributes_of.get(name, ())), where)
+            yield from visit(inner, described, depth + 1)
             return
         owner = None
         if isinstance(function, types.MethodType):
@@ -168,15 +203,17 @@ def free_variables(loss_fn: Callable, model: nn.Module) -> Iterator[tuple[str, C
             owner, function = function, getattr(type(function), "__call__", None)
         if not _user_function(function):
             return
-        globals_read, closure_read, attributes = _names_read(function)
-        read_names = set(attributes)
+        reads = _code_reads(function)
         where = function.__code__.co_filename
-        if owner is not None:
-            for name in sorted(read_names & set(getattr(owner, "__dict__", ()))):
-                yield (f"{described}'s attribute '{name}'", lambda name=name: getattr(owner, name, _ABSENT_NAME),
-                       read_names, f"{where}:{attributes[name]}")
+        code = function.__code__
+        if owner is not None and code.co_argcount:
+            itself = code.co_varnames[0]  # `self`
+            for name, line in sorted(reads.attributes_of.get(itself, {}).items()):
+                if name in getattr(owner, "__dict__", ()):
+                    yield (f"{described}'s attribute '{name}'", lambda name=name: getattr(owner, name, _ABSENT_NAME),
+                           set(reads.attributes_of.get(f"{itself}.{name}", ())), f"{where}:{line}")
         namespace = function.__globals__
-        for name, line in globals_read.items():
+        for name, line in reads.globals.items():
             if name not in namespace:  # a builtin
                 continue
             value = namespace[name]
@@ -184,16 +221,16 @@ def free_variables(loss_fn: Callable, model: nn.Module) -> Iterator[tuple[str, C
                 yield from visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
             else:
                 yield (f"{described}'s global '{name}'", lambda name=name: namespace.get(name, _ABSENT_NAME),
-                       read_names, f"{where}:{line}")
-        for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
-            if name not in closure_read:  # only assigned (a nonlocal counter)
+                       set(reads.attributes_of.get(name, ())), f"{where}:{line}")
+        for name, cell in zip(code.co_freevars, function.__closure__ or ()):
+            if name not in reads.closure:  # only assigned (a nonlocal counter)
                 continue
             value = _cell_value(cell)
             if _user_function(value):
                 yield from visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
             else:
-                yield (f"{described}'s closure variable '{name}'", lambda cell=cell: _cell_value(cell), read_names,
-                       f"{where}:{closure_read[name]}")
+                yield (f"{described}'s closure variable '{name}'", lambda cell=cell: _cell_value(cell),
+                       set(reads.attributes_of.get(name, ())), f"{where}:{reads.closure[name]}")
 
     yield from visit(loss_fn, "loss_fn", 0)
     for kind in dict.fromkeys(type(module) for module in model.modules()):
@@ -214,8 +251,8 @@ def free_variable_reads(loss_fn: Callable, model: nn.Module) -> list[tuple[str, 
         watched = watched_value(value)
         if watched is not UNWATCHED:
             return watched
-        if is_configuration(value):  # the attributes the code reads, properties and aliases included
-            read = {name: watched_value(getattr(value, name, UNWATCHED)) for name in sorted(attributes)}
+        if is_configuration(value):  # the attributes the code reads off it, properties and aliases included
+            read = {name: _attribute_now(value, name) for name in sorted(attributes)}
             return tuple((name, inner) for name, inner in read.items() if inner is not UNWATCHED)
         if isinstance(value, nn.Module):  # a loss module (its label smoothing): torch's code reads it
             return _module_settings(value)
@@ -230,11 +267,20 @@ def free_variable_reads(loss_fn: Callable, model: nn.Module) -> list[tuple[str, 
     return list(reads.items())
 
 
+def _attribute_now(value, name: str):
+    """`value.name` as a watched value; a property that raises is a value
+    too (its error's type), never the call's failure."""
+    try:
+        return watched_value(getattr(value, name, UNWATCHED))
+    except Exception as error:  # a user's property may raise anything
+        return f"<raises {type(error).__name__}>"
+
+
 def _module_settings(module: nn.Module) -> tuple:
     """A module's plain attributes and modes, its submodules' too (a loss
     module outside the model: `label_smoothing`, `reduction`)."""
     return tuple((path, name, watched) for path, inner in module.named_modules()
-                 for name, value in (("training", inner.training), *vars(inner).items())
+                 for name, value in vars(inner).items()
                  if (name == "training" or name not in MODULE_INTERNALS)
                  and (watched := watched_value(value)) is not UNWATCHED)
 

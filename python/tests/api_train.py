@@ -1433,6 +1433,19 @@ LOSS_SCALE = 1.0  # a global the loss reads, which the loop may change
 LOSS_CALLS = 0  # a global the loss counts its runs in: no setting
 
 
+GLOBAL_STEP = 0  # the loop's step count, which a logging helper of the loss reads
+
+
+def logged(loss):
+    if GLOBAL_STEP % 1000 == 999:
+        print(f"step {GLOBAL_STEP}: a loss was computed")
+    return loss
+
+
+def logged_loss(model, tokens, targets):
+    return logged(next_token_loss(model, tokens, targets))
+
+
 def scaled_loss(model, tokens, targets):
     global LOSS_CALLS
     LOSS_CALLS += 1
@@ -1507,6 +1520,14 @@ def scenario_attributes(args):
                          + ("loss_fn's global 'LOSS_SCALE'=2.0" if loss_fn is scaled_loss
                             else r"loss_fn's closure variable 'weights'=\(\('scale', 2.0\),\)"))
         set_scale(1.0)
+    # A value the code reads that does not reach the step (a step count a logging helper reads), changed every
+    # call: the first change compiles the same step, and from then on it is not watched.
+    global GLOBAL_STEP
+    counted = fsdpc.shard(reference_model(), mine(data[0]), logged_loss)
+    for GLOBAL_STEP in range(1, 6):
+        counted(*mine(data[0]))
+    assert len(counted._programs) == 1 and "logged (called by loss_fn)'s global 'GLOBAL_STEP'" in \
+        counted._unwatched, (len(counted._programs), counted._unwatched)
     # A loss module outside the model: its settings key the programs, as torch's code reads them.
     criterion = nn.CrossEntropyLoss(label_smoothing=0.0)
 

@@ -570,6 +570,17 @@ def test_what_loss_fn_reads_from_outside_itself_is_found_in_its_code():
 
     assert reads(counting()) == {}  # a nonlocal counter is no setting
 
+    class Raising:  # a configuration whose property raises: a value, not a failure of every call
+        __dataclass_fields__ = {}
+
+        @property
+        def broken(self):
+            raise RuntimeError("no")
+
+    raising = Raising()
+    assert reads(lambda m, x: m(x).sum() * raising.broken) == {"loss_fn's closure variable 'raising'":
+                                                                (("broken", "<raises RuntimeError>"),)}
+
 
 def test_tensors_loss_fn_reads_from_outside_the_model_are_refused_with_the_way_in():
     """Class weights or a learnable temperature held outside the model would
@@ -649,6 +660,14 @@ def test_a_loss_module_outside_the_model_is_watched_or_refused():
     with pytest.raises(CaptureError, match=r"'weighted' is a CrossEntropyLoss holding tensors that are not the "
                                            r"model's \(weight\): .*make it a submodule of the model"):
         refuse_outside_state(lambda m, x, y: weighted(m(x), y), model)
+
+    def loss(m, x, y, criterion):  # the same, bound with functools.partial
+        return criterion(m(x), y)
+
+    (described, read), = free_variable_reads(functools.partial(loss, criterion=smoothing), model)
+    assert described == "loss_fn's bound argument 'criterion'" and ("", "label_smoothing", 0.2) in read(), read()
+    with pytest.raises(CaptureError, match=r"loss_fn's bound argument 'criterion' is a CrossEntropyLoss holding"):
+        refuse_outside_state(functools.partial(loss, criterion=weighted), model)
 
 
 def test_random_numbers_drawn_on_the_host_are_refused():
