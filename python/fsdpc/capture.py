@@ -55,7 +55,7 @@ from fsdpc.checkpointing import (REGION_KEY, CheckpointRegions, SavedCall, Savin
 from fsdpc.rms_norm import FusedRmsNormFor, fuse_written_out_rms_norms
 from fsdpc.units import ROOT_UNIT, Unit, UnitPlan
 from fsdpc.watch import (FSDPC_DIR, FSDPC_MODELS_DIR, MODULE_INTERNALS, TORCH_DIR, UNWATCHED, configurations,
-                         free_variables, watched_value)
+                         free_variables, machinery_file, watched_value)
 
 _MODEL_ATTR = "model"
 _NOISY_LOGGERS = ("torch.fx.experimental.symbolic_shapes", "torch._dynamo", "torch.export",
@@ -522,71 +522,123 @@ def _refusing_autocast() -> Iterator[None]:
         yield
 
 
-def _draws_on_the_host(value, attributes: set[str]) -> bool:
-    """Python's or NumPy's random numbers: the random module, a generator,
-    or one of their functions imported by name (`from random import
-    uniform`)."""
-    numpy = sys.modules.get("numpy")
-    generators = (random.Random, *((numpy.random.RandomState, numpy.random.Generator) if numpy else ()))
-    if value is random or (numpy is not None and (value is numpy.random
-                                                   or (value is numpy and "random" in attributes))):
-        return True
-    return isinstance(value, generators) or isinstance(getattr(value, "__self__", None), generators)
-
-
-def refuse_outside_state(loss_fn: Callable, model: nn.Module) -> None:
-    """What the loss function or a forward reads from outside itself that
-    the compiled step cannot hold, refused saying how to bring it in: a
-    tensor that is not the model's (class weights for cross entropy, a
-    learnable temperature, a mask a model file keeps in a global) or a
-    module holding one (capture runs on meta tensors and would meet a
-    device mismatch, or hold the tensor's value at capture as a constant,
-    and a learnable one would get no gradient) or one of the model's read
-    directly rather than through the model; Python's or NumPy's random
-    numbers (the step would hold the value drawn at capture, in every call:
-    a random mask ratio, LayerDrop)."""
+def outside_tensor(loss_fn: Callable, model: nn.Module) -> str | None:
+    """Why a step could not be captured when the loss function or a forward
+    reads a tensor from outside itself, found in their code: one that is not
+    the model's (class weights for cross entropy, a learnable temperature,
+    a mask a model file keeps in a global), a module outside the model
+    holding one (`nn.CrossEntropyLoss(weight=w)`), or the model's own read
+    directly rather than through the model (capture swaps those). Capture
+    meets such a tensor as a device mismatch or a constant; this names the
+    variable and its line, and says how to bring it in. None where the code
+    reads none (the failure was something else)."""
     owned = {id(tensor): (kind, fqn) for kind, named in (("parameter", model.named_parameters()),
                                                         ("buffer", model.named_buffers()))
              for fqn, tensor in named}
     inside = {id(module) for module in model.modules()}
-    for described, read_now, attributes, where in free_variables(loss_fn, model):
+    for described, read_now, _, where in free_variables(loss_fn, model):
         value = read_now()
-        if _draws_on_the_host(value, attributes):
-            raise CaptureError(
-                f"{where}: {described} draws random numbers on the host "
-                f"({getattr(value, '__name__', None) or type(value).__name__}): the compiled step would hold "
-                "the value drawn when it was compiled, the same in every call; draw them with torch "
-                "(torch.rand, torch.randint, torch.bernoulli: drawn anew in every call, from each rank's "
-                "generator), or pass them in the batch")
         if isinstance(value, nn.Module) and id(value) not in inside:
             held = [name for name, tensor in (*value.named_parameters(), *value.named_buffers())
                     if id(tensor) not in owned]
             if held:
-                raise CaptureError(
-                    f"{where}: {described} is a {type(value).__name__} holding tensors that are not the model's "
-                    f"({', '.join(held)}): the compiled step reads tensors from the model and the batch only; make "
-                    "it a submodule of the model (`model.loss_module = it`, called as `model.loss_module(...)` in "
-                    "loss_fn), so that its tensors are the model's")
+                return (f"{where}: {described} is a {type(value).__name__} holding tensors that are not the "
+                        f"model's ({', '.join(held)}): the compiled step reads tensors from the model and the batch "
+                        "only; make it a submodule of the model (`model.loss_module = it`, called as "
+                        "`model.loss_module(...)` in loss_fn), so that its tensors are the model's")
         if isinstance(value, torch.Tensor) and id(value) in owned:
-            raise CaptureError(
-                f"{where}: {described} is the model's {owned[id(value)][0]} '{owned[id(value)][1]}', read "
-                f"directly: read it through the model loss_fn is given (`m.{owned[id(value)][1]}`) or through "
-                "`self` in a forward, since the step "
-                "works on the model's tensors by their place in it (capture swaps them, and the step reads each "
-                "rank's shard)")
+            kind, fqn = owned[id(value)]
+            return (f"{where}: {described} is the model's {kind} '{fqn}', read directly: read it through the model "
+                    f"loss_fn is given (`m.{fqn}`) or through `self` in a forward, since the step works on the "
+                    "model's tensors by their place in it (capture swaps them, and the step reads each rank's shard)")
         if isinstance(value, torch.Tensor):
             shape = "x".join(map(str, value.shape)) or "a scalar"
-            learnable = value.requires_grad
+            return (f"{where}: {described} is a tensor ({shape}, {value.dtype}, on {value.device}) that is not the "
+                    "model's: the compiled step reads tensors from the model and the batch only; "
+                    + ("make it a parameter of the model (`model.register_parameter(\"temperature\", "
+                       "nn.Parameter(t))`, read as `model.temperature` in loss_fn, or of the module whose forward "
+                       "reads it), so that it is sharded, trained and saved" if value.requires_grad else
+                       "make it a buffer of the model (`model.register_buffer(\"class_weights\", t)`, read as "
+                       "`model.class_weights` in loss_fn, or of the module whose forward reads it; changes to it "
+                       "are then seen), or pass it in the batch"))
+    return None
+
+
+# What meeting a tensor from outside the model looks like to capture.
+_OUTSIDE_TENSOR_SIGNS = ("FakeTensorDeviceMismatchError", "neither the model's parameter or buffer nor a batch item")
+
+
+@contextlib.contextmanager
+def _explaining_outside_tensors(loss_fn: Callable, model: nn.Module) -> Iterator[None]:
+    """A capture that failed on a tensor from outside the model says which
+    variable held it, and where (`outside_tensor`)."""
+    try:
+        yield
+    except CaptureError as error:
+        if not any(sign in str(error) for sign in _OUTSIDE_TENSOR_SIGNS):
+            raise
+        explained = outside_tensor(loss_fn, model)
+        if explained is None:
+            raise
+        raise CaptureError(explained) from error
+
+
+# Python's and NumPy's functions that draw random numbers from their global generators.
+_HOST_RANDOM = ("random", "uniform", "randint", "randrange", "choice", "choices", "sample", "shuffle", "gauss",
+                "normalvariate", "lognormvariate", "expovariate", "vonmisesvariate", "gammavariate", "betavariate",
+                "paretovariate", "weibullvariate", "triangular", "getrandbits", "binomialvariate")
+_NUMPY_RANDOM = ("rand", "randn", "random", "random_sample", "ranf", "sample", "uniform", "randint", "choice",
+                 "permutation", "shuffle", "normal", "standard_normal", "binomial", "poisson", "beta", "gamma",
+                 "exponential", "bernoulli", "integers")
+
+
+def _refuse_host_generators(loss_fn: Callable, model: nn.Module) -> None:
+    """A random generator object, or one of its methods, held by name where
+    the loss function or a forward reads it (`rng = np.random.default_rng()`,
+    `from random import uniform`): `_refusing_host_random` cannot catch its
+    draws, so it is refused as read (CaptureError naming the line)."""
+    numpy = sys.modules.get("numpy")
+    generators = (random.Random, *((numpy.random.Generator, numpy.random.RandomState) if numpy else ()))
+    for described, read_now, _, where in free_variables(loss_fn, model):
+        value = read_now()
+        if isinstance(value, generators) or isinstance(getattr(value, "__self__", None), generators):
             raise CaptureError(
-                f"{where}: {described} is a tensor ({shape}, {value.dtype}, on {value.device}) that is not the "
-                "model's: "
-                "the compiled step reads tensors from the model and the batch only; "
-                + ("make it a parameter of the model (`model.register_parameter(\"temperature\", "
-                   "nn.Parameter(t))`, read as `model.temperature` in loss_fn, or of the module whose forward "
-                   "reads it), so that it is sharded, trained and saved" if learnable else
-                   "make it a buffer of the model (`model.register_buffer(\"class_weights\", t)`, read as "
-                   "`model.class_weights` in loss_fn, or of the module whose forward reads it; changes to it are "
-                   "then seen), or pass it in the batch"))
+                f"{where}: {described} is a host random number generator ({type(value).__name__}): the compiled "
+                "step would hold the values it drew when the step was compiled, the same in every call; draw "
+                "them with torch (torch.rand, torch.randint, torch.bernoulli: drawn anew in every call, from "
+                "each rank's generator), or pass them in the batch")
+
+
+@contextlib.contextmanager
+def _refusing_host_random() -> Iterator[None]:
+    """Random numbers drawn on the host while the step's Python runs
+    (Python's `random`, a `random.Random`, NumPy's global generator: a mask
+    ratio, LayerDrop) are refused by line: the compiled step would hold the
+    value drawn at capture, the same in every call. Only draws that happen
+    are refused: code that never runs (LayerDrop at 0) passes."""
+    def refused(name: str, original: Callable):
+        def draw(*args, **kwargs):
+            if machinery_file(sys._getframe(1).f_code.co_filename):  # tempfile's names, torch's own
+                return original(*args, **kwargs)
+            where = user_frame(traceback.extract_stack()[:-1])
+            raise CaptureError(
+                f"{where or 'the model'}: {name}() draws a random number on the host inside the step: the compiled "
+                "step would hold the value drawn when it was compiled, the same in every call; draw it with torch "
+                "(torch.rand, torch.randint, torch.bernoulli: drawn anew in every call, from each rank's "
+                "generator), or pass it in the batch")
+        return draw
+
+    with contextlib.ExitStack() as stack:
+        owners = [(random, "random"), (random.Random, "random.Random")]
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            owners.append((numpy.random, "numpy.random"))
+        for owner, prefix in owners:
+            names = _NUMPY_RANDOM if prefix == "numpy.random" else _HOST_RANDOM
+            present = {name: refused(f"{prefix}.{name}", getattr(owner, name)) for name in names
+                       if callable(getattr(owner, name, None))}
+            stack.enter_context(patched(owner, **present))
+        yield
 
 
 @contextlib.contextmanager
@@ -683,7 +735,7 @@ def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision
     # The model's own modules are named before the casts add theirs.
     with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision),
           FusedAttentionFor(device), FusedRmsNormFor(device), _ScalarTensorsAsOps(),
-          checkpoint_regions() as regions, _refusing_autocast(), _refusing_inner_backward(),
+          checkpoint_regions() as regions, _refusing_autocast(), _refusing_inner_backward(), _refusing_host_random(),
           _saved_tensors_hooks_entered() as hooks):
         yield Observed(regions, reads, hooks)
 
@@ -748,7 +800,8 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
     leaves, structure = batch_leaves(batch)
     step = _TrainingStep(model, loss_fn)
     units = {name: model.get_submodule(name) for name in unit_modules}
-    with _tracing_safe_names(model) as real_fqn:
+    _refuse_host_generators(loss_fn, model)
+    with _explaining_outside_tensors(loss_fn, model), _tracing_safe_names(model) as real_fqn:
         with capture_modes(model, units, mixed_precision, device) as observed:
             program = _export(step, batch)
             aliases = {identity: [real_fqn.get(n, n) for n in names]

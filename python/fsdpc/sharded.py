@@ -48,7 +48,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from fsdpc import clip, liveness
-from fsdpc.capture import CaptureError, MixedPrecision, aux_count, batch_leaves, refuse_outside_state
+from fsdpc.capture import CaptureError, MixedPrecision, aux_count, batch_leaves
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.device import DeviceError, collective_backend, dtensor_where_it_is, job_device, seed_generators
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
@@ -391,7 +391,6 @@ class ShardedModule(nn.Module):
             except DeviceError as error:
                 raise StepError(str(error)) from None
             _refuse_autocast(device, "fsdpc.shard called")
-            refuse_outside_state(loss_fn, model)
             offload = self._check_offload(offload_policy, device)
             policy = _mixed_precision(mp_policy, model, wrap)
             return device, policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, offload is not None,

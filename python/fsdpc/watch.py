@@ -11,9 +11,8 @@ its programs by them, as torch.compile's guards would, so a change compiles
 Module attributes and configuration objects are found by watching reads
 while capture runs (capture's `_attribute_reads`); what the loss function
 and the model's own forwards read from outside themselves is found in their
-code (`free_variables`), which also finds what no compiled step can hold: a
-tensor that is not the model's, the model's own read past the model, and
-random numbers drawn on the host (`refuse_outside_state`).
+code (`free_variables`), which also names the variable behind a capture
+that failed on a tensor from outside the model (capture's `outside_tensor`).
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from __future__ import annotations
 import dis
 import functools
 import os
+import site
 import sysconfig
 import types
 from dataclasses import dataclass
@@ -98,17 +98,27 @@ def configurations(model: nn.Module) -> dict[int, tuple[object, str, str]]:
     return found
 
 
-_LIBRARY_DIRS = tuple(os.path.abspath(sysconfig.get_paths()[kind]) for kind in ("stdlib", "purelib", "platlib"))
+_STANDARD_DIR = os.path.abspath(sysconfig.get_paths()["stdlib"])
+# Installed packages, the user's own site-packages included.
+_LIBRARY_DIRS = tuple({os.path.abspath(path) for path in (
+    sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], site.getusersitepackages())})
+
+
+def machinery_file(path: str) -> bool:
+    """Code of torch's, Python's standard library's or fsdpc's own (outside
+    its models): what runs a step, not what the step computes."""
+    path = os.path.abspath(path)
+    return ((path.startswith(FSDPC_DIR) and not path.startswith(FSDPC_MODELS_DIR)) or path.startswith(TORCH_DIR)
+            or path.startswith(_STANDARD_DIR))
 
 
 def _user_function(value) -> bool:
-    """A Python function of the user's (not torch's, a library's or fsdpc's
-    own outside its models): its globals and closure are the user's too."""
+    """A Python function of the user's (not an installed library's nor the
+    machinery's): its globals and closure are the user's too."""
     if not isinstance(value, types.FunctionType):
         return False
-    path = os.path.abspath(value.__code__.co_filename)
-    return not ((path.startswith(FSDPC_DIR) and not path.startswith(FSDPC_MODELS_DIR))
-                or path.startswith(TORCH_DIR) or path.startswith(_LIBRARY_DIRS))
+    path = value.__code__.co_filename
+    return not (machinery_file(path) or os.path.abspath(path).startswith(_LIBRARY_DIRS))
 
 
 def _codes(code: types.CodeType) -> Iterator[types.CodeType]:

@@ -582,12 +582,16 @@ def test_what_loss_fn_reads_from_outside_itself_is_found_in_its_code():
                                                                 (("broken", "<raises RuntimeError>"),)}
 
 
-def test_tensors_loss_fn_reads_from_outside_the_model_are_refused_with_the_way_in():
-    """Class weights or a learnable temperature held outside the model would
-    meet meta tensors in capture (or be held as constants, untrained): the
-    error names the variable and its line, and says how to bring it in."""
-    from fsdpc.capture import refuse_outside_state
+def _captured(model, loss_fn, batch=None):
+    """Captures loss_fn(model, *batch) (an (x, y) batch for a 4-to-3 linear model by default)."""
+    return export_training_step(model, batch or (torch.randn(2, 4), torch.tensor([0, 2])), loss_fn)
 
+
+def test_tensors_loss_fn_reads_from_outside_the_model_are_named_with_the_way_in():
+    """Class weights or a learnable temperature held outside the model meet
+    capture as a device mismatch or a constant: the error names the variable
+    and its line, and says how to bring it in; read through the model, the
+    same tensor captures."""
     model = nn.Linear(4, 3)
     model.register_buffer("class_weights", torch.ones(3))
     class_weights, temperature = torch.ones(3), torch.ones((), requires_grad=True)
@@ -602,14 +606,14 @@ def test_tensors_loss_fn_reads_from_outside_the_model_are_refused_with_the_way_i
     with pytest.raises(CaptureError, match=rf"test_capture.py:{line}: loss_fn's closure variable 'class_weights' is "
                                            r"a tensor \(3, torch.float32, on cpu\) that is not the model's: .*"
                                            r"model.register_buffer"):
-        refuse_outside_state(weighted, model)
+        _captured(model, weighted)
     with pytest.raises(CaptureError, match=r"'temperature' is a tensor \(a scalar, .*make it a parameter of the model"):
-        refuse_outside_state(tempered, model)
+        _captured(model, tempered)
     own = model.class_weights
     with pytest.raises(CaptureError, match=r"loss_fn's closure variable 'own' is the model's buffer 'class_weights', "
                                            r"read directly: read it through the model loss_fn is given"):
-        refuse_outside_state(lambda m, x, y: nn.functional.cross_entropy(m(x), y, weight=own), model)
-    refuse_outside_state(lambda m, x, y: nn.functional.cross_entropy(m(x), y, weight=m.class_weights), model)
+        _captured(model, lambda m, x, y: nn.functional.cross_entropy(m(x), y, weight=own))
+    _captured(model, lambda m, x, y: nn.functional.cross_entropy(m(x), y, weight=m.class_weights))
 
 
 GATE = 1.0  # globals of the module classes below, as a model file may keep them
@@ -622,31 +626,36 @@ class _Gated(nn.Linear):
 
 
 class _Masked(nn.Linear):
+    def __init__(self, *args, masked: bool = True):
+        super().__init__(*args)
+        self.masked = masked
+
     def forward(self, x):
-        return super().forward(x) * MASK
+        return super().forward(x) * MASK if self.masked else super().forward(x)
 
 
-def test_what_a_modules_forward_reads_from_outside_itself_is_watched_or_refused():
+def test_what_a_modules_forward_reads_from_outside_itself_is_watched_or_named():
     """The model's own forwards are read like loss_fn: a plain global keys
-    the programs, a tensor that is not the model's is refused."""
-    from fsdpc.capture import refuse_outside_state
+    the programs, a tensor that is not the model's is named when capture
+    meets it, and passes where the branch reading it does not run."""
     from fsdpc.watch import free_variable_reads
 
-    def summed(m, x):
+    def summed(m, x, y):
         return m(x).sum()
 
     reads = free_variable_reads(summed, nn.Sequential(_Gated(3, 3), nn.ReLU()))
     assert [(described, read()) for described, read in reads] == [("_Gated.forward's global 'GATE'", 1.0)]
     with pytest.raises(CaptureError, match=r"_Masked.forward's global 'MASK' is a tensor \(3, .* of the module "
                                            r"whose forward reads it"):
-        refuse_outside_state(summed, nn.Sequential(_Masked(3, 3)))
+        _captured(_Masked(4, 3), summed)
+    _captured(_Masked(4, 3, masked=False), summed)
 
 
-def test_a_loss_module_outside_the_model_is_watched_or_refused():
-    """A loss module in a global or closure (nn.CrossEntropyLoss): its
-    settings key the programs (torch's code reads them), and one holding
-    tensors (class weights) is refused, saying to make it a submodule."""
-    from fsdpc.capture import refuse_outside_state
+def test_a_loss_module_outside_the_model_is_watched_or_named():
+    """A loss module in a global, closure or partial (nn.CrossEntropyLoss):
+    its settings key the programs (torch's code reads them), and one holding
+    tensors (class weights) is named when capture meets them, saying to
+    make it a submodule."""
     from fsdpc.watch import free_variable_reads
 
     smoothing, weighted = nn.CrossEntropyLoss(label_smoothing=0.1), nn.CrossEntropyLoss(weight=torch.ones(3))
@@ -656,10 +665,10 @@ def test_a_loss_module_outside_the_model_is_watched_or_refused():
     smoothing.label_smoothing = 0.2
     assert described == "loss_fn's closure variable 'smoothing'" and read() != before, (described, read())
     assert ("", "label_smoothing", 0.2) in read(), read()
-    refuse_outside_state(lambda m, x, y: smoothing(m(x), y), model)
+    _captured(model, lambda m, x, y: smoothing(m(x), y))
     with pytest.raises(CaptureError, match=r"'weighted' is a CrossEntropyLoss holding tensors that are not the "
                                            r"model's \(weight\): .*make it a submodule of the model"):
-        refuse_outside_state(lambda m, x, y: weighted(m(x), y), model)
+        _captured(model, lambda m, x, y: weighted(m(x), y))
 
     def loss(m, x, y, criterion):  # the same, bound with functools.partial
         return criterion(m(x), y)
@@ -667,18 +676,17 @@ def test_a_loss_module_outside_the_model_is_watched_or_refused():
     (described, read), = free_variable_reads(functools.partial(loss, criterion=smoothing), model)
     assert described == "loss_fn's bound argument 'criterion'" and ("", "label_smoothing", 0.2) in read(), read()
     with pytest.raises(CaptureError, match=r"loss_fn's bound argument 'criterion' is a CrossEntropyLoss holding"):
-        refuse_outside_state(functools.partial(loss, criterion=weighted), model)
+        _captured(model, functools.partial(loss, criterion=weighted))
 
 
 def test_random_numbers_drawn_on_the_host_are_refused():
     """Python's or NumPy's random numbers in the loss or a forward would be
     drawn once, at capture, and held in every call: refused, naming the
-    line, saying to draw with torch."""
+    line, saying to draw with torch; code that draws none (a branch not
+    taken, NumPy's constants) passes."""
     import random
 
     import numpy as np
-
-    from fsdpc.capture import refuse_outside_state
 
     def mask_ratio(m, x, y):
         return nn.functional.cross_entropy(m(x) * random.uniform(0.5, 1.0), y)
@@ -686,14 +694,21 @@ def test_random_numbers_drawn_on_the_host_are_refused():
     generator = np.random.default_rng(0)
     uniform = random.uniform
     model = nn.Linear(4, 3)
-    for loss_fn, what in [(mask_ratio, "closure variable 'random'"),
-                          (lambda m, x, y: m(x).sum() * np.random.rand(), "closure variable 'np'"),
-                          (lambda m, x, y: m(x).sum() * generator.random(), "closure variable 'generator'"),
-                          (lambda m, x, y: m(x).sum() * uniform(0, 1), "closure variable 'uniform'")]:
-        with pytest.raises(CaptureError, match=rf"test_capture.py:\d+: loss_fn's {what} draws random numbers on the "
-                                               r"host .*draw them with torch"):
-            refuse_outside_state(loss_fn, model)
-    refuse_outside_state(lambda m, x, y: m(x).sum() * np.pi, model)  # NumPy itself is no random number
+    for loss_fn, pattern in [
+            (mask_ratio, rf"test_capture.py:{mask_ratio.__code__.co_firstlineno + 1}: random.uniform\(\) draws a "
+                         r"random number on the host inside the step: .*draw it with torch"),
+            (lambda m, x, y: m(x).sum() * np.random.rand(), r"numpy.random.rand\(\) draws a random number"),
+            (lambda m, x, y: m(x).sum() * random.Random(0).random(), r"random.Random.random\(\) draws"),
+            (lambda m, x, y: m(x).sum() * generator.random(), r"loss_fn's closure variable 'generator' is a host "
+                                                              r"random number generator \(Generator\)"),
+            (lambda m, x, y: m(x).sum() * uniform(0, 1), r"loss_fn's closure variable 'uniform' is a host random "
+                                                         r"number generator")]:
+        with pytest.raises(CaptureError, match=pattern):
+            _captured(model, loss_fn)
+    layer_drop = 0.0
+    _captured(model, lambda m, x, y: m(x).sum() * (0.0 if layer_drop and random.random() < layer_drop else 1.0))
+    _captured(model, lambda m, x, y: m(x).sum() * np.pi)
+    assert 0 <= random.random() < 1  # put back after capture
 
 
 def test_a_backward_inside_the_step_is_refused_by_line():
