@@ -542,10 +542,13 @@ def outside_tensor(loss_fn: Callable, model: nn.Module) -> str | None:
             held = [name for name, tensor in (*value.named_parameters(), *value.named_buffers())
                     if id(tensor) not in owned]
             if held:
+                name = described.rpartition(" ")[2].strip("'")
+                name = name if name.isidentifier() else "loss_module"
                 return (f"{where}: {described} is a {type(value).__name__} holding tensors that are not the "
-                        f"model's ({', '.join(held)}): the compiled step reads tensors from the model and the batch "
-                        "only; make it a submodule of the model (`model.loss_module = it`, called as "
-                        "`model.loss_module(...)` in loss_fn), so that its tensors are the model's")
+                        f"model's ({', '.join(held)}; another model's weights, a teacher's?): the compiled step "
+                        f"reads tensors from the model and the batch only; make it a submodule of the model "
+                        f"(`model.{name} = {name}`, frozen with requires_grad_(False) if it does not train, called "
+                        f"as `model.{name}(...)` in loss_fn), so that its tensors are the model's")
         if isinstance(value, torch.Tensor) and id(value) in owned:
             kind, fqn = owned[id(value)]
             return (f"{where}: {described} is the model's {kind} '{fqn}', read directly: read it through the model "

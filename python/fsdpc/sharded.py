@@ -58,7 +58,7 @@ from fsdpc.program import ParamSpec, Program, runtime_extension
 from fsdpc.runtime import (NO_SYNC_STEP, STEP, CompiledProgram, StepError, compile_program, on_every_rank,
                            pipeline_options)
 from fsdpc.units import ROOT_UNIT, WrapPolicy, plan_units
-from fsdpc.watch import free_variable_reads, read_attribute
+from fsdpc.watch import free_variable_reads, read_attribute, say_outside_assignments
 from fsdpc.watchdog import DUMPS_OFF_BEFORE_FIRST_GROUP, WATCHDOG, interrupt
 
 # Parameters of models handed to `shard`, by object: an optimizer that still
@@ -438,6 +438,8 @@ class ShardedModule(nn.Module):
         # from outside themselves (globals and closures, found in their code):
         # (what, how to read it now).
         self._free_reads = free_variable_reads(loss_fn, model)
+        if dist.get_rank() == 0:
+            say_outside_assignments(loss_fn, model)
         self._free_baseline = tuple(read() for _, read in self._free_reads)
         # Reads whose change compiled the same step: not watched (see _same_step_for_other_values).
         self._unwatched: set[str] = set()

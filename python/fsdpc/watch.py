@@ -23,7 +23,8 @@ import os
 import site
 import sysconfig
 import types
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
@@ -147,6 +148,9 @@ class _CodeReads:
     # Attributes read right off a variable or an attribute chain (`cfg` ->
     # {`smoothing`}, `self.cfg` -> {`scale`}), by the variable or chain.
     attributes_of: dict[str, dict[str, int]]
+    # What it assigns outside itself, ("global", name), ("closure variable",
+    # name) or ("attribute", name) of its first argument, with the line.
+    assigns: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def _code_reads(function: types.FunctionType) -> _CodeReads:
@@ -154,6 +158,8 @@ def _code_reads(function: types.FunctionType) -> _CodeReads:
     closure_read: dict[str, int] = {}
     attributes_of: dict[str, dict[str, int]] = {}
     assigned: set[str] = set()
+    assigns: dict[tuple[str, str], int] = {}
+    first = function.__code__.co_varnames[0] if function.__code__.co_argcount else None
     line = function.__code__.co_firstlineno
     for code in _codes(function.__code__):
         chain = None  # the variable or attribute chain the last instructions pushed
@@ -166,6 +172,13 @@ def _code_reads(function: types.FunctionType) -> _CodeReads:
                 closure_read.setdefault(name, line)
             elif opname in _ASSIGNMENTS:
                 assigned.add(name)
+                if opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+                    assigns.setdefault(("global", name), line)
+                elif opname in ("STORE_DEREF", "DELETE_DEREF") and name in code.co_freevars \
+                        and code is function.__code__:
+                    assigns.setdefault(("closure variable", name), line)
+                elif chain == first and code is function.__code__:
+                    assigns.setdefault(("attribute", name), line)
             if opname in ("LOAD_ATTR", "LOAD_METHOD") and chain is not None:
                 attributes_of.setdefault(chain, {}).setdefault(name, line)
                 chain = f"{chain}.{name}"
@@ -174,10 +187,11 @@ def _code_reads(function: types.FunctionType) -> _CodeReads:
     return _CodeReads({name: at for name, at in globals_read.items() if name not in assigned},
                       {name: at for name, at in closure_read.items() if name not in assigned},
                       {of: {name: at for name, at in read.items() if name not in assigned}
-                       for of, read in attributes_of.items()})
+                       for of, read in attributes_of.items()}, assigns)
 
 
-def free_variables(loss_fn: Callable, model: nn.Module) -> Iterator[tuple[str, Callable[[], object], set[str], str]]:
+def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] | None = None
+                   ) -> Iterator[tuple[str, Callable[[], object], set[str], str]]:
     """What the loss function and the forwards of the model's own module
     classes read from outside themselves, found in their code without
     running it (what the code may read and does not assign): globals and
@@ -186,7 +200,8 @@ def free_variables(loss_fn: Callable, model: nn.Module) -> Iterator[tuple[str, C
     for the functions of the user's that they call by name (a module's own
     attributes are watched as forward reads them). Each as (what it is, how
     to read its value now, the attribute names the code reads off it, the
-    file and line reading it)."""
+    file and line reading it). What the code assigns outside itself is
+    added to `assignments`, said as "file:line: who assigns what"."""
     seen: set[int] = set()
 
     def visit(function, described: str, depth: int):
@@ -216,6 +231,9 @@ def free_variables(loss_fn: Callable, model: nn.Module) -> Iterator[tuple[str, C
         reads = _code_reads(function)
         where = function.__code__.co_filename
         code = function.__code__
+        if assignments is not None:
+            assignments.extend(f"{where}:{line}: {described} assigns the {kind} '{name}'"
+                               for (kind, name), line in reads.assigns.items())
         if owner is not None and code.co_argcount:
             itself = code.co_varnames[0]  # `self`
             for name, line in sorted(reads.attributes_of.get(itself, {}).items()):
@@ -304,3 +322,18 @@ def _cell_value(cell) -> object:
         return cell.cell_contents
     except ValueError:  # deleted since
         return _ABSENT_NAME
+
+
+def say_outside_assignments(loss_fn: Callable, model: nn.Module) -> None:
+    """Warns where the loss function or a forward of the user's assigns a
+    global, a closure variable or an attribute of its first argument (a
+    counter, a cache of the last attention map): the compiled step runs
+    that Python once, when it is compiled, not in every call."""
+    assignments: list[str] = []
+    for _ in free_variables(loss_fn, model, assignments):
+        pass
+    if assignments:
+        warnings.warn(f"fsdpc: {assignments[0]}{f' (and {len(assignments) - 1} more)' if len(assignments) > 1 else ''}"
+                      ": the compiled step runs this Python once, when it is compiled, not in every call, so what it "
+                      "assigns stays as capture left it (count or keep such things outside loss_fn, or return them "
+                      "as aux)", stacklevel=3)

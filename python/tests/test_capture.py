@@ -498,8 +498,9 @@ def test_another_models_weights_in_the_step_are_refused_with_the_ways_out():
     def distilled(m, x, *rest):
         return loss_fn(m, x, *rest) + (m.fc1(x) - teacher.fc1(x)).pow(2).mean()
 
-    with pytest.raises(CaptureError, match=r"another model's weights, a teacher's\? .* make its module a submodule "
-                                           r"of the model \(frozen with requires_grad_\(False\)\)"):
+    with pytest.raises(CaptureError, match=r"'teacher' is a MLP holding tensors that are not the model's \(fc1.weight, "
+                                           r".*another model's weights, a teacher's\?\): .* make it a submodule of "
+                                           r"the model \(`model.teacher = teacher`, frozen with requires_grad_\(False\)"):
         export_training_step(model, batch, distilled)
 
 
@@ -667,7 +668,7 @@ def test_a_loss_module_outside_the_model_is_watched_or_named():
     assert ("", "label_smoothing", 0.2) in read(), read()
     _captured(model, lambda m, x, y: smoothing(m(x), y))
     with pytest.raises(CaptureError, match=r"'weighted' is a CrossEntropyLoss holding tensors that are not the "
-                                           r"model's \(weight\): .*make it a submodule of the model"):
+                                           r"model's \(weight; .*make it a submodule of the model"):
         _captured(model, lambda m, x, y: weighted(m(x), y))
 
     def loss(m, x, y, criterion):  # the same, bound with functools.partial
@@ -733,3 +734,36 @@ def test_a_backward_inside_the_step_is_refused_by_line():
                                       r"penalty")]:
         with pytest.raises(CaptureError, match=pattern):
             export_training_step(model, batch, step)
+
+
+class _Remembering(nn.Linear):
+    """A forward that keeps its last input: it would run once, at capture."""
+
+    def forward(self, x):
+        self.last_input = x.detach()
+        return super().forward(x)
+
+
+def test_what_the_step_assigns_outside_itself_is_said_to_run_once():
+    """A counter loss_fn keeps in a global, or an attribute a forward sets
+    on its module, is assigned once, at capture: fsdpc.shard says so with
+    the line; code that assigns nothing outside itself is not warned about."""
+    from fsdpc.watch import say_outside_assignments
+
+    def counted(m, x):
+        global RUNS
+        RUNS += 1
+        return m(x).sum()
+
+    for loss_fn, model, said in [(counted, nn.Linear(2, 2), "loss_fn assigns the global 'RUNS'"),
+                                 (lambda m, x: m(x).sum(), _Remembering(2, 2),
+                                  "_Remembering.forward assigns the attribute 'last_input'")]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            say_outside_assignments(loss_fn, model)
+        assert [str(w.message) for w in caught if said in str(w.message) and "runs this Python once" in
+                str(w.message) and "test_capture.py:" in str(w.message)], [str(w.message) for w in caught]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        say_outside_assignments(lambda m, x: m(x).sum(), nn.Linear(2, 2))
+    assert not caught, [str(w.message) for w in caught]
