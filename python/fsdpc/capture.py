@@ -478,6 +478,12 @@ class _ScalarTensorsAsOps(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _at_the_users_line(message: str) -> CaptureError:
+    """`message` about a call the step's Python just made, at the user's
+    line that made it (fsdpc's own frames, this one's too, are skipped)."""
+    return CaptureError(f"{user_frame(traceback.extract_stack()) or 'the model'}: {message}")
+
+
 @contextlib.contextmanager
 def _refusing_inner_backward() -> Iterator[None]:
     """A backward the step's own Python runs (`loss.backward()` in
@@ -486,8 +492,7 @@ def _refusing_inner_backward() -> Iterator[None]:
     do not require grad (torch's own error says only that)."""
     def refused(what: str, why: str):
         def call(*args, **kwargs):
-            where = user_frame(traceback.extract_stack()[:-1])
-            raise CaptureError(f"{where or 'the model'}: {what} inside the step: {why}")
+            raise _at_the_users_line(f"{what} inside the step: {why}")
         return call
 
     with patched(torch.autograd, grad=refused(
@@ -510,9 +515,8 @@ def _refusing_autocast() -> Iterator[None]:
 
     def entered(self):
         if self._enabled:
-            where = user_frame(traceback.extract_stack()[:-1])
-            raise CaptureError(
-                f"{where or 'the model'}: torch.autocast({self.device!r}, dtype={self.fast_dtype}) inside the step: "
+            raise _at_the_users_line(
+                f"torch.autocast({self.device!r}, dtype={self.fast_dtype}) inside the step: "
                 "capture runs on the meta device, where autocast casts nothing; for low-precision compute pass "
                 "mp_policy=MixedPrecisionPolicy(param_dtype=...) to fsdpc.shard (fp32 master weights, each wrap "
                 "unit computing in param_dtype), or cast explicitly (.to(torch.bfloat16))")
@@ -623,9 +627,8 @@ def _refusing_host_random() -> Iterator[None]:
         def draw(*args, **kwargs):
             if machinery_file(sys._getframe(1).f_code.co_filename):  # tempfile's names, torch's own
                 return original(*args, **kwargs)
-            where = user_frame(traceback.extract_stack()[:-1])
-            raise CaptureError(
-                f"{where or 'the model'}: {name}() draws a random number on the host inside the step: the compiled "
+            raise _at_the_users_line(
+                f"{name}() draws a random number on the host inside the step: the compiled "
                 "step would hold the value drawn when it was compiled, the same in every call; draw it with torch "
                 "(torch.rand, torch.randint, torch.bernoulli: drawn anew in every call, from each rank's "
                 "generator), or pass it in the batch")

@@ -23,6 +23,7 @@ loads from the cache) another program on every rank.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import math
@@ -32,6 +33,7 @@ import threading
 import time
 import warnings
 import weakref
+from dataclasses import dataclass
 from datetime import timedelta
 from collections.abc import Mapping
 from pathlib import Path
@@ -358,6 +360,17 @@ def _owner(root: nn.Module, fqn: str) -> tuple[nn.Module, str]:
     return (root.get_submodule(path) if path else root), leaf
 
 
+@dataclass
+class _Watched:
+    """A plain value some compiled step holds as a constant: its name (as
+    the per-call agreement says it), how to read it now, and its value when
+    first compiled."""
+
+    name: str
+    read: Callable[[], object]
+    baseline: object
+
+
 class ShardedModule(nn.Module):
     """A model whose training step fsdpc compiled; see `fsdpc.shard`."""
 
@@ -429,18 +442,13 @@ class ShardedModule(nn.Module):
             raise StepError(str(error)) from None
         self._example = tuple(example)
         self._programs: dict[tuple, CompiledProgram] = {}
-        # Plain module attributes some program's step read, as (module, name):
-        # their current values key the programs (the step holds the values it
-        # read); `_attribute_baseline` are their values when first compiled.
-        self._attribute_slots: dict[tuple[str, str], tuple[nn.Module, str]] = {}
-        self._attribute_baseline: tuple = ()
-        # The same for the plain values loss_fn and the model's forwards read
-        # from outside themselves (globals and closures, found in their code):
-        # (what, how to read it now).
-        self._free_reads = free_variable_reads(loss_fn, model)
+        # The plain values the compiled steps hold as constants, whose current
+        # values key the programs: what loss_fn and the model's forwards read
+        # from outside themselves (found in their code), then each module
+        # attribute a compiled step read (recorded by capture).
+        self._watched = [_Watched(described, read, read()) for described, read in free_variable_reads(loss_fn, model)]
         if dist.get_rank() == 0:
             say_outside_assignments(loss_fn, model)
-        self._free_baseline = tuple(read() for _, read in self._free_reads)
         # Reads whose change compiled the same step: not watched (see _same_step_for_other_values).
         self._unwatched: set[str] = set()
         # Per mode (train, training): the program whose CUDA graphs the last
@@ -699,20 +707,15 @@ class ShardedModule(nn.Module):
                      if name and module.training != self.training)
 
     def _attribute_values(self) -> tuple:
-        """The current values of the module attributes the steps read, then
-        of loss_fn's free variables."""
-        return (tuple(read_attribute(module, name, _ABSENT) for module, name in self._attribute_slots.values())
-                + tuple(read() for _, read in self._free_reads))
+        """The current values of the watched reads, in `_watched`'s order."""
+        return tuple(watched.read() for watched in self._watched)
 
     def _attributes_changed(self, values: tuple) -> str:
-        """The read attributes whose `values` differ from those first
-        compiled with, for the per-call agreement (usually nothing)."""
-        baseline = self._attribute_baseline + self._free_baseline
-        if values == baseline:
-            return ""
-        changed = [f"{name}={value!r}" for name, value, before in zip(self._read_names(), values, baseline)
-                   if value != before]
-        return f", attributes changed since compiling: {', '.join(changed)}"
+        """The watched reads whose `values` differ from those first compiled
+        with, for the per-call agreement (usually nothing)."""
+        changed = [f"{watched.name}={value!r}" for watched, value in zip(self._watched, values)
+                   if value != watched.baseline]
+        return f", attributes changed since compiling: {', '.join(changed)}" if changed else ""
 
     def _same_step_for_other_values(self, key: tuple, compiled: CompiledProgram) -> CompiledProgram | None:
         """Where a step compiled for changed read values is the step compiled
@@ -725,27 +728,14 @@ class ShardedModule(nn.Module):
             if other_key[:-1] != key[:-1] or len(other_key[-1]) != len(key[-1]) \
                     or other.sharded_ir != compiled.sharded_ir:
                 continue
-            names = self._read_names()
             differing = {index for index, (now, before) in enumerate(zip(key[-1], other_key[-1])) if now != before}
-            self._unwatched.update(names[index] for index in differing)
-            slots = len(self._attribute_slots)
-            self._attribute_slots = {slot: held for index, (slot, held) in enumerate(self._attribute_slots.items())
-                                     if index not in differing}
-            self._attribute_baseline = tuple(value for index, value in enumerate(self._attribute_baseline)
-                                             if index not in differing)
-            self._free_reads = [read for index, read in enumerate(self._free_reads, slots) if index not in differing]
-            self._free_baseline = tuple(value for index, value in enumerate(self._free_baseline, slots)
-                                        if index not in differing)
+            self._unwatched.update(self._watched[index].name for index in differing)
+            self._watched = [watched for index, watched in enumerate(self._watched) if index not in differing]
             self._programs = {
                 held_key[:-1] + (tuple(value for index, value in enumerate(held_key[-1]) if index not in differing),):
                 program for held_key, program in self._programs.items() if len(held_key[-1]) == len(key[-1])}
             return other
         return None
-
-    def _read_names(self) -> list[str]:
-        """What each of `_attribute_values` is, in its order."""
-        return ([f"{path or 'the model'}.{name}" for path, name in self._attribute_slots]
-                + [described for described, _ in self._free_reads])
 
     def _signature(self, batch: Sequence[torch.Tensor], train: bool, frozen: tuple[str, ...],
                    read: tuple[tuple[str, ...], tuple] | None = None) -> tuple:
@@ -782,11 +772,11 @@ class ShardedModule(nn.Module):
         if self._programs:
             self._check_same_layout(compiled.program)
         self._make_groups(compiled.program)
+        known = {watched.name for watched in self._watched} | self._unwatched
         for path, name in compiled.attribute_reads:
-            if (path, name) not in self._attribute_slots and f"{path or 'the model'}.{name}" not in self._unwatched:
-                module = self._original.get_submodule(path)
-                self._attribute_slots[path, name] = (module, name)
-                self._attribute_baseline += (read_attribute(module, name, _ABSENT),)
+            if f"{path or 'the model'}.{name}" not in known:
+                read = functools.partial(read_attribute, self._original.get_submodule(path), name, _ABSENT)
+                self._watched.append(_Watched(f"{path or 'the model'}.{name}", read, read()))
         key = self._signature(batch, train, frozen)  # the values the step now holds
         same = self._same_step_for_other_values(key, compiled)
         if same is not None:
@@ -822,10 +812,13 @@ class ShardedModule(nn.Module):
         if len(shapes) < MANY_SHAPES or self._warned_many_shapes:
             return
         self._warned_many_shapes = True
-        seconds = sum(sum(program.compile_seconds.values()) for program in self._programs.values())
-        warnings.warn(f"fsdpc compiled steps for {len(shapes)} batch shapes ({seconds:.1f} s so far): each new shape "
-                      "compiles one (or loads it from the cache) and keeps it loaded; pad batches to a few fixed "
-                      "lengths (buckets), or to one", stacklevel=2)
+        warnings.warn(f"fsdpc compiled steps for {len(shapes)} batch shapes ({self._compile_seconds():.1f} s so far): "
+                      "each new shape compiles one (or loads it from the cache) and keeps it loaded; pad batches to "
+                      "a few fixed lengths (buckets), or to one", stacklevel=2)
+
+    def _compile_seconds(self) -> float:
+        """Seconds spent compiling (or loading) the programs held."""
+        return sum(sum(program.compile_seconds.values()) for program in self._programs.values())
 
     def _say_if_many_values(self) -> None:
         """Warns once when steps were compiled for MANY_SHAPES values of what
@@ -836,14 +829,13 @@ class ShardedModule(nn.Module):
         if len(values) < MANY_SHAPES or self._warned_many_values:
             return
         self._warned_many_values = True
-        names = self._read_names()
-        current = [read for read in values if len(read) == len(names)]
-        changing = [name for index, name in enumerate(names) if len({read[index] for read in current}) > 1]
-        seconds = sum(sum(program.compile_seconds.values()) for program in self._programs.values())
-        warnings.warn(f"fsdpc compiled steps for {len(values)} values of {', '.join(changing)} ({seconds:.1f} s so "
-                      "far): the step holds such plain values as constants, so each new one compiles a step (or "
-                      "loads it from the cache); pass a value that changes every step as a tensor in the batch",
-                      stacklevel=2)
+        current = [read for read in values if len(read) == len(self._watched)]
+        changing = [watched.name for index, watched in enumerate(self._watched)
+                    if len({read[index] for read in current}) > 1]
+        warnings.warn(f"fsdpc compiled steps for {len(values)} values of {', '.join(changing)} "
+                      f"({self._compile_seconds():.1f} s so far): the step holds such plain values as constants, so "
+                      "each new one compiles a step (or loads it from the cache); pass a value that changes every "
+                      "step as a tensor in the batch", stacklevel=2)
 
     def _let_graphs_go(self) -> None:
         """Every step replayed as a CUDA graph lets its graph and the working
