@@ -38,6 +38,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from fsdpc.autocast import as_autocast_casts
+
 TARGET_DEVICES = ("cpu", "cuda")
 
 
@@ -147,7 +149,9 @@ class FusedAttentionFor(TorchFunctionMode):
         call = _SDPA_PARAMETERS.bind(*args, **kwargs)
         call.apply_defaults()
         a = call.arguments
-        q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
+        # Cast as autocast would cast for the call replaced: the kernel is chosen for the dtype it runs in.
+        q, k, v, mask = as_autocast_casts("aten::scaled_dot_product_attention", self.device,
+                                          (a["query"], a["key"], a["value"], a["attn_mask"]), to_fp32=False)
         aten = torch.ops.aten
         if self.device == "cuda" and not a["enable_gqa"]:
             k, v, a["enable_gqa"] = self._unrepeated(q, k, v, mask, a["is_causal"])

@@ -54,11 +54,12 @@ import torch.fx._symbolic_trace as fx_tracing
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from fsdpc.autocast import ambient_autocast
 from fsdpc.cache import source_digests
 from fsdpc.capture import (CaptureError, MixedPrecision, _definition_of, _TrainingStep, _unparametrized, batch_leaves,
                            capture_modes, say_ignored_hooks)
 
-_FORMAT = "fsdpc call trace 1"
+_FORMAT = "fsdpc call trace 2"
 _PLAIN = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis), torch.dtype, torch.device,
           torch.layout, torch.memory_format, torch.Size)
 
@@ -88,8 +89,9 @@ class _CallRecorder(TorchFunctionMode):
     """Records each torch call that reaches it: below fsdpc's capture modes,
     it sees the calls they make instead of the ones they replace."""
 
-    def __init__(self, root_frame_id: int) -> None:
+    def __init__(self, root_frame_id: int, device: str) -> None:
         super().__init__()
+        self.device = device  # the target's device type, whose autocast state each call records
         self.origin: dict[int, str] = {}   # id(tensor) -> where it came from
         self.alive: list[torch.Tensor] = []  # every result is kept, so that no id is reused
         self.module_names: dict[int, str] = {}
@@ -111,7 +113,9 @@ class _CallRecorder(TorchFunctionMode):
             return func(*args, **kwargs)
         call = (self._function_name(func), self.describe(args), self.describe(kwargs))
         result = func(*args, **kwargs)
-        self.calls.append((*call, self.results(result), tuple(self.modules), self._stack()))
+        # On meta tensors autocast casts nothing: the region a call is made in is recorded beside it.
+        self.calls.append((*call, self.results(result), tuple(self.modules), self._stack(),
+                           str(ambient_autocast(self.device))))
         return result
 
     def _function_name(self, func) -> str:
@@ -265,9 +269,9 @@ def trace_calls(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callab
     tensors = [*model.parameters(), *model.buffers(), *leaves]
     if not all(isinstance(t, torch.Tensor) and t.is_meta for t in tensors):
         return None
-    step = _TrainingStep(model, loss_fn)
+    step = _TrainingStep(model, loss_fn, device)
     units = {name: model.get_submodule(name) for name in unit_modules}
-    recorder = _CallRecorder(id(sys._getframe()))
+    recorder = _CallRecorder(id(sys._getframe()), device)
     printed, complained = io.StringIO(), io.StringIO()
     collecting = gc.isenabled()
     gc.disable()  # the record makes many small objects and frees none: collections would only cost

@@ -44,11 +44,13 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.traceback import preserve_node_meta
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.utils import checkpoint as torch_checkpoint
-from torch.utils._pytree import TreeSpec, keystr, tree_flatten_with_path
+from torch.utils._pytree import TreeSpec, keystr, tree_flatten_with_path, tree_map_only
 
 from fsdpc import cache
+from fsdpc.autocast import ambient_autocast, casting_region, recording_regions
 from fsdpc.attention import FusedAttentionFor
 from fsdpc.checkpointing import (REGION_KEY, CheckpointRegions, SavedCall, SavingSelectively, checkpoint_regions,
                                  patched, regions_of)
@@ -146,15 +148,21 @@ class CapturedStep:
 
 
 class _TrainingStep(nn.Module):
-    """Wraps model + loss so that export sees one module computing the loss."""
+    """Wraps model + loss so that export sees one module computing the loss,
+    under the autocast enabled for `device` where it is made (a call under
+    `torch.autocast` computes as eager PyTorch would: see fsdpc.autocast)."""
 
-    def __init__(self, model: nn.Module, loss_fn: Callable):
+    def __init__(self, model: nn.Module, loss_fn: Callable, device: str):
         super().__init__()
         setattr(self, _MODEL_ATTR, model)
         self._loss_fn = loss_fn
+        self._device, self._autocast = device, ambient_autocast(device)
 
     def forward(self, *batch):
-        return self._loss_fn(getattr(self, _MODEL_ATTR), *batch)
+        if self._autocast is None:
+            return self._loss_fn(getattr(self, _MODEL_ATTR), *batch)
+        with torch.autocast(self._device, dtype=self._autocast):
+            return self._loss_fn(getattr(self, _MODEL_ATTR), *batch)
 
 
 def batch_leaves(batch: Sequence) -> tuple[list[torch.Tensor], TreeSpec]:
@@ -485,6 +493,26 @@ def _at_the_users_line(message: str) -> CaptureError:
 
 
 @contextlib.contextmanager
+def _refusing_untraceable_autocast(device: str) -> Iterator[None]:
+    """`torch.autocast("cuda")` enabled in a step captured for CUDA on a
+    machine without a GPU is refused by line: autocast's casts are traced on
+    CUDA tensors (fsdpc.autocast), whose backward needs a GPU."""
+    autocast = torch.amp.autocast_mode.autocast
+    enter = autocast.__enter__
+
+    def entered(self):
+        if self._enabled and self.device == "cuda" == device and not torch.cuda.is_available():
+            raise _at_the_users_line(
+                f"torch.autocast('cuda', dtype={self.fast_dtype}) in a step captured for CUDA on a machine without "
+                "a GPU: autocast's casts are traced on CUDA tensors, whose backward needs a GPU; capture on the GPU "
+                "host (fsdpc.shard there does), or pass mp_policy=MixedPrecisionPolicy(param_dtype=...) instead")
+        return enter(self)
+
+    with patched(autocast, __enter__=entered):
+        yield
+
+
+@contextlib.contextmanager
 def _refusing_inner_backward() -> Iterator[None]:
     """A backward the step's own Python runs (`loss.backward()` in
     loss_fn, `torch.autograd.grad` for a gradient penalty) is refused by
@@ -500,29 +528,6 @@ def _refusing_inner_backward() -> Iterator[None]:
             "gradient penalty, double backward) are not supported")), \
             patched(torch.autograd, backward=refused(
                 "backward()", "fsdpc runs the loss's backward itself: return the loss from loss_fn")):
-        yield
-
-
-@contextlib.contextmanager
-def _refusing_autocast() -> Iterator[None]:
-    """`torch.autocast` entered (enabled) inside the step is refused by line:
-    capture runs on the meta device, where autocast casts nothing, so the
-    step would silently compute in the dtypes it was written in. Disabling
-    autocast (Hugging Face's rotary embeddings do) changes nothing and
-    passes."""
-    autocast = torch.amp.autocast_mode.autocast
-    enter = autocast.__enter__
-
-    def entered(self):
-        if self._enabled:
-            raise _at_the_users_line(
-                f"torch.autocast({self.device!r}, dtype={self.fast_dtype}) inside the step: "
-                "capture runs on the meta device, where autocast casts nothing; for low-precision compute pass "
-                "mp_policy=MixedPrecisionPolicy(param_dtype=...) to fsdpc.shard (fp32 master weights, each wrap "
-                "unit computing in param_dtype), or cast explicitly (.to(torch.bfloat16))")
-        return enter(self)
-
-    with patched(autocast, __enter__=entered):
         yield
 
 
@@ -737,11 +742,13 @@ def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision
     """What forward runs under while it is traced for `device`: the policy's
     casts, the fused attention, RMSNorm and scalar-tensor modes, the marks
     on the model's own checkpoint regions (fsdpc.checkpointing), the record
-    of module attributes read, and the refusal of autocast."""
+    of module attributes read, and autocast regions recorded
+    (fsdpc.autocast)."""
     # The model's own modules are named before the casts add theirs.
     with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision),
           FusedAttentionFor(device), FusedRmsNormFor(device), _ScalarTensorsAsOps(),
-          checkpoint_regions() as regions, _refusing_autocast(), _refusing_inner_backward(), _refusing_host_random(),
+          checkpoint_regions() as regions, recording_regions(device), _refusing_untraceable_autocast(device),
+          _refusing_inner_backward(), _refusing_host_random(),
           _saved_tensors_hooks_entered() as hooks):
         yield Observed(regions, reads, hooks)
 
@@ -778,13 +785,15 @@ class ForwardTrace:
                   for name, t in (*self.program.named_parameters(), *self.program.named_buffers())],
                  [(tuple(t.shape), str(t.dtype)) for t in self.batch], self.structure, sorted(self.saved),
                  repr(self.aux)]
-        for node in self.program.graph.nodes:
+        nodes = [node for module in self.program.graph_module.modules() if isinstance(module, fx.GraphModule)
+                 for node in module.graph.nodes]  # with the regions' (autocast, no_grad)
+        for node in nodes:
             value = node.meta.get("val")
             shape = ((tuple(value.shape), str(value.dtype), value.stride(), str(value.device))
                      if isinstance(value, torch.Tensor) else repr(value))
             parts.append((node.format_node(), shape, node.meta.get("stack_trace"),
                           repr(node.meta.get("nn_module_stack")), (node.meta.get("custom") or {}).get(REGION_KEY)))
-        parts.append(cache.source_digests(match.group(1) for node in self.program.graph.nodes
+        parts.append(cache.source_digests(match.group(1) for node in nodes
                                     for match in _FRAME_RE.finditer(node.meta.get("stack_trace") or "")))
         return hashlib.sha256(repr(parts).encode()).hexdigest()
 
@@ -804,7 +813,7 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
     `mixed_precision` casts forward inputs and outputs."""
     batch = tuple(batch)
     leaves, structure = batch_leaves(batch)
-    step = _TrainingStep(model, loss_fn)
+    step = _TrainingStep(model, loss_fn, device)
     units = {name: model.get_submodule(name) for name in unit_modules}
     _refuse_host_generators(loss_fn, model)
     with _explaining_outside_tensors(loss_fn, model), _tracing_safe_names(model) as real_fqn:
@@ -878,8 +887,16 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
                    else f"parameter '{key}'" for kind, key in inputs]
     returned = 1 + aux_count(aux)
     updatable = {i for i, (kind, _) in enumerate(inputs) if kind == "buffer"}
-    joint, updated = _trace_joint(program.graph_module, flat_args, input_names, trainable, export_to_joint, saved,
-                                  returned, updatable)
+    on_device = None
+    if casting_region(program.graph_module, device) is not None:
+        # Autocast casts only tensors of its own device type: fake tensors of the target's.
+        with FakeTensorMode():
+            flat_args = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+                         .requires_grad_(t.requires_grad) for t in flat_args]
+        on_device = flat_args[0].device  # with its index, as fake tensors have it
+    with recording_regions(device):
+        joint, updated = _trace_joint(program.graph_module, flat_args, input_names, trainable, export_to_joint,
+                                      saved, returned, updatable, on_device)
     placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
     output = next(n for n in joint.graph.nodes if n.op == "output")
     results = list(output.args[0])
@@ -927,9 +944,30 @@ def _first_user_location(node: fx.Node) -> SourceLocation | None:
 class _Composites(fx.Interpreter):
     """Runs a graph, taking PyTorch's Python kernel for a composite operator
     where it has one, as export's decompositions do (dropout becomes
-    native_dropout, the kernel eager PyTorch runs on GPUs)."""
+    native_dropout, the kernel eager PyTorch runs on GPUs). The regions
+    export makes of `torch.autocast` and `torch.no_grad` blocks run the same
+    way, node by node, so that what they trace keeps its modules and lines.
+    Run on tensors of `device` (fsdpc.autocast), tensors the graph creates
+    on meta, where export ran, are created there instead."""
+
+    def __init__(self, graph_module: fx.GraphModule, device: torch.device | None = None):
+        super().__init__(graph_module)
+        self.device = device
 
     def call_function(self, target, args, kwargs):
+        if self.device is not None:
+            if target in _STATIC_ASSERTIONS:  # export's dtypes, which autocast changes (the joint trace drops them)
+                return None
+            args, kwargs = tree_map_only(torch.device, lambda d: self.device if d.type == "meta" else d,
+                                         (args, kwargs))
+        if target is torch.ops.higher_order.wrap_with_autocast:
+            device_type, dtype, enabled, cache_enabled, body, *inputs = args
+            with torch.autocast(device_type, dtype, enabled, cache_enabled):
+                return _Composites(body, self.device).run(*inputs)
+        if target is torch.ops.higher_order.wrap_with_set_grad_enabled:
+            enabled, body, *inputs = args
+            with torch.set_grad_enabled(enabled):
+                return _Composites(body, self.device).run(*inputs)
         python_kernel = getattr(target, "py_kernels", {}).get(DispatchKey.CompositeImplicitAutograd)
         if python_kernel is not None:
             return python_kernel(*args, **kwargs)
@@ -938,12 +976,13 @@ class _Composites(fx.Interpreter):
 
 def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_names: list[str],
                  trainable: list[int], export_to_joint: list[int], saved: set[SavedCall],
-                 returned: int, updatable: set[int]) -> tuple[fx.GraphModule, list[int]]:
+                 returned: int, updatable: set[int], on_device: torch.device | None) -> tuple[fx.GraphModule, list[int]]:
     """The joint graph of `forward`, whose first `returned` outputs are the
     loss and what loss_fn returned beside it: its outputs are those, then
     the gradients of the `trainable` inputs, then the new values of the
     inputs among `updatable` (buffers) that the step updated in place, whose
-    indices come with it."""
+    indices come with it. `on_device`: the device of `flat_args` where it
+    is not meta (_Composites)."""
     # AOTAutograd's helper that stamps backward nodes with the sequence number of
     # the forward op they differentiate (the same one torch.compile relies on).
     from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
@@ -953,7 +992,7 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
     def joint(*args):
         with torch.enable_grad(), preserve_node_meta():
             with saving if saved else contextlib.nullcontext():
-                loss, *aux = _Composites(forward).run(*(args[i] for i in export_to_joint))
+                loss, *aux = _Composites(forward, on_device).run(*(args[i] for i in export_to_joint))
             if loss.dim() != 0 or not loss.is_floating_point():
                 raise CaptureError(
                     f"loss_fn must return a scalar floating-point loss, got shape {tuple(loss.shape)} {loss.dtype}")

@@ -36,6 +36,8 @@ import torch.nn.functional as F
 from torch import fx
 from torch.overrides import TorchFunctionMode
 
+from fsdpc.autocast import as_autocast_casts
+
 aten = torch.ops.aten
 
 
@@ -116,7 +118,9 @@ class FusedRmsNormFor(TorchFunctionMode):
             return func(*args, **kwargs)
         names = ("input", "normalized_shape", "weight", "eps")
         call = {**dict(zip(names, args)), **kwargs}
-        input, weight = call["input"], call.get("weight")
+        # Cast as autocast would cast for the call replaced (CUDA's fp32 list holds rms_norm in torch 2.15, not in 2.11).
+        input, weight = as_autocast_casts("aten::rms_norm", self.device, (call["input"], call.get("weight")),
+                                          to_fp32=True)
         if not takes_fused_kernel(input, weight):
             return func(*args, **kwargs)
         return fused_rms_norm(input, list(call["normalized_shape"]), weight, call.get("eps"))[0]

@@ -50,6 +50,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from fsdpc import clip, liveness
+from fsdpc.autocast import ambient_autocast
 from fsdpc.capture import CaptureError, MixedPrecision, aux_count, batch_leaves
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.device import DeviceError, collective_backend, dtensor_where_it_is, job_device, seed_generators
@@ -403,7 +404,6 @@ class ShardedModule(nn.Module):
                 backend = collective_backend(device)
             except DeviceError as error:
                 raise StepError(str(error)) from None
-            _refuse_autocast(device, "fsdpc.shard called")
             offload = self._check_offload(offload_policy, device)
             policy = _mixed_precision(mp_policy, model, wrap)
             return device, policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, offload is not None,
@@ -738,14 +738,16 @@ class ShardedModule(nn.Module):
         return None
 
     def _signature(self, batch: Sequence[torch.Tensor], train: bool, frozen: tuple[str, ...],
-                   read: tuple[tuple[str, ...], tuple] | None = None) -> tuple:
+                   read: tuple[tuple[str, ...], tuple, torch.dtype | None] | None = None) -> tuple:
         """What picks a program: mode (and the modules in the other one),
-        batch shapes, frozen parameters, the options set since fsdpc.shard
-        and the values of the module attributes the steps read (`read`:
-        the modes apart and the values, where the call has them already)."""
-        modes, values = read or (self._modes_apart(), self._attribute_values())
+        batch shapes, frozen parameters, the options set since fsdpc.shard,
+        the autocast the call runs under and the values of the module
+        attributes the steps read (`read`: the modes apart, the values and
+        the autocast, where the call has them already)."""
+        modes, values, autocast = read or (self._modes_apart(), self._attribute_values(),
+                                           ambient_autocast(self.device.type))
         return (train, self.training, modes, tuple((tuple(t.shape), t.dtype) for t in batch),
-                frozen if train else (), tuple(sorted(self._overrides.items())) if train else (), values)
+                frozen if train else (), tuple(sorted(self._overrides.items())) if train else (), autocast, values)
 
     def _program_for(self, batch: Sequence[torch.Tensor], *, train: bool, frozen: tuple[str, ...],
                      read: tuple[tuple[str, ...], tuple] | None = None) -> CompiledProgram:
@@ -1110,7 +1112,6 @@ class ShardedModule(nn.Module):
             self._check_tree()
             self._check_ready()
             self._check_forward_hooks()
-            _refuse_autocast(self.device, "the sharded module called")
             self._check_batch(given, structure)
             if train:
                 self._check_gradient_hooks(named, self._gradient_sync if sync is None else sync)
@@ -1128,12 +1129,14 @@ class ShardedModule(nn.Module):
         kind = (f"a forward-only ({'training' if self.training else 'eval'} mode)" if not train else
                 "a synchronizing" if sync else "an accumulating (no gradient sync)")
         frozen = _frozen(named) if train else ()
-        read = (self._modes_apart(), self._attribute_values())  # read once: they key the program too
+        # Read once: they key the program too.
+        read = (self._modes_apart(), self._attribute_values(), ambient_autocast(self.device.type))
         # A call that is wrong on one rank is refused on all, before any
         # collective. Batch sizes may differ by rank (each padded to its own
         # longest sequence): they are agreed apart from the rest.
         rest = (f"{_frozen_text(frozen)}{_overrides_text(self._overrides) if train else ''}"
-                f"{self._attributes_changed(read[1])}{_modes_text(read[0], self.training)}")
+                f"{self._attributes_changed(read[1])}{_modes_text(read[0], self.training)}"
+                f"{f' under torch.autocast(dtype={read[2]})' if read[2] else ''}")
         sizes_by_rank = self._agree_on_call(
             f"a call refused with: {problem}" if problem else f"{kind} step on {_describe(batch)}{rest}",
             key=None if problem else f"{kind} step on {_kinds(batch)}{rest}",
@@ -1670,17 +1673,6 @@ def _frozen_text(frozen: tuple[str, ...]) -> str:
     digest = hashlib.sha256("\0".join(frozen).encode()).hexdigest()[:12]
     shown = ", ".join(frozen[:3]) + (", ..." if len(frozen) > 3 else "")
     return f" with {len(frozen)} parameters frozen ({shown}; set {digest})"
-
-
-def _refuse_autocast(device: torch.device, what: str) -> None:
-    """fsdpc compiles every call's dtype into the step: a torch.autocast
-    around a call would not apply (the runtime excludes it)."""
-    if torch.is_autocast_enabled(device.type):
-        dtype = torch.get_autocast_dtype(device.type)
-        raise StepError(f"{what} under torch.autocast({device.type!r}, dtype={dtype}): fsdpc compiles every call's "
-                        f"dtype into the step, so autocast cannot apply; for {dtype} compute with fp32 master weights "
-                        f"pass mp_policy=MixedPrecisionPolicy(param_dtype={dtype}) to fsdpc.shard and call the module "
-                        "outside autocast")
 
 
 @contextlib.contextmanager

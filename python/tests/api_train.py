@@ -7,6 +7,7 @@ GPU and tolerances are at least 1e-5 (fp32 kernels that sum in another
 order)."""
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import datetime
@@ -572,10 +573,6 @@ def scenario_misuse(args):
     sharded = fsdpc.shard(model, mine(data[0]), next_token_loss)
     sharded(*mine(data[0]))
 
-    def under_autocast(attempt):
-        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
-            return attempt()
-
     def hooked_since_shard(attempt):  # a forward hook the compiled step never traced
         handle = sharded.get_submodule("blocks.0").register_forward_hook(lambda module, inputs, output: output * 2)
         try:
@@ -586,10 +583,6 @@ def scenario_misuse(args):
     outside = torch.ones((), device=DEVICE)  # a tensor loss_fn reads that is not the model's
     for attempt, expected in [
         (lambda: stale.step(), "build the optimizer over sharded.parameters()"),
-        (lambda: under_autocast(lambda: sharded(*mine(data[0]))),
-         "mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16) to fsdpc.shard and call the module outside"),
-        (lambda: under_autocast(lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)),
-         "fsdpc.shard called under torch.autocast"),
         (lambda: hooked_since_shard(lambda: sharded(*mine(data[0]))),
          "the forward hooks on blocks.0 changed after fsdpc.shard compiled the step"),
         (lambda: model(mine(data[0])[0]), "call the sharded module it returned"),
@@ -863,6 +856,72 @@ def scenario_mixed_by_unit(args):
     # Without a reduce_dtype a unit reduces in its param_dtype, as under FSDP2: here f32, as the others do.
     fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, mp_policy={
         "": bf16, "blocks.1": MixedPrecisionPolicy(param_dtype=torch.float32, output_dtype=torch.bfloat16)})
+
+
+def scenario_autocast(args):
+    """torch.autocast as in eager PyTorch (fp32 parameters, the matrix
+    products in bf16, what autocast keeps in fp32 in fp32): around the calls
+    (and fsdpc.shard), the losses equal FSDP2's under the same autocast
+    within one bf16 rounding step (mixed_against_fsdp2's tolerance), the
+    step's products in bf16; entered inside loss_fn instead, the same
+    losses; a call outside autocast runs the fp32 step; ranks that disagree
+    about autocast are refused."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    def bf16_autocast():
+        return torch.autocast(DEVICE.type, dtype=torch.bfloat16)
+
+    data = batches(3)
+    with bf16_autocast():
+        sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)
+    products = re.findall(r'fsdp\.aten "aten::(?:mm|bmm|addmm)".*', sharded.sharded_ir)
+    assert products and all("xbf16>" in line and "xf32>" not in line for line in products), products[:3]
+
+    def call(batch):
+        with bf16_autocast():
+            return mean_over_ranks(sharded(*mine(batch)))
+
+    ours, _ = run_steps(call, sharded.clip_grad_norm_, optimizer_for(sharded), None, data, clip=0.5)
+
+    theirs_model = reference_model()
+    mesh = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
+    for block in theirs_model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(theirs_model, mesh=mesh)
+
+    def fsdp2_step(batch):
+        with bf16_autocast():
+            loss = next_token_loss(theirs_model, *mine(batch))
+        loss.backward()
+        return mean_over_ranks(loss)
+
+    theirs, _ = run_steps(fsdp2_step, lambda limit: torch.nn.utils.clip_grad_norm_(theirs_model.parameters(), limit),
+                          optimizer_for(theirs_model), None, data, clip=0.5)
+    expected, _ = eager_losses(reference_model(), data, clip=0.5, schedule=False)
+    close(torch.tensor(ours), torch.tensor(theirs), "autocast losses against FSDP2's", rtol=2**-7, atol=1e-2)
+    close(torch.tensor(ours), torch.tensor(expected), "autocast losses against fp32 eager", rtol=0, atol=0.05)
+    assert ours != expected, "the autocast step computed in fp32"
+
+    def loss_under_autocast(model, inputs, targets):
+        with bf16_autocast():
+            return next_token_loss(model, inputs, targets)
+
+    inside = fsdpc.shard(reference_model(), mine(data[0]), loss_under_autocast)
+    losses, _ = train(inside, optimizer_for(inside), data, clip=0.5)
+    close(torch.tensor(losses), torch.tensor(ours), "autocast inside loss_fn against around the call")
+
+    plain = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)
+    with torch.no_grad():
+        with bf16_autocast():
+            close(torch.tensor(mean_over_ranks(plain(*mine(data[0])))), torch.tensor(ours[0]),
+                  "a forward-only call under autocast")
+        close(torch.tensor(mean_over_ranks(plain(*mine(data[0])))), torch.tensor(expected[0]),
+              "a call outside autocast after one under it")
+    if dist.get_world_size() > 1:
+        disagreeing = bf16_autocast() if dist.get_rank() == 0 else contextlib.nullcontext()
+        with disagreeing:
+            expect_error(lambda: plain(*mine(data[0])), "the ranks disagree about this call.*torch.autocast")
 
 
 def small_llama(torch_norm: bool = False):

@@ -75,21 +75,6 @@ class ReentrantOnTheBatch(nn.Module):
         return self.out(hidden)
 
 
-class AutocastInside(nn.Module):
-    """Enables autocast inside forward (disabling it, as Hugging Face's
-    rotary embeddings do, is harmless)."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-
-    def forward(self, x):
-        with torch.autocast("cpu", enabled=False):
-            x = x * 2
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return self.fc(x).float()
-
-
 def _sum_loss(model, x):
     return model(x).sum()
 
@@ -134,6 +119,3 @@ def batch_update():
 def reentrant_on_the_batch():
     return ReentrantOnTheBatch(), (torch.randn(2, 4),), _sum_loss
 
-
-def autocast_inside():
-    return AutocastInside(), (torch.randn(2, 4),), _sum_loss

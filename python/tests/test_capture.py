@@ -232,12 +232,97 @@ def test_reentrant_checkpoint_of_inputs_without_grad_is_refused_by_line():
         export_training_step(*load_bad("reentrant_on_the_batch"))
 
 
-def test_autocast_enabled_inside_the_step_is_refused_by_line():
-    """On the meta device, where capture runs, autocast casts nothing: the
-    step would silently compute in fp32. Disabling it passes."""
-    where = f"{BAD_MODELS}:{line_of('dtype=torch.bfloat16')}: torch.autocast('cpu', dtype=torch.bfloat16) inside"
-    with pytest.raises(CaptureError, match=re.escape(where)):
-        export_training_step(*load_bad("autocast_inside"))
+class AutocastInside(nn.Module):
+    """Enables autocast inside forward, after a region that disables it (as
+    Hugging Face's rotary embeddings do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.autocast("cpu", enabled=False):
+            x = x * 2
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.fc(x).float()
+
+
+@pytest.mark.parametrize("where", ["forward", "around the call"])
+def test_autocast_casts_as_in_eager(where):
+    """Autocast entered in the step, or around the capture (as around a
+    call), casts what eager PyTorch's casts, forward and backward: the joint
+    graph's loss and gradients equal eager's under the same autocast, to
+    the bit, and its product is in bf16."""
+    torch.manual_seed(0)
+    if where == "forward":
+        model, batch, loss_fn = AutocastInside(), (torch.randn(2, 4),), lambda m, x: m(x).sum()
+        result = export_training_step(model, batch, loss_fn)
+        eager_loss = loss_fn(model, *batch)
+    else:
+        model, batch, loss_fn = make("gpt")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            result = export_training_step(model, batch, loss_fn)
+            eager_loss = loss_fn(model, *batch)
+    eager_loss.backward()
+    loss, grads = run_joint(result, model, batch)
+    torch.testing.assert_close(loss, eager_loss, rtol=0, atol=0)
+    for fqn, grad in grads.items():
+        torch.testing.assert_close(grad, model.get_parameter(fqn).grad, rtol=0, atol=0,
+                                   msg=lambda m: f"gradient of {fqn}: {m}")
+    assert re.search(r'"aten::addmm" .*: \(tensor<\w+xbf16>, tensor<\w+xbf16>, tensor<\w+xbf16>\)', result.mlir)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU traces autocast('cuda') on CUDA tensors")
+def test_cuda_autocast_captured_for_cuda_without_a_gpu_is_refused_by_line():
+    """Autocast's casts are traced on CUDA tensors, whose backward needs a
+    GPU: named at the user's line instead of a step silently left in fp32
+    (torch's autocast disables itself without a GPU)."""
+    model, batch, loss_fn = make("llama", meta=True)
+
+    def under_autocast(m, *b):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return loss_fn(m, *b)
+
+    line = f"{__file__}:{under_autocast.__code__.co_firstlineno + 1}"
+    with pytest.raises(CaptureError, match=re.escape(line) + r": torch.autocast\('cuda', dtype=torch.bfloat16\) "
+                       "in a step captured for CUDA on a machine without a GPU"):
+        export_training_step(model, batch, under_autocast, device="cuda")
+
+
+def test_what_a_region_computes_keys_both_caches():
+    """Export puts a no_grad or autocast block's calls in a region of their
+    own: export's fingerprint holds them (a value read only there, changed,
+    is another key), and a warm start's call trace holds the autocast each
+    call ran under."""
+    from fsdpc.call_trace import trace_calls
+    from fsdpc.capture import traced_forward
+
+    class Scaled(nn.Module):
+        def __init__(self, scale):
+            super().__init__()
+            self.fc, self.scale = nn.Linear(4, 4), scale
+
+        def forward(self, x):
+            with torch.no_grad():
+                shift = x * self.scale
+            return self.fc(x + shift).sum()
+
+    def keys(scale, dtype):
+        model, batch = Scaled(scale).to("meta"), (torch.empty(2, 4, device="meta"),)
+
+        def loss_fn(m, x):
+            with torch.autocast("cpu", dtype=dtype):
+                return m(x)
+
+        calls = trace_calls(model, batch, loss_fn, unit_modules=[], mixed_precision=None, device="cpu")
+        with traced_forward(model, batch, loss_fn) as trace:
+            return trace.fingerprint(), calls.fingerprint
+
+    first = keys(2.0, torch.bfloat16)
+    assert first == keys(2.0, torch.bfloat16)
+    assert keys(3.0, torch.bfloat16)[0] != first[0]
+    other_dtype = keys(2.0, torch.float16)
+    assert other_dtype[0] != first[0] and other_dtype[1] != first[1]
 
 
 @pytest.mark.parametrize("how", ["non-reentrant", "reentrant", "wrapper"])

@@ -1,0 +1,77 @@
+"""`torch.autocast` in a compiled step: the same casts eager PyTorch makes.
+
+Capture traces on the meta device, where autocast casts nothing (it casts
+only tensors of its own device type). So:
+
+- the export trace records each autocast region the step enters (the
+  user's `with torch.autocast(...)`, or the one a call under autocast runs
+  in: `ambient_autocast`) as a region of the graph, whatever it casts;
+- the joint trace runs on fake tensors of the target's device type where
+  the graph holds such a region (`casting_region`), so that PyTorch's own
+  autocast makes its casts there, by its own op lists, forward and
+  backward, as in eager;
+- the operators capture chooses itself in place of an autocast-listed call
+  (fused attention, fused RMSNorm) take their inputs as autocast would have
+  cast them (`as_autocast_casts`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import torch
+from torch import fx
+
+from fsdpc.checkpointing import patched
+
+_REGION = torch.ops.higher_order.wrap_with_autocast
+
+
+def ambient_autocast(device_type: str) -> torch.dtype | None:
+    """The dtype of the autocast enabled for `device_type` here (None: none
+    is): a call under it computes as it would in eager PyTorch, and the
+    step compiled for it holds the casts, so it keys the programs."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
+@contextlib.contextmanager
+def recording_regions(device_type: str) -> Iterator[None]:
+    """While capture traces: the caller's autocast is off (the step enters
+    its own, `ambient_autocast`, as a region), and, for a CUDA target on a
+    machine without a GPU, `torch.autocast("cuda", ...)` stays enabled
+    instead of disabling itself: on meta tensors it only marks a region."""
+    with contextlib.ExitStack() as stack:
+        if device_type == "cuda" and not torch.cuda.is_available():
+            stack.enter_context(patched(torch.cuda.amp.common, amp_definitely_not_available=lambda: False))
+            stack.enter_context(patched(torch.cuda, is_bf16_supported=lambda *args, **kwargs: True))
+        stack.enter_context(torch.autocast(device_type, enabled=False))
+        yield
+
+
+def casting_region(graph_module: fx.GraphModule, device_type: str) -> fx.GraphModule | None:
+    """The body of the first enabled autocast region of `device_type` an
+    export graph enters (at any depth), if any."""
+    for module in graph_module.modules():
+        if isinstance(module, fx.GraphModule):
+            for node in module.graph.nodes:
+                if node.op == "call_function" and node.target is _REGION and node.args[0] == device_type \
+                        and node.args[2]:
+                    return getattr(module, node.args[4].target)
+    return None
+
+
+def as_autocast_casts(op: str, device_type: str, tensors: Sequence, *, to_fp32: bool) -> list:
+    """`tensors` (a call's arguments) as autocast, if enabled here for
+    `device_type`, casts the arguments of the ATen operator `op` before
+    running it: floating tensors other than float64 to float32 (`to_fp32`,
+    its fp32 list) or to the autocast dtype (its lower-precision list).
+    Unchanged where autocast is off or does not list `op` for that device
+    (the lists differ by device and torch version: the dispatcher says)."""
+    dtype = ambient_autocast(device_type)
+    key = "AutocastCUDA" if device_type == "cuda" else "AutocastCPU"
+    if dtype is None or not torch._C._dispatch_has_kernel_for_dispatch_key(op, key):
+        return list(tensors)
+    target = torch.float32 if to_fp32 else dtype
+    return [t.to(target) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+            else t for t in tensors]
