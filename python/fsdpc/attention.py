@@ -150,8 +150,11 @@ class FusedAttentionFor(TorchFunctionMode):
         call.apply_defaults()
         a = call.arguments
         # Cast as autocast would cast for the call replaced: the kernel is chosen for the dtype it runs in.
-        q, k, v, mask = as_autocast_casts("aten::scaled_dot_product_attention", self.device,
-                                          (a["query"], a["key"], a["value"], a["attn_mask"]), to_fp32=False)
+        cast = as_autocast_casts("aten::scaled_dot_product_attention", self.device,
+                                 (a["query"], a["key"], a["value"], a["attn_mask"]), to_fp32=False)
+        if cast is None:
+            return func(*args, **kwargs)
+        q, k, v, mask = cast
         aten = torch.ops.aten
         if self.device == "cuda" and not a["enable_gqa"]:
             k, v, a["enable_gqa"] = self._unrepeated(q, k, v, mask, a["is_causal"])

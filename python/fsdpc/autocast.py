@@ -12,7 +12,10 @@ only tensors of its own device type). So:
   backward, as in eager;
 - the operators capture chooses itself in place of an autocast-listed call
   (fused attention, fused RMSNorm) take their inputs as autocast would have
-  cast them (`as_autocast_casts`).
+  cast them (`as_autocast_casts`); where autocast does not list the call,
+  the call stays as written (its inputs' dtypes are not known on meta).
+  For the same reason the written-out RMSNorms inside a region stay as
+  written (`fuse_written_out_rms_norms` reads the top-level graph only).
 """
 
 from __future__ import annotations
@@ -61,17 +64,22 @@ def casting_region(graph_module: fx.GraphModule, device_type: str) -> fx.GraphMo
     return None
 
 
-def as_autocast_casts(op: str, device_type: str, tensors: Sequence, *, to_fp32: bool) -> list:
+def as_autocast_casts(op: str, device_type: str, tensors: Sequence, *, to_fp32: bool) -> list | None:
     """`tensors` (a call's arguments) as autocast, if enabled here for
     `device_type`, casts the arguments of the ATen operator `op` before
     running it: floating tensors other than float64 to float32 (`to_fp32`,
     its fp32 list) or to the autocast dtype (its lower-precision list).
-    Unchanged where autocast is off or does not list `op` for that device
-    (the lists differ by device and torch version: the dispatcher says)."""
+    Unchanged where autocast is off. None where autocast is on and does not
+    list `op` for that device (the lists differ by device and torch
+    version: the dispatcher says): the dtypes the call will see are then
+    not known on meta, where the capture's Python runs, so a kernel cannot
+    be chosen for them."""
     dtype = ambient_autocast(device_type)
-    key = "AutocastCUDA" if device_type == "cuda" else "AutocastCPU"
-    if dtype is None or not torch._C._dispatch_has_kernel_for_dispatch_key(op, key):
+    if dtype is None:
         return list(tensors)
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(op, "AutocastCUDA" if device_type == "cuda"
+                                                          else "AutocastCPU"):
+        return None
     target = torch.float32 if to_fp32 else dtype
     return [t.to(target) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
             else t for t in tensors]

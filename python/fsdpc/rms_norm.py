@@ -118,9 +118,12 @@ class FusedRmsNormFor(TorchFunctionMode):
             return func(*args, **kwargs)
         names = ("input", "normalized_shape", "weight", "eps")
         call = {**dict(zip(names, args)), **kwargs}
-        # Cast as autocast would cast for the call replaced (CUDA's fp32 list holds rms_norm in torch 2.15, not in 2.11).
-        input, weight = as_autocast_casts("aten::rms_norm", self.device, (call["input"], call.get("weight")),
-                                          to_fp32=True)
+        # Cast as autocast would cast for the call replaced (CUDA's fp32 list holds rms_norm in
+        # torch 2.15, not in 2.11).
+        cast = as_autocast_casts("aten::rms_norm", self.device, (call["input"], call.get("weight")), to_fp32=True)
+        if cast is None:
+            return func(*args, **kwargs)
+        input, weight = cast
         if not takes_fused_kernel(input, weight):
             return func(*args, **kwargs)
         return fused_rms_norm(input, list(call["normalized_shape"]), weight, call.get("eps"))[0]

@@ -272,6 +272,25 @@ def test_autocast_casts_as_in_eager(where):
     assert re.search(r'"aten::addmm" .*: \(tensor<\w+xbf16>, tensor<\w+xbf16>, tensor<\w+xbf16>\)', result.mlir)
 
 
+def test_the_llama_under_autocast_equals_eager_within_bf16_rounding():
+    """Rotary positions in fp32, attention's products in bf16 as autocast
+    gives them; the loss and gradients equal eager's under the same
+    autocast within bf16 rounding (eager runs CPU flash attention, the step
+    math attention)."""
+    model, batch, loss_fn = make("llama")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        result = export_training_step(model, batch, loss_fn)
+        eager_loss = loss_fn(model, *batch)
+    eager_loss.backward()
+    products = re.findall(r'"aten::bmm" .*', result.mlir)
+    assert products and all("f32>" not in line for line in products), products[:2]
+    loss, grads = run_joint(result, model, batch)
+    torch.testing.assert_close(loss, eager_loss, rtol=2**-7, atol=1e-2)
+    for fqn, grad in grads.items():
+        torch.testing.assert_close(grad, model.get_parameter(fqn).grad, rtol=0.05, atol=2e-3,
+                                   msg=lambda m: f"gradient of {fqn}: {m}")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU traces autocast('cuda') on CUDA tensors")
 def test_cuda_autocast_captured_for_cuda_without_a_gpu_is_refused_by_line():
     """Autocast's casts are traced on CUDA tensors, whose backward needs a

@@ -547,3 +547,43 @@ def test_a_selective_policy_saves_the_fused_attention_it_names():
     sharded = run_fsdp_opt(text, ["--fsdp-sharding-pipeline=ranks=2"])
     assert not re.search(r'"aten::_scaled_dot_product_cudnn_attention"[^\n]*\{fsdp\.recomputed\}', sharded)
     assert re.search(r'\{fsdp\.recomputed\}', sharded), "nothing of the blocks is recomputed"
+
+
+def test_attention_under_autocast_is_chosen_for_the_dtype_autocast_gives_it():
+    """Capture picks the attention kernel itself: under autocast q, k and v
+    are cast as autocast casts them for scaled_dot_product_attention, and
+    the kernel is the one eager picks for bf16, not for the fp32 they were
+    computed in (rotary positions)."""
+    from fsdpc.attention import FusedAttentionFor
+    from fsdpc.autocast import recording_regions
+
+    q = torch.empty(2, 4, 256, 64, device="meta")
+    mode = FusedAttentionFor("cuda")
+    with recording_regions("cuda"), torch.autocast("cuda", dtype=torch.bfloat16), mode:
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    half = q.to(torch.bfloat16)
+    assert out.dtype == torch.bfloat16
+    assert mode.chosen == [cuda_attention_kernel(half, half, half, None, True, False, CudaTarget())]
+    assert mode.chosen != [cuda_attention_kernel(q, q, q, None, True, False, CudaTarget())]
+
+
+def test_rms_norm_under_autocast_is_fused_where_autocast_lists_it(monkeypatch):
+    """Where this torch's autocast lists rms_norm for CUDA (in its fp32
+    list: torch 2.15, not 2.11) the fused kernel takes fp32 inputs, as
+    autocast casts them; where it does not, the call stays as written,
+    since the dtypes it will see are not known on meta."""
+    import fsdpc.rms_norm as rms_norm
+    from fsdpc.autocast import recording_regions
+
+    fused_inputs = []
+    monkeypatch.setattr(rms_norm, "fused_rms_norm",
+                        lambda input, *rest: (fused_inputs.append(input.dtype), (input, None))[1])
+    x = torch.empty(4, 64, device="meta", dtype=torch.bfloat16)
+    weight = torch.empty(64, device="meta", dtype=torch.bfloat16)
+    with recording_regions("cuda"), torch.autocast("cuda", dtype=torch.bfloat16), rms_norm.FusedRmsNormFor("cuda"):
+        torch.nn.functional.rms_norm(x, (64,), weight)
+    listed = torch._C._dispatch_has_kernel_for_dispatch_key("aten::rms_norm", "AutocastCUDA")
+    assert fused_inputs == ([torch.float32] if listed else []), (torch.__version__, fused_inputs)
+    with rms_norm.FusedRmsNormFor("cuda"):  # outside autocast: fused as it comes
+        torch.nn.functional.rms_norm(x, (64,), weight)
+    assert fused_inputs[-1] == torch.bfloat16
