@@ -83,11 +83,19 @@ def test_what_changes_the_traced_step_changes_the_key(monkeypatch):
         "the policy": lambda: fingerprint(*meta_step(), mixed_precision=bf16),
         "the units": lambda: fingerprint(*meta_step(), wrap=lambda name, module: name == "b"),
         "the target device": lambda: fingerprint(*meta_step(), device="cuda"),
+        "the autocast around the call": lambda: under_autocast(lambda: fingerprint(*meta_step())),
+        "an autocast region in the step": lambda: fingerprint(
+            *meta_step()[:2], lambda m, x, y: under_autocast(lambda: loss(m, x, y))),
     }
     keys = {what: change() for what, change in different.items()}
     for what, key in keys.items():
         assert key != base, f"changing {what} kept the key"
     assert len(set(keys.values())) == len(keys)
+
+
+def under_autocast(run):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return run()
 
 
 class FlagReader(Net):
