@@ -21,6 +21,7 @@ only tensors of its own device type). So:
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Iterator, Sequence
 
 import torch
@@ -41,15 +42,55 @@ def ambient_autocast(device_type: str) -> torch.dtype | None:
 @contextlib.contextmanager
 def recording_regions(device_type: str) -> Iterator[None]:
     """While capture traces: the caller's autocast is off (the step enters
-    its own, `ambient_autocast`, as a region), and, for a CUDA target on a
-    machine without a GPU, `torch.autocast("cuda", ...)` stays enabled
-    instead of disabling itself: on meta tensors it only marks a region."""
+    its own, `ambient_autocast`, as a region); an autocast for the device
+    type of a tensor (`torch.autocast(x.device.type, enabled=False)`, as
+    models force fp32 where precision matters) is for the target's, not for
+    meta's, where capture runs; and, for a CUDA target on a machine without
+    a GPU, `torch.autocast("cuda", ...)` stays enabled instead of disabling
+    itself: on meta tensors it only marks a region."""
+    autocast = torch.amp.autocast_mode.autocast
+    make = autocast.__init__
+
+    def for_the_target(self, *args, **kwargs):
+        args, kwargs = _for_device_type(device_type, args, kwargs)
+        make(self, *args, **kwargs)
+
     with contextlib.ExitStack() as stack:
         if device_type == "cuda" and not torch.cuda.is_available():
             stack.enter_context(patched(torch.cuda.amp.common, amp_definitely_not_available=lambda: False))
             stack.enter_context(patched(torch.cuda, is_bf16_supported=lambda *args, **kwargs: True))
+        stack.enter_context(patched(autocast, __init__=for_the_target))
+        _hugging_face_autocast_for(device_type, stack)
         stack.enter_context(torch.autocast(device_type, enabled=False))
         yield
+
+
+def _for_device_type(device_type: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """An autocast's arguments with device type "meta" (first, or by name)
+    replaced by `device_type`."""
+    if args and args[0] == "meta":
+        return (device_type, *args[1:]), kwargs
+    if kwargs.get("device_type") == "meta":
+        return args, {**kwargs, "device_type": device_type}
+    return args, kwargs
+
+
+def _hugging_face_autocast_for(device_type: str, stack: contextlib.ExitStack) -> None:
+    """Hugging Face's `maybe_autocast` (transformers 5.x; its rotary
+    embeddings force fp32 with it) enters nothing for device type "meta":
+    while capture traces, every module's name for it takes the target's."""
+    generic = sys.modules.get("transformers.utils.generic")
+    original = getattr(generic, "maybe_autocast", None)
+    if original is None:
+        return
+
+    def for_the_target(*args, **kwargs):
+        args, kwargs = _for_device_type(device_type, args, kwargs)
+        return original(*args, **kwargs)
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "__dict__", {}).get("maybe_autocast") is original:  # no module __getattr__ runs
+            stack.enter_context(patched(module, maybe_autocast=for_the_target))
 
 
 def casting_region(graph_module: fx.GraphModule, device_type: str) -> fx.GraphModule | None:

@@ -125,7 +125,7 @@ class SavingSelectively(TorchDispatchMode):
 def patched(owner: type, **replacements) -> Iterator[None]:
     """`owner`'s attributes replaced while tracing, then put back as they
     were: reassigned where `owner` defined them, removed where it inherited
-    them (capture's refusal of autocast uses it too)."""
+    them (classes and modules: capture's other patches use it too)."""
     inherited = object()
     saved = {name: owner.__dict__.get(name, inherited) for name in replacements}
     for name, value in replacements.items():

@@ -13,6 +13,8 @@ import torch
 from torch import fx, nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from transformers.utils.generic import maybe_autocast
+
 from api_train import Checkpointed
 from fsdpc import run_fsdp_opt
 from fsdpc.capture import CaptureError
@@ -871,3 +873,42 @@ def test_what_the_step_assigns_outside_itself_is_said_to_run_once():
         warnings.simplefilter("always")
         say_outside_assignments(lambda m, x: m(x).sum(), nn.Linear(2, 2))
     assert not caught, [str(w.message) for w in caught]
+
+
+class FixedPointAngles(nn.Module):
+    """Forces fp32 where precision matters, as rotary embeddings do, with
+    an autocast for the device type of a tensor (meta, while capture runs)."""
+
+    def __init__(self, hugging_face: bool):
+        super().__init__()
+        self.frequencies, self.fc = nn.Parameter(torch.randn(4, 4)), nn.Linear(4, 4)
+        self.hugging_face = hugging_face
+
+    def forward(self, x):
+        if self.hugging_face:
+            disabled = maybe_autocast(device_type=x.device.type, enabled=False)
+        else:
+            disabled = torch.autocast(device_type=x.device.type, enabled=False)
+        with disabled:
+            angles = x.float() @ self.frequencies
+        return self.fc(angles.cos()).sum()
+
+
+@pytest.mark.parametrize("hugging_face", [False, True])
+def test_an_autocast_for_a_tensors_device_type_is_for_the_targets(hugging_face):
+    """On meta, where capture runs, a tensor's device type is "meta": an
+    autocast disabled for it disables the target's, as in eager (torch's
+    autocast would refuse "meta"; Hugging Face's `maybe_autocast` would
+    enter nothing, leaving the product in bf16)."""
+    torch.manual_seed(0)
+    model, batch = FixedPointAngles(hugging_face), (torch.randn(2, 4),)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        result = export_training_step(FixedPointAngles(hugging_face).to("meta"), [t.to("meta") for t in batch],
+                                      lambda m, x: m(x))
+        eager_loss = model(*batch)
+    eager_loss.backward()
+    loss, grads = run_joint(result, model, batch)
+    torch.testing.assert_close(loss, eager_loss, rtol=0, atol=0)
+    for fqn, grad in grads.items():
+        torch.testing.assert_close(grad, model.get_parameter(fqn).grad, rtol=0, atol=0)
+    assert re.search(r'"aten::mm" .*: \(tensor<2x4xf32>, tensor<4x4xf32>\)', result.mlir)
