@@ -6,16 +6,19 @@ only tensors of its own device type). So:
 - the export trace records each autocast region the step enters (the
   user's `with torch.autocast(...)`, or the one a call under autocast runs
   in: `ambient_autocast`) as a region of the graph, whatever it casts;
-- the joint trace runs on fake tensors of the target's device type where
-  the graph holds such a region (`casting_region`), so that PyTorch's own
-  autocast makes its casts there, by its own op lists, forward and
-  backward, as in eager;
+- where the graph holds such a region (`casting_region`), the step is
+  exported again, and the joint trace runs, on fake tensors of the
+  target's device type, so that PyTorch's own autocast makes its casts
+  there, by its own op lists, forward and backward, and the step's Python
+  reads the dtypes eager's reads (`x.to(h.dtype)`);
+- an autocast for a tensor's device type, "meta" while capture runs, is
+  for the target's (`recording_regions`);
 - the operators capture chooses itself in place of an autocast-listed call
   (fused attention, fused RMSNorm) take their inputs as autocast would have
-  cast them (`as_autocast_casts`); where autocast does not list the call,
-  the call stays as written (its inputs' dtypes are not known on meta).
-  For the same reason the written-out RMSNorms inside a region stay as
-  written (`fuse_written_out_rms_norms` reads the top-level graph only).
+  cast them (`as_autocast_casts`). The written-out RMSNorms inside a
+  region stay as written (`fuse_written_out_rms_norms` reads the top-level
+  graph only): its rewrite does not model autocast's casts of pow and
+  rsqrt.
 """
 
 from __future__ import annotations
@@ -105,22 +108,28 @@ def casting_region(graph_module: fx.GraphModule, device_type: str) -> fx.GraphMo
     return None
 
 
+def autocast_lists(op: str, device_type: str) -> bool:
+    """Whether autocast, enabled here for `device_type`, casts the arguments
+    of the ATen operator `op` (an overload: "aten::upsample_nearest2d.vec")."""
+    return ambient_autocast(device_type) is not None and torch._C._dispatch_has_kernel_for_dispatch_key(
+        op, "AutocastCUDA" if device_type == "cuda" else "AutocastCPU")
+
+
 def as_autocast_casts(op: str, device_type: str, tensors: Sequence, *, to_fp32: bool) -> list | None:
     """`tensors` (a call's arguments) as autocast, if enabled here for
     `device_type`, casts the arguments of the ATen operator `op` before
     running it: floating tensors other than float64 to float32 (`to_fp32`,
     its fp32 list) or to the autocast dtype (its lower-precision list).
-    Unchanged where autocast is off. None where autocast is on and does not
-    list `op` for that device (the lists differ by device and torch
-    version: the dispatcher says): the dtypes the call will see are then
-    not known on meta, where the capture's Python runs, so a kernel cannot
-    be chosen for them."""
+    Unchanged where autocast is off, or does not list `op` for that device
+    (the lists differ by device and torch version: the dispatcher says) and
+    the tensors are the fake ones of the second export, whose dtypes are
+    autocast's; None where they are meta, whose dtypes autocast has not
+    cast: a kernel cannot be chosen for them."""
     dtype = ambient_autocast(device_type)
     if dtype is None:
         return list(tensors)
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(op, "AutocastCUDA" if device_type == "cuda"
-                                                          else "AutocastCPU"):
-        return None
+    if not autocast_lists(op, device_type):
+        return None if any(isinstance(t, torch.Tensor) and t.is_meta for t in tensors) else list(tensors)
     target = torch.float32 if to_fp32 else dtype
     return [t.to(target) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
             else t for t in tensors]

@@ -47,7 +47,7 @@ from torch.fx.traceback import preserve_node_meta
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.utils import checkpoint as torch_checkpoint
-from torch.utils._pytree import TreeSpec, keystr, tree_flatten_with_path, tree_map_only
+from torch.utils._pytree import TreeSpec, keystr, tree_flatten_with_path, tree_map_only, tree_unflatten
 
 from fsdpc import cache
 from fsdpc.autocast import ambient_autocast, casting_region, recording_regions
@@ -816,17 +816,57 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
     step = _TrainingStep(model, loss_fn, device)
     units = {name: model.get_submodule(name) for name in unit_modules}
     _refuse_host_generators(loss_fn, model)
-    with _explaining_outside_tensors(loss_fn, model), _tracing_safe_names(model) as real_fqn:
-        with capture_modes(model, units, mixed_precision, device) as observed:
-            program = _export(step, batch)
-            aliases = {identity: [real_fqn.get(n, n) for n in names]
-                       for identity, names in _alias_groups(model).items()}
-        if device == "cuda":
-            fuse_written_out_rms_norms(program.graph_module)
-        aux = aux_structure(program)
-        say_ignored_hooks(observed.ignored_hooks)
-        yield ForwardTrace(program, step, tuple(leaves), aliases, real_fqn, loss_fn, mixed_precision, device,
-                           observed.regions.saved, observed.attribute_reads, aux, str(structure))
+    on_device = False
+    while True:
+        with contextlib.ExitStack() as stack:
+            traced = stack.enter_context(_on_fake_device(model, batch, device)) if on_device else batch
+            stack.enter_context(_explaining_outside_tensors(loss_fn, model))
+            real_fqn = stack.enter_context(_tracing_safe_names(model))
+            with capture_modes(model, units, mixed_precision, device) as observed:
+                program = _export(step, traced)
+                aliases = {identity: [real_fqn.get(n, n) for n in names]
+                           for identity, names in _alias_groups(model).items()}
+            if not on_device and casting_region(program.graph_module, device) is not None:
+                # The step's Python reads dtypes that autocast's casts change
+                # (`x.to(h.dtype)`, `torch.finfo(scores.dtype).min`): traced
+                # again where autocast casts, it reads eager's.
+                on_device = True
+                continue
+            if device == "cuda":
+                fuse_written_out_rms_norms(program.graph_module)
+            aux = aux_structure(program)
+            say_ignored_hooks(observed.ignored_hooks)
+            yield ForwardTrace(program, step, tuple(batch_leaves(traced)[0]), aliases, real_fqn, loss_fn,
+                               mixed_precision, device, observed.regions.saved, observed.attribute_reads, aux,
+                               str(structure))
+            return
+
+
+@contextlib.contextmanager
+def _on_fake_device(model: nn.Module, batch: tuple, device: str) -> Iterator[tuple]:
+    """The model's parameters and buffers (ties kept) and the batch as fake
+    tensors of `device` while capture traces, where autocast casts as it
+    does in eager (fsdpc.autocast); yields the batch."""
+    mode = FakeTensorMode()
+    fakes: dict[int, torch.Tensor] = {}
+
+    def fake(tensor: torch.Tensor, parameter: bool) -> torch.Tensor:
+        if id(tensor) not in fakes:
+            with mode:
+                made = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=device)
+            fakes[id(tensor)] = nn.Parameter(made, requires_grad=tensor.requires_grad) if parameter else made
+        return fakes[id(tensor)]
+
+    slots = [(table, name, tensor) for module in model.modules() for table in (module._parameters, module._buffers)
+             for name, tensor in table.items() if tensor is not None]
+    leaves, structure = batch_leaves(batch)
+    try:
+        for table, name, tensor in slots:
+            table[name] = fake(tensor, isinstance(tensor, nn.Parameter))
+        yield tree_unflatten([fake(leaf, False) for leaf in leaves], structure)
+    finally:
+        for table, name, tensor in slots:
+            table[name] = tensor
 
 
 def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device,
@@ -969,7 +1009,11 @@ class _Composites(fx.Interpreter):
             with torch.set_grad_enabled(enabled):
                 return _Composites(body, self.device).run(*inputs)
         python_kernel = getattr(target, "py_kernels", {}).get(DispatchKey.CompositeImplicitAutograd)
-        if python_kernel is not None:
+        # Where autocast casts, the composite runs as eager runs it: its C++
+        # kernel, whose calls autocast sees (Python's of upsampling would
+        # leave a bf16 result autocast makes fp32); dropout is not autocast's.
+        autocast_on = self.device is not None and ambient_autocast(self.device.type) is not None
+        if python_kernel is not None and (not autocast_on or target is torch.ops.aten.dropout.default):
             return python_kernel(*args, **kwargs)
         return super().call_function(target, args, kwargs)
 

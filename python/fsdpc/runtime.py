@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fsdpc import cache
+from fsdpc.autocast import ambient_autocast
 from fsdpc.capture import MixedPrecision
 from fsdpc.compiler import run_fsdp_opt
 from fsdpc.export import call_trace, traced_forward
@@ -98,7 +99,9 @@ def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Ca
 
     keys = on_every_rank("setting up the step", lambda: cache.setup_key(
         model, batch, loss_fn, world=world, options={"pipeline": options, "wrap": wrap, "device": device.type,
-                                                     "mixed_precision": mixed_precision}), share_result=True)
+                                                     "mixed_precision": mixed_precision,
+                                                     "autocast": ambient_autocast(device.type)}),
+        share_result=True)
     _check_same_step(keys, rank)
     lap("set-up check")
     entry = _compile_on_rank_0(rank, lambda: compile_entry(model, batch, loss_fn, options=options, wrap=wrap,
@@ -204,8 +207,9 @@ def _check_same_step(everyone: list[str], rank: int) -> None:
     if differing:
         raise StepError(
             f"rank {rank}: ranks {differing} set up a different step from rank 0 (model, batch "
-            "shapes or options differ) and would compile a different collective schedule; every "
-            "rank must capture the same model, batch shapes and options")
+            "shapes, options or the torch.autocast it runs under differ) and would compile a different "
+            "collective schedule; every rank must capture the same model, batch shapes and options, under "
+            "the same autocast")
 
 
 def _compile_on_rank_0(rank: int, build: Callable[[], dict]) -> dict:

@@ -750,7 +750,7 @@ class ShardedModule(nn.Module):
                 frozen if train else (), tuple(sorted(self._overrides.items())) if train else (), autocast, values)
 
     def _program_for(self, batch: Sequence[torch.Tensor], *, train: bool, frozen: tuple[str, ...],
-                     read: tuple[tuple[str, ...], tuple] | None = None) -> CompiledProgram:
+                     read: tuple[tuple[str, ...], tuple, torch.dtype | None] | None = None) -> CompiledProgram:
         found = self._programs.get(self._signature(batch, train, frozen, read))
         if found is not None:
             return found

@@ -919,9 +919,11 @@ def scenario_autocast(args):
         close(torch.tensor(mean_over_ranks(plain(*mine(data[0])))), torch.tensor(expected[0]),
               "a call outside autocast after one under it")
     if dist.get_world_size() > 1:
-        disagreeing = bf16_autocast() if dist.get_rank() == 0 else contextlib.nullcontext()
-        with disagreeing:
+        with bf16_autocast() if dist.get_rank() == 0 else contextlib.nullcontext():
             expect_error(lambda: plain(*mine(data[0])), "the ranks disagree about this call.*torch.autocast")
+        with bf16_autocast() if dist.get_rank() == 0 else contextlib.nullcontext():
+            expect_error(lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss),
+                         "set up a different step from rank 0 .*torch.autocast")
 
 
 def small_llama(torch_norm: bool = False):

@@ -2,6 +2,7 @@
 describes the model's parameters, buffers, units and gradients exactly."""
 
 import collections
+import copy
 import functools
 import re
 import sys
@@ -234,6 +235,32 @@ def test_reentrant_checkpoint_of_inputs_without_grad_is_refused_by_line():
         export_training_step(*load_bad("reentrant_on_the_batch"))
 
 
+def on_meta(model, batch):
+    """A copy of `model` and `batch` on the meta device, where capture runs
+    inside fsdpc.shard; tied parameters stay tied (`.to("meta")` unties them)."""
+    copied, metas = copy.deepcopy(model), {}
+    for module in copied.modules():
+        for table in (module._parameters, module._buffers):
+            for name, tensor in table.items():
+                if tensor is not None and id(tensor) not in metas:
+                    meta = torch.empty_like(tensor, device="meta")
+                    metas[id(tensor)] = (nn.Parameter(meta, tensor.requires_grad)
+                                         if isinstance(tensor, nn.Parameter) else meta)
+                if tensor is not None:
+                    table[name] = metas[id(tensor)]
+    return copied, [t.to("meta") for t in batch]
+
+
+def equal_to_eager(result, model, batch, eager_loss):
+    """The captured joint graph's loss and gradients equal eager's, to the bit."""
+    eager_loss.backward()
+    loss, grads = run_joint(result, model, batch)
+    torch.testing.assert_close(loss, eager_loss, rtol=0, atol=0)
+    for fqn, grad in grads.items():
+        torch.testing.assert_close(grad, model.get_parameter(fqn).grad, rtol=0, atol=0,
+                                   msg=lambda m: f"gradient of {fqn}: {m}")
+
+
 class AutocastInside(nn.Module):
     """Enables autocast inside forward, after a region that disables it (as
     Hugging Face's rotary embeddings do)."""
@@ -258,19 +285,14 @@ def test_autocast_casts_as_in_eager(where):
     torch.manual_seed(0)
     if where == "forward":
         model, batch, loss_fn = AutocastInside(), (torch.randn(2, 4),), lambda m, x: m(x).sum()
-        result = export_training_step(model, batch, loss_fn)
+        result = export_training_step(*on_meta(model, batch), loss_fn)
         eager_loss = loss_fn(model, *batch)
     else:
         model, batch, loss_fn = make("gpt")
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            result = export_training_step(model, batch, loss_fn)
+            result = export_training_step(*on_meta(model, batch), loss_fn)
             eager_loss = loss_fn(model, *batch)
-    eager_loss.backward()
-    loss, grads = run_joint(result, model, batch)
-    torch.testing.assert_close(loss, eager_loss, rtol=0, atol=0)
-    for fqn, grad in grads.items():
-        torch.testing.assert_close(grad, model.get_parameter(fqn).grad, rtol=0, atol=0,
-                                   msg=lambda m: f"gradient of {fqn}: {m}")
+    equal_to_eager(result, model, batch, eager_loss)
     assert re.search(r'"aten::addmm" .*: \(tensor<\w+xbf16>, tensor<\w+xbf16>, tensor<\w+xbf16>\)', result.mlir)
 
 
@@ -281,7 +303,7 @@ def test_the_llama_under_autocast_equals_eager_within_bf16_rounding():
     math attention)."""
     model, batch, loss_fn = make("llama")
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        result = export_training_step(model, batch, loss_fn)
+        result = export_training_step(*on_meta(model, batch), loss_fn)
         eager_loss = loss_fn(model, *batch)
     eager_loss.backward()
     products = re.findall(r'"aten::bmm" .*', result.mlir)
@@ -903,12 +925,31 @@ def test_an_autocast_for_a_tensors_device_type_is_for_the_targets(hugging_face):
     torch.manual_seed(0)
     model, batch = FixedPointAngles(hugging_face), (torch.randn(2, 4),)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        result = export_training_step(FixedPointAngles(hugging_face).to("meta"), [t.to("meta") for t in batch],
-                                      lambda m, x: m(x))
+        result = export_training_step(*on_meta(model, batch), lambda m, x: m(x))
         eager_loss = model(*batch)
-    eager_loss.backward()
-    loss, grads = run_joint(result, model, batch)
-    torch.testing.assert_close(loss, eager_loss, rtol=0, atol=0)
-    for fqn, grad in grads.items():
-        torch.testing.assert_close(grad, model.get_parameter(fqn).grad, rtol=0, atol=0)
+    equal_to_eager(result, model, batch, eager_loss)
     assert re.search(r'"aten::mm" .*: \(tensor<2x4xf32>, tensor<4x4xf32>\)', result.mlir)
+
+
+class ReadsTheDtype(nn.Module):
+    """Python that reads a dtype autocast's casts give: eager's reads fp16
+    (and fp16's smallest number, not fp32's, which is -inf in fp16)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.float16):
+            h = self.fc(x)
+            floor = torch.full_like(h, torch.finfo(h.dtype).min)
+            return (h + x.to(h.dtype)).maximum(floor).float().sum()
+
+
+def test_python_reading_a_dtype_in_an_autocast_region_reads_eagers():
+    torch.manual_seed(0)
+    model, batch = ReadsTheDtype(), (torch.randn(2, 4),)
+    result = export_training_step(*on_meta(model, batch), lambda m, x: m(x))
+    eager_loss = model(*batch)
+    equal_to_eager(result, model, batch, eager_loss)
+    assert "-inf" not in result.mlir and not re.search(r"3\.4028\d*e\+38", result.mlir)
