@@ -11,8 +11,9 @@ only tensors of its own device type). So:
   target's device type, so that PyTorch's own autocast makes its casts
   there, by its own op lists, forward and backward, and the step's Python
   reads the dtypes eager's reads (`x.to(h.dtype)`);
-- an autocast for a tensor's device type, "meta" while capture runs, is
-  for the target's (`recording_regions`);
+- an autocast for a tensor's device type (`torch.autocast(x.device.type,
+  enabled=False)`), "meta" in the first export, is for the target's
+  (`recording_regions`): torch's would refuse "meta";
 - the operators capture chooses itself in place of an autocast-listed call
   (fused attention, fused RMSNorm) take their inputs as autocast would have
   cast them (`as_autocast_casts`). The written-out RMSNorms inside a
@@ -24,7 +25,6 @@ only tensors of its own device type). So:
 from __future__ import annotations
 
 import contextlib
-import sys
 from typing import Iterator, Sequence
 
 import torch
@@ -63,7 +63,6 @@ def recording_regions(device_type: str) -> Iterator[None]:
             stack.enter_context(patched(torch.cuda.amp.common, amp_definitely_not_available=lambda: False))
             stack.enter_context(patched(torch.cuda, is_bf16_supported=lambda *args, **kwargs: True))
         stack.enter_context(patched(autocast, __init__=for_the_target))
-        _hugging_face_autocast_for(device_type, stack)
         stack.enter_context(torch.autocast(device_type, enabled=False))
         yield
 
@@ -76,24 +75,6 @@ def _for_device_type(device_type: str, args: tuple, kwargs: dict) -> tuple[tuple
     if kwargs.get("device_type") == "meta":
         return args, {**kwargs, "device_type": device_type}
     return args, kwargs
-
-
-def _hugging_face_autocast_for(device_type: str, stack: contextlib.ExitStack) -> None:
-    """Hugging Face's `maybe_autocast` (transformers 5.x; its rotary
-    embeddings force fp32 with it) enters nothing for device type "meta":
-    while capture traces, every module's name for it takes the target's."""
-    generic = sys.modules.get("transformers.utils.generic")
-    original = getattr(generic, "maybe_autocast", None)
-    if original is None:
-        return
-
-    def for_the_target(*args, **kwargs):
-        args, kwargs = _for_device_type(device_type, args, kwargs)
-        return original(*args, **kwargs)
-
-    for module in list(sys.modules.values()):
-        if getattr(module, "__dict__", {}).get("maybe_autocast") is original:  # no module __getattr__ runs
-            stack.enter_context(patched(module, maybe_autocast=for_the_target))
 
 
 def casting_region(graph_module: fx.GraphModule, device_type: str) -> fx.GraphModule | None:

@@ -918,10 +918,10 @@ class FixedPointAngles(nn.Module):
 
 @pytest.mark.parametrize("hugging_face", [False, True])
 def test_an_autocast_for_a_tensors_device_type_is_for_the_targets(hugging_face):
-    """On meta, where capture runs, a tensor's device type is "meta": an
-    autocast disabled for it disables the target's, as in eager (torch's
-    autocast would refuse "meta"; Hugging Face's `maybe_autocast` would
-    enter nothing, leaving the product in bf16)."""
+    """On meta, where capture first runs, a tensor's device type is "meta",
+    which torch's autocast refuses and Hugging Face's `maybe_autocast`
+    enters nothing for (leaving the product in bf16): an autocast disabled
+    for it disables the target's, as in eager."""
     torch.manual_seed(0)
     model, batch = FixedPointAngles(hugging_face), (torch.randn(2, 4),)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -953,3 +953,18 @@ def test_python_reading_a_dtype_in_an_autocast_region_reads_eagers():
     eager_loss = model(*batch)
     equal_to_eager(result, model, batch, eager_loss)
     assert "-inf" not in result.mlir and not re.search(r"3\.4028\d*e\+38", result.mlir)
+
+
+@pytest.mark.parametrize("name", ["hf-gpt2", "hf-llama"])
+def test_hugging_face_models_under_autocast_equal_eager(name):
+    """Their masks (`torch.finfo(dtype).min`), softmax dtypes and rotary
+    embeddings read dtypes and enter autocast themselves: captured on meta
+    under autocast, the step equals eager under it, to the bit."""
+    if name not in BUILTIN_MODELS:
+        pytest.skip("transformers is not installed")
+    model, batch, loss_fn = make(name)
+    model.eval()  # GPT-2's dropout draws differently in each
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        result = export_training_step(*on_meta(model, batch), loss_fn)
+        eager_loss = loss_fn(model, *batch)
+    equal_to_eager(result, model, batch, eager_loss)
