@@ -494,11 +494,13 @@ def _at_the_users_line(message: str) -> CaptureError:
 
 @contextlib.contextmanager
 def _refusing_untraceable_autocast(device: str) -> Iterator[None]:
-    """`torch.autocast("cuda")` enabled in a step captured for CUDA on a
-    machine without a GPU is refused by line: autocast's casts are traced on
-    CUDA tensors (fsdpc.autocast), whose backward needs a GPU."""
+    """Refused by line: `torch.autocast("cuda")` enabled in a step captured
+    for CUDA on a machine without a GPU (autocast's casts are traced on CUDA
+    tensors, fsdpc.autocast, whose backward needs a GPU), and autocast
+    switched on or off by `torch.set_autocast_enabled` in the step's own
+    code, which export does not record (the step would ignore it)."""
     autocast = torch.amp.autocast_mode.autocast
-    enter = autocast.__enter__
+    enter, set_enabled = autocast.__enter__, torch.set_autocast_enabled
 
     def entered(self):
         if self._enabled and self.device == "cuda" == device and not torch.cuda.is_available():
@@ -508,7 +510,14 @@ def _refusing_untraceable_autocast(device: str) -> Iterator[None]:
                 "host (fsdpc.shard there does), or pass mp_policy=MixedPrecisionPolicy(param_dtype=...) instead")
         return enter(self)
 
-    with patched(autocast, __enter__=entered):
+    def switched(*args, **kwargs):
+        if not machinery_file(sys._getframe(1).f_code.co_filename):  # torch.autocast's own switch passes
+            raise _at_the_users_line(
+                "torch.set_autocast_enabled(...) inside the step: capture keeps autocast regions entered with "
+                "`with torch.autocast(...)` only; use that")
+        return set_enabled(*args, **kwargs)
+
+    with patched(autocast, __enter__=entered), patched(torch, set_autocast_enabled=switched):
         yield
 
 

@@ -968,3 +968,21 @@ def test_hugging_face_models_under_autocast_equal_eager(name):
         result = export_training_step(*on_meta(model, batch), loss_fn)
         eager_loss = loss_fn(model, *batch)
     equal_to_eager(result, model, batch, eager_loss)
+
+
+def test_autocast_switched_on_by_function_in_the_step_is_refused_by_line():
+    """Export keeps `with torch.autocast(...)` regions only: a switch by
+    torch.set_autocast_enabled would be silently ignored."""
+    model, batch, loss_fn = make("mlp", meta=True)
+
+    def switched_on(m, *b):
+        torch.set_autocast_enabled("cpu", True)
+        try:
+            return loss_fn(m, *b)
+        finally:
+            torch.set_autocast_enabled("cpu", False)
+
+    line = f"{__file__}:{switched_on.__code__.co_firstlineno + 1}"
+    with pytest.raises(CaptureError, match=re.escape(line) + r": torch.set_autocast_enabled\(\.\.\.\) inside"):
+        export_training_step(model, batch, switched_on)
+    assert not torch.is_autocast_enabled("cpu")
