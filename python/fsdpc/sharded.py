@@ -28,6 +28,7 @@ import hashlib
 import itertools
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -457,6 +458,7 @@ class ShardedModule(nn.Module):
         self._warned_replay_shapes = False
         self._warned_many_shapes = False
         self._warned_many_values = False
+        self._warned_fp16 = False
         self._groups: dict[str, dist.ProcessGroup] = {}
         self._accumulated: dict[str, torch.Tensor] = {}
         self._gradient_sync = True
@@ -786,6 +788,8 @@ class ShardedModule(nn.Module):
         self._programs[key] = compiled
         self._say_if_many_shapes()
         self._say_if_many_values()
+        if train:
+            self._say_if_fp16(compiled)
         return compiled
 
     def _program_among(self, sizes_by_rank: list, batch: Sequence[torch.Tensor], *, train: bool,
@@ -817,6 +821,18 @@ class ShardedModule(nn.Module):
         warnings.warn(f"fsdpc compiled steps for {len(shapes)} batch shapes ({self._compile_seconds():.1f} s so far): "
                       "each new shape compiles one (or loads it from the cache) and keeps it loaded; pad batches to "
                       "a few fixed lengths (buckets), or to one", stacklevel=2)
+
+    def _say_if_fp16(self, compiled: CompiledProgram) -> None:
+        """Warns once (rank 0) when a training step computes in float16
+        (autocast, mp_policy or the model's own dtype): PyTorch pairs it with
+        loss scaling (GradScaler), which the step, running its own backward,
+        has not."""
+        if self._warned_fp16 or dist.get_rank() != 0 or not re.search(r"[<x]f16>", compiled.sharded_ir):
+            return
+        self._warned_fp16 = True
+        warnings.warn("fsdpc: the training step computes in float16, and fsdpc has no loss scaling (GradScaler) "
+                      "yet: gradients smaller than float16's 6e-8 become zero; bfloat16 (autocast or mp_policy "
+                      "dtype=torch.bfloat16) has float32's range and needs none", stacklevel=3)
 
     def _compile_seconds(self) -> float:
         """Seconds spent compiling (or loading) the programs held."""

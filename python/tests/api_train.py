@@ -883,6 +883,12 @@ def scenario_autocast(args):
             return mean_over_ranks(sharded(*mine(batch)))
 
     ours, _ = run_steps(call, sharded.clip_grad_norm_, optimizer_for(sharded), None, data, clip=0.5)
+    # The memory report reads the autocast step's program (its bf16 copies too) and equals what the allocator saw.
+    reported = sharded.memory_report["train_step"]["peak"]["above_step_start"]
+    with bf16_autocast():
+        measured = peak_allocated_above_start(lambda: sharded(*mine(data[0])))[0]
+    within = 0.05 if DEVICE.type == "cpu" else 0.1  # CUDA's allocator rounds each block up to 512 B
+    assert abs(measured - reported) <= within * reported, f"measured {measured} B against the report's {reported} B"
 
     theirs_model = reference_model()
     mesh = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
@@ -918,6 +924,12 @@ def scenario_autocast(args):
                   "a forward-only call under autocast")
         close(torch.tensor(mean_over_ranks(plain(*mine(data[0])))), torch.tensor(expected[0]),
               "a call outside autocast after one under it")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with torch.autocast(DEVICE.type, dtype=torch.float16):
+            plain(*mine(data[0]))
+    fp16_said = [warning for warning in said if "computes in float16" in str(warning.message)]
+    assert len(fp16_said) == (dist.get_rank() == 0), [str(warning.message) for warning in said]
     if dist.get_world_size() > 1:
         with bf16_autocast() if dist.get_rank() == 0 else contextlib.nullcontext():
             expect_error(lambda: plain(*mine(data[0])), "the ranks disagree about this call.*torch.autocast")
