@@ -779,6 +779,7 @@ class ForwardTrace:
     attribute_reads: set[tuple[str, str]]  # (module path, name): see _attribute_reads
     aux: dict | None  # what loss_fn returned besides the loss: see aux_structure
     structure: str  # the batch's (batch_leaves); `batch` holds its tensors
+    scaled_loss: bool = False  # backward seeded by a loss scale, the step's last input: see _joint_step
 
     def fingerprint(self) -> str:
         """Everything the joint trace and the IR are made from: every op of
@@ -793,7 +794,7 @@ class ForwardTrace:
                  [(name, tuple(t.shape), str(t.dtype), t.requires_grad)
                   for name, t in (*self.program.named_parameters(), *self.program.named_buffers())],
                  [(tuple(t.shape), str(t.dtype)) for t in self.batch], self.structure, sorted(self.saved),
-                 repr(self.aux)]
+                 repr(self.aux), self.scaled_loss]
         nodes = [node for module in self.program.graph_module.modules() if isinstance(module, fx.GraphModule)
                  for node in module.graph.nodes]  # with the regions' (autocast, no_grad)
         for node in nodes:
@@ -808,18 +809,20 @@ class ForwardTrace:
 
     def joint(self) -> CapturedStep:
         return _joint_step(self.program, self.step, self.batch, self.aliases, self.real_fqn, self.loss_fn,
-                           self.mixed_precision, self.device, self.saved, self.aux)
+                           self.mixed_precision, self.device, self.saved, self.aux, self.scaled_loss)
 
 
 @contextlib.contextmanager
 def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *,
                    mixed_precision: MixedPrecision | None = None, unit_modules: Sequence[str] = (),
-                   device: str = "cpu") -> Iterator[ForwardTrace]:
+                   device: str = "cpu", scaled_loss: bool = False) -> Iterator[ForwardTrace]:
     """Exports ``loss_fn(model, *batch)`` for the target `device` ("cpu" or
     "cuda": which fused kernels stay whole); the joint trace must run inside
     (parameters are identified by the tensors the model holds, under safe
     names). `unit_modules` (FQNs; "" is the model) are where
-    `mixed_precision` casts forward inputs and outputs."""
+    `mixed_precision` casts forward inputs and outputs. `scaled_loss`:
+    backward starts from a loss scale the step takes after the batch (a
+    GradScaler's), not from 1."""
     batch = tuple(batch)
     leaves, structure = batch_leaves(batch)
     step = _TrainingStep(model, loss_fn, device)
@@ -847,7 +850,7 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
             say_ignored_hooks(observed.ignored_hooks)
             yield ForwardTrace(program, step, tuple(batch_leaves(traced)[0]), aliases, real_fqn, loss_fn,
                                mixed_precision, device, observed.regions.saved, observed.attribute_reads, aux,
-                               str(structure))
+                               str(structure), scaled_loss)
             return
 
 
@@ -879,8 +882,10 @@ def _on_fake_device(model: nn.Module, batch: tuple, device: str) -> Iterator[tup
 
 
 def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device,
-                saved: set[SavedCall], aux: dict | None) -> CapturedStep:
-    """The joint forward + backward graph of an exported step."""
+                saved: set[SavedCall], aux: dict | None, scaled_loss: bool) -> CapturedStep:
+    """The joint forward + backward graph of an exported step; with
+    `scaled_loss`, its last input is the loss scale backward starts from
+    (what `GradScaler.scale(loss).backward()` starts from)."""
 
     state = {**dict(program.named_parameters()), **dict(program.named_buffers())}
     inputs: list[tuple[str, object]] = []
@@ -934,6 +939,13 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
     input_names = [f"batch item {key}" if kind == "input"
                    else f"buffer '{key}'" if kind == "buffer"
                    else f"parameter '{key}'" for kind, key in inputs]
+    seed = None
+    if scaled_loss:  # an input after the batch's
+        seed = len(inputs)
+        batch = (*batch, torch.empty((), dtype=torch.float32, device=batch[0].device if batch else "meta"))
+        inputs.append(("input", user_index))
+        input_names.append("the loss scale")
+        flat_args.append(batch[-1])
     returned = 1 + aux_count(aux)
     updatable = {i for i, (kind, _) in enumerate(inputs) if kind == "buffer"}
     on_device = None
@@ -945,7 +957,7 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
         on_device = flat_args[0].device  # with its index, as fake tensors have it
     with recording_regions(device):
         joint, updated = _trace_joint(program.graph_module, flat_args, input_names, trainable, export_to_joint,
-                                      saved, returned, updatable, on_device)
+                                      saved, returned, updatable, on_device, seed)
     placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
     output = next(n for n in joint.graph.nodes if n.op == "output")
     results = list(output.args[0])
@@ -1029,13 +1041,15 @@ class _Composites(fx.Interpreter):
 
 def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_names: list[str],
                  trainable: list[int], export_to_joint: list[int], saved: set[SavedCall],
-                 returned: int, updatable: set[int], on_device: torch.device | None) -> tuple[fx.GraphModule, list[int]]:
+                 returned: int, updatable: set[int], on_device: torch.device | None,
+                 seed: int | None) -> tuple[fx.GraphModule, list[int]]:
     """The joint graph of `forward`, whose first `returned` outputs are the
     loss and what loss_fn returned beside it: its outputs are those, then
     the gradients of the `trainable` inputs, then the new values of the
     inputs among `updatable` (buffers) that the step updated in place, whose
     indices come with it. `on_device`: the device of `flat_args` where it
-    is not meta (_Composites)."""
+    is not meta (_Composites). `seed`: the input backward starts from,
+    where not 1."""
     # AOTAutograd's helper that stamps backward nodes with the sequence number of
     # the forward op they differentiate (the same one torch.compile relies on).
     from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
@@ -1055,7 +1069,7 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
             if loss.grad_fn is None:
                 raise CaptureError("the loss does not depend on any trainable parameter")
             setup_stacktrace_preservation_hooks([loss.grad_fn])
-            grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+            grads = torch.autograd.grad(loss, wrt, None if seed is None else args[seed], allow_unused=True)
         return (loss, *aux, *grads)
 
     updated: list[int] = []

@@ -114,13 +114,14 @@ class ExportStage:
 @contextlib.contextmanager
 def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable,
                    *, wrap: WrapPolicy = None, mixed_precision: MixedPrecision | None = None,
-                   device: str = "cpu") -> Iterator[ExportStage]:
+                   device: str = "cpu", scaled_loss: bool = False) -> Iterator[ExportStage]:
     """Exports `loss_fn(model, *batch)` for the target `device`; inside,
-    the stage's fingerprint is known, and `export()` finishes the capture."""
+    the stage's fingerprint is known, and `export()` finishes the capture.
+    `scaled_loss`: see capture.traced_forward."""
     start = time.perf_counter()
     plan = plan_units(model, wrap)
     with capture.traced_forward(model, batch, loss_fn, mixed_precision=mixed_precision,
-                                unit_modules=_unit_modules(plan), device=device) as forward:
+                                unit_modules=_unit_modules(plan), device=device, scaled_loss=scaled_loss) as forward:
         yield ExportStage(forward, plan, start)
 
 

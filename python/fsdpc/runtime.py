@@ -83,10 +83,11 @@ class CompiledProgram:
 
 def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *, options: str,
                     wrap: WrapPolicy, mixed_precision: MixedPrecision | None,
-                    device: torch.device = torch.device("cpu")) -> CompiledProgram:
+                    device: torch.device = torch.device("cpu"), scaled_loss: bool = False) -> CompiledProgram:
     """Collective: every rank calls it with the same step. `model` is what
     capture sees (shapes only: it may live on the meta device); the step is
-    captured for `device`'s kind and loaded for `device`."""
+    captured for `device`'s kind and loaded for `device`; with
+    `scaled_loss`, it takes a loss scale after the batch (a GradScaler's)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
@@ -100,13 +101,14 @@ def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Ca
     keys = on_every_rank("setting up the step", lambda: cache.setup_key(
         model, batch, loss_fn, world=world, options={"pipeline": options, "wrap": wrap, "device": device.type,
                                                      "mixed_precision": mixed_precision,
-                                                     "autocast": ambient_autocast(device.type)}),
+                                                     "autocast": ambient_autocast(device.type),
+                                                     "scaled_loss": scaled_loss}),
         share_result=True)
     _check_same_step(keys, rank)
     lap("set-up check")
     entry = _compile_on_rank_0(rank, lambda: compile_entry(model, batch, loss_fn, options=options, wrap=wrap,
                                                            mixed_precision=mixed_precision, lap=lap,
-                                                           device=device.type))
+                                                           device=device.type, scaled_loss=scaled_loss))
 
     def load() -> CompiledProgram:
         program = Program.parse(entry["program"], str(device))
@@ -143,7 +145,8 @@ def on_every_rank(stage: str, attempt: Callable[[], T], *, share_result: bool = 
 
 def compile_entry(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *, options: str,
                   wrap: WrapPolicy = None, mixed_precision: MixedPrecision | None = None,
-                  lap: Callable[[str], None] = lambda phase: None, device: str = "cpu") -> dict:
+                  lap: Callable[[str], None] = lambda phase: None, device: str = "cpu",
+                  scaled_loss: bool = False) -> dict:
     """Capture for the `device` kind, then shard and lower, in this process
     (no job needed): the cache entry of a step, its program for `ranks=` in
     `options`. The program cache serves what follows the step's recorded
@@ -151,14 +154,15 @@ def compile_entry(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Call
     sharding and lowering (keyed by the captured IR)."""
     calls = call_trace(model, batch, loss_fn, wrap=wrap, mixed_precision=mixed_precision, device=device)
     lap("call trace")
-    calls_key = calls and cache.forward_key(calls.fingerprint, pipeline=options)
+    # The forward's record does not say how backward starts: the key does.
+    calls_key = calls and cache.forward_key(f"{calls.fingerprint} scaled-loss={scaled_loss}", pipeline=options)
     entry = cache.load(calls_key) if calls_key else None
     if entry is not None:
         calls.echo()
         lap("cache hit")
         return entry
     with traced_forward(model, batch, loss_fn, wrap=wrap, mixed_precision=mixed_precision,
-                        device=device) as stage:
+                        device=device, scaled_loss=scaled_loss) as stage:
         lap("export")
         forward_key = cache.forward_key(stage.fingerprint(), pipeline=options)
         entry = cache.load(forward_key)

@@ -380,7 +380,8 @@ class ShardedModule(nn.Module):
                  mesh: DeviceMesh | None = None, reshard_after_forward: bool | int | None = None,
                  mp_policy=None, offload_policy=None, wrap: WrapPolicy = None,
                  gradient_accumulation: bool = False, gradient_divide_factor: float | None = None,
-                 pipeline: str = "", timeout: timedelta = timedelta(minutes=5), check_reshard_frees: bool = False):
+                 pipeline: str = "", timeout: timedelta = timedelta(minutes=5), check_reshard_frees: bool = False,
+                 grad_scaler: torch.amp.GradScaler | None = None):
         if not dist.is_initialized():
             raise StepError("fsdpc.shard needs torch.distributed initialized (run under torchrun)")
         if isinstance(example_batch, (torch.Tensor, Mapping)):  # one item, as `model(batch)` will be called
@@ -406,6 +407,7 @@ class ShardedModule(nn.Module):
             except DeviceError as error:
                 raise StepError(str(error)) from None
             offload = self._check_offload(offload_policy, device)
+            _check_grad_scaler(grad_scaler, world)
             policy = _mixed_precision(mp_policy, model, wrap)
             return device, policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, offload is not None,
                                                  policy, gradient_accumulation, backend,
@@ -420,6 +422,8 @@ class ShardedModule(nn.Module):
         # says otherwise.
         self._pin_shards = device.type != "cpu" and (offload is None or bool(offload.pin_memory))
         self._config = dict(loss_fn=loss_fn, options=options, wrap=wrap, mixed_precision=policy)
+        # Training calls start backward from its scale, as scaler.scale(loss).backward() does.
+        self._grad_scaler = grad_scaler if grad_scaler is not None and grad_scaler.is_enabled() else None
         # Pipeline options FSDP2's setters changed since (set_gradient_divide_factor,
         # set_reshard_after_forward), as the pipeline writes them: they key
         # the training programs and the per-call agreement.
@@ -767,7 +771,8 @@ class ShardedModule(nn.Module):
                 shapes = tree_unflatten([torch.empty(t.shape, dtype=t.dtype, device="meta") for t in batch],
                                         self._batch_structure)
                 compiled = compile_program(model, shapes, config["loss_fn"], options=options, wrap=config["wrap"],
-                                           mixed_precision=config["mixed_precision"], device=self.device)
+                                           mixed_precision=config["mixed_precision"], device=self.device,
+                                           scaled_loss=train and self._grad_scaler is not None)
         except StepError as error:
             if not self._programs:
                 raise
@@ -824,15 +829,16 @@ class ShardedModule(nn.Module):
 
     def _say_if_fp16(self, compiled: CompiledProgram) -> None:
         """Warns once (rank 0) when a training step computes in float16
-        (autocast, mp_policy or the model's own dtype): PyTorch pairs it with
-        loss scaling (GradScaler), which the step, running its own backward,
-        has not."""
-        if self._warned_fp16 or dist.get_rank() != 0 or not re.search(r"[<x]f16>", compiled.sharded_ir):
+        (autocast, mp_policy or the model's own dtype) without a
+        `grad_scaler`: PyTorch pairs float16 with loss scaling."""
+        if self._warned_fp16 or self._grad_scaler is not None or dist.get_rank() != 0 \
+                or not re.search(r"[<x]f16>", compiled.sharded_ir):
             return
         self._warned_fp16 = True
-        warnings.warn("fsdpc: the training step computes in float16, and fsdpc has no loss scaling (GradScaler) "
-                      "yet: gradients smaller than float16's 6e-8 become zero; bfloat16 (autocast or mp_policy "
-                      "dtype=torch.bfloat16) has float32's range and needs none", stacklevel=3)
+        warnings.warn("fsdpc: the training step computes in float16 without loss scaling: gradients smaller than "
+                      "float16's 6e-8 become zero; pass grad_scaler=ShardedGradScaler() to fsdpc.shard (then "
+                      "scaler.unscale_, step and update as with FSDP2), or compute in bfloat16, which has "
+                      "float32's range", stacklevel=3)
 
     def _compile_seconds(self) -> float:
         """Seconds spent compiling (or loading) the programs held."""
@@ -1188,8 +1194,11 @@ class ShardedModule(nn.Module):
                            lambda module, collective, group, function=name, call=self._calls:
                            module._collective_timed_out(function, call, caller, collective),
                            owner=self, device=self.device)
+        inputs = list(batch)
+        if train and self._grad_scaler is not None:  # the loss scale, on the device, read without a sync
+            inputs.append(self._grad_scaler.scale(torch.ones((), dtype=torch.float32, device=self.device)))
         try:
-            out = compiled.runtime.run(name, params, buffers, accumulated, list(batch), self._groups,
+            out = compiled.runtime.run(name, params, buffers, accumulated, inputs, self._groups,
                                        self._timeout.total_seconds(), trace=trace,
                                        check_reshard_frees=self._check_reshard_frees, host_updates=updating,
                                        device_waits=waits, gradient_landings=landings,
@@ -1522,13 +1531,17 @@ class ShardedModule(nn.Module):
     # -- gradients ---------------------------------------------------------
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, *,
-                        error_if_nonfinite: bool = True) -> torch.Tensor:
+                        error_if_nonfinite: bool | None = None) -> torch.Tensor:
         """Scales every gradient so that their global norm (over all ranks,
         padding excluded) is at most `max_norm`; returns the norm before
         clipping. A non-finite norm raises, and nothing is scaled. With
         `error_if_nonfinite=False` it is returned instead, nothing scaled
         either, and the host does not wait for the norm (clip.py: a fused
-        norm and scale per device and dtype, one all-reduce per shard group)."""
+        norm and scale per device and dtype, one all-reduce per shard group).
+        Unset, it is False with a `grad_scaler`, whose overflowed steps are
+        expected (scaler.step skips them) and True otherwise."""
+        if error_if_nonfinite is None:
+            error_if_nonfinite = self._grad_scaler is None
         if self._host_optimizer is not None and self._host_optimizer.in_backward:
             raise StepError("clip_grad_norm_ with the host optimizer stepping in backward: offloaded units step as "
                             "their gradients land, before the global norm is known (overlap_host_optimizer("
@@ -1639,6 +1652,22 @@ def _forward_hook_ids(modules: Iterable[nn.Module]) -> tuple:
     hook added or removed. Global module hooks (profilers and FLOP counters
     add them around calls) are not the model's and are left out."""
     return tuple((tuple(module._forward_pre_hooks), tuple(module._forward_hooks)) for module in modules)
+
+
+def _check_grad_scaler(scaler, world: int) -> None:
+    """A GradScaler for fsdpc.shard's `grad_scaler`: on more than one rank,
+    one that agrees across ranks on skipping a step (FSDP2's
+    ShardedGradScaler all-reduces what each rank found in its shards)."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    if scaler is None:
+        return
+    if not isinstance(scaler, torch.amp.GradScaler):
+        raise StepError(f"grad_scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
+    if world > 1 and scaler.is_enabled() and not isinstance(scaler, ShardedGradScaler):
+        raise StepError("grad_scaler on more than one rank must be a torch.distributed.fsdp.sharded_grad_scaler."
+                        "ShardedGradScaler, as under FSDP2: a GradScaler checks this rank's gradient shards only, "
+                        "so ranks would skip optimizer steps apart and their parameters drift")
 
 
 def _frozen(named: dict[str, nn.Parameter]) -> tuple[str, ...]:
@@ -1828,5 +1857,8 @@ def shard(model: nn.Module, example_batch: Sequence[torch.Tensor], loss_fn: Call
     `gradient_divide_factor` (sum gradients over the ranks and divide by
     this instead of averaging; see set_gradient_divide_factor), `pipeline`
     (further fsdp-sharding-pipeline options, e.g. "strategy=shard-grad-op"),
-    `timeout` (of every collective)."""
+    `timeout` (of every collective), `grad_scaler` (a ShardedGradScaler:
+    training calls start backward from its scale, as
+    `scaler.scale(loss).backward()` does, leaving scaled gradients for
+    `scaler.unscale_`, `scaler.step` and `scaler.update`)."""
     return ShardedModule(model, example_batch, loss_fn, **options)

@@ -938,6 +938,64 @@ def scenario_autocast(args):
                          "set up a different step from rank 0 .*torch.autocast")
 
 
+def scenario_grad_scaler(args):
+    """fp16 autocast with loss scaling, as FSDP2 does it: fsdpc.shard's
+    grad_scaler starts backward from the ShardedGradScaler's scale, so the
+    loop unscales, clips, steps and updates as after
+    scaler.scale(loss).backward(); a first scale large enough to overflow
+    fp16 makes both skip the same steps (the scales stay equal) and the
+    losses equal FSDP2's within fp16 rounding; a plain GradScaler on more
+    than one rank is refused."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    data = batches(4)
+
+    def new_scaler():
+        return ShardedGradScaler(device=DEVICE.type, init_scale=2.0**24, backoff_factor=2.0**-6)
+
+    def train_scaled(model, scaler, forward_and_backward, clip_norm):
+        optimizer, losses, scales = optimizer_for(model), [], []
+        for batch in data:
+            with torch.autocast(DEVICE.type, dtype=torch.float16):
+                loss = forward_and_backward(batch)
+            scaler.unscale_(optimizer)
+            clip_norm(0.5)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+            losses.append(mean_over_ranks(loss))
+            scales.append(scaler.get_scale())
+        return losses, scales
+
+    ours_scaler = new_scaler()
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, grad_scaler=ours_scaler)
+    ours, our_scales = train_scaled(sharded, ours_scaler, lambda batch: sharded(*mine(batch)),
+                                    sharded.clip_grad_norm_)
+    theirs_model = reference_model()
+    mesh = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
+    for block in theirs_model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(theirs_model, mesh=mesh)
+    theirs_scaler = new_scaler()
+
+    def fsdp2_step(batch):
+        loss = next_token_loss(theirs_model, *mine(batch))
+        theirs_scaler.scale(loss).backward()
+        return loss
+
+    theirs, their_scales = train_scaled(
+        theirs_model, theirs_scaler, fsdp2_step,
+        lambda limit: torch.nn.utils.clip_grad_norm_(theirs_model.parameters(), limit))
+    assert our_scales == their_scales and our_scales[0] < 2.0**24, (our_scales, their_scales)
+    close(torch.tensor(ours), torch.tensor(theirs), "fp16 losses against FSDP2's", rtol=2**-10, atol=2e-3)
+    if dist.get_world_size() > 1:
+        expect_error(lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
+                                         grad_scaler=torch.amp.GradScaler(DEVICE.type)),
+                     "must be a torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler")
+
+
 def small_llama(torch_norm: bool = False):
     from fsdpc.models.llama import Llama, LlamaConfig
 

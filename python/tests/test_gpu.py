@@ -95,7 +95,7 @@ def test_a_checkpoint_moves_between_gpu_and_cpu(saved_on, loaded_on, tmp_path):
                                rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("scenario", ["mixed_fsdp2", "llama_mixed_fsdp2", "mixed_by_unit", "autocast"])
+@pytest.mark.parametrize("scenario", ["mixed_fsdp2", "llama_mixed_fsdp2", "mixed_by_unit", "autocast", "grad_scaler"])
 def test_mixed_precision_equals_fsdp2(scenario, tmp_path):
     run(1, scenario, "--save", tmp_path)
 
