@@ -211,7 +211,7 @@ def _check_same_step(everyone: list[str], rank: int) -> None:
     if differing:
         raise StepError(
             f"rank {rank}: ranks {differing} set up a different step from rank 0 (model, batch "
-            "shapes, options or the torch.autocast it runs under differ) and would compile a different "
+            "shapes, options, grad_scaler or the torch.autocast it runs under differ) and would compile a different "
             "collective schedule; every rank must capture the same model, batch shapes and options, under "
             "the same autocast")
 

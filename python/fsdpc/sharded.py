@@ -944,6 +944,14 @@ class ShardedModule(nn.Module):
         hyperparameters changed only after it, and without clipping."""
         if self._host_optimizer is not None:
             raise StepError("this module already overlaps an optimizer's host steps")
+        if self._grad_scaler is not None and in_backward:
+            raise StepError("overlap_host_optimizer(in_backward=True) with a grad_scaler: offloaded units would step "
+                            "on scaled gradients before scaler.unscale_ and its overflow check (overlap_host_optimizer("
+                            "optimizer) without in_backward steps after them)")
+        if self._grad_scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+            raise StepError(f"overlap_host_optimizer with a grad_scaler and {type(optimizer).__name__}, which "
+                            "unscales inside its own step (fused): the host thread's steps would not see the "
+                            "scaler's overflow flag; use the optimizer without fused=True")
         step = self._programs_any().program.functions.get(STEP)
         named = dict(self.named_parameters())
         order = list(step.host_units) if step else []
@@ -1183,6 +1191,9 @@ class ShardedModule(nn.Module):
                            else torch.zeros((), dtype=named[spec.name].dtype, device=self.device).expand(spec.shape)
                            for spec in compiled.program.params if spec.trainable}
         buffers = {name: owner._buffers[leaf] for name, (owner, leaf) in self._buffer_slots.items()}
+        inputs = list(batch)
+        if train and self._grad_scaler is not None:  # the loss scale, on the device, read without a sync
+            inputs.append(self._grad_scaler.scale(torch.ones((), dtype=torch.float32, device=self.device)))
         updating = self._host_optimizer.pending() if self._host_optimizer else {}
         landings = None  # in backward: the host thread steps each offloaded unit as its gradients land
         if train and sync and self._host_optimizer is not None and self._host_optimizer.in_backward:
@@ -1194,9 +1205,6 @@ class ShardedModule(nn.Module):
                            lambda module, collective, group, function=name, call=self._calls:
                            module._collective_timed_out(function, call, caller, collective),
                            owner=self, device=self.device)
-        inputs = list(batch)
-        if train and self._grad_scaler is not None:  # the loss scale, on the device, read without a sync
-            inputs.append(self._grad_scaler.scale(torch.ones((), dtype=torch.float32, device=self.device)))
         try:
             out = compiled.runtime.run(name, params, buffers, accumulated, inputs, self._groups,
                                        self._timeout.total_seconds(), trace=trace,
@@ -1668,6 +1676,11 @@ def _check_grad_scaler(scaler, world: int) -> None:
         raise StepError("grad_scaler on more than one rank must be a torch.distributed.fsdp.sharded_grad_scaler."
                         "ShardedGradScaler, as under FSDP2: a GradScaler checks this rank's gradient shards only, "
                         "so ranks would skip optimizer steps apart and their parameters drift")
+    group = getattr(scaler, "process_group", None)
+    if world > 1 and scaler.is_enabled() and group is not None and dist.get_world_size(group) != world:
+        raise StepError(f"grad_scaler's process_group spans {dist.get_world_size(group)} of the job's {world} ranks: "
+                        "ranks outside it would skip optimizer steps apart; leave process_group the default "
+                        "(every rank)")
 
 
 def _frozen(named: dict[str, nn.Parameter]) -> tuple[str, ...]:

@@ -990,10 +990,31 @@ def scenario_grad_scaler(args):
         lambda limit: torch.nn.utils.clip_grad_norm_(theirs_model.parameters(), limit))
     assert our_scales == their_scales and our_scales[0] < 2.0**24, (our_scales, their_scales)
     close(torch.tensor(ours), torch.tensor(theirs), "fp16 losses against FSDP2's", rtol=2**-10, atol=2e-3)
+    expect_error(lambda: sharded.overlap_host_optimizer(optimizer_for(sharded), in_backward=True),
+                 "in_backward=True\\) with a grad_scaler")
     if dist.get_world_size() > 1:
         expect_error(lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
                                          grad_scaler=torch.amp.GradScaler(DEVICE.type)),
                      "must be a torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler")
+
+    # fp32: an accumulating call starts from the scale too, and a forward-only call takes none.
+    rows = mine(data[0])
+    half = rows[0].shape[0] // 2
+
+    def accumulated_gradients(scaler):
+        module = fsdpc.shard(reference_model(), tuple(t[:half] for t in rows), next_token_loss,
+                             gradient_accumulation=True, grad_scaler=scaler)
+        with module.no_sync():
+            module(*(t[:half] for t in rows))
+        module(*(t[half:] for t in rows))
+        with torch.no_grad():
+            module(*(t[half:] for t in rows))
+        return {name: whole(param.grad) for name, param in module.named_parameters()}
+
+    unscaled = accumulated_gradients(None)
+    scaled = accumulated_gradients(ShardedGradScaler(device=DEVICE.type, init_scale=256.0))
+    for name, gradient in unscaled.items():
+        close(scaled[name], 256 * gradient, f"accumulated scaled gradient of {name}")
 
 
 def small_llama(torch_norm: bool = False):
