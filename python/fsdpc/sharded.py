@@ -23,6 +23,7 @@ loads from the cache) another program on every rank.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 import itertools
@@ -1246,11 +1247,11 @@ class ShardedModule(nn.Module):
                 owner, leaf = self._buffer_slots[name]
                 owner._buffers[leaf].copy_(value)
         if not train:
-            return _returned(compiled.aux, out)
+            return _returned(compiled.aux, out, trained=False)
         if not sync:
             for fqn, grad in out["grads"].items():
                 self._accumulated[fqn] = self._accumulated[fqn] + grad if fqn in self._accumulated else grad
-            return _returned(compiled.aux, out)
+            return _returned(compiled.aux, out, trained=True)
         self._accumulated.clear()
         stepping = self._host_optimizer.stepped_in_backward() if landings is not None else set()
         for fqn, grad in out["grads"].items():
@@ -1260,7 +1261,7 @@ class ShardedModule(nn.Module):
             param = named[fqn]
             for hook in list((param._post_accumulate_grad_hooks or {}).values()):
                 hook(param)
-        return _returned(compiled.aux, out)
+        return _returned(compiled.aux, out, trained=True)
 
     def _check_gradient_hooks(self, named: dict[str, nn.Parameter], sync: bool) -> None:
         """Gradient hooks on the parameters (`register_hook`,
@@ -1691,12 +1692,38 @@ def _frozen(named: dict[str, nn.Parameter]) -> tuple[str, ...]:
     return tuple(sorted(fqn for fqn, param in named.items() if not param.requires_grad))
 
 
-def _returned(aux: dict | None, out: dict):
-    """What a call returns: the loss, or (loss, aux) rebuilt as loss_fn
-    returned it (the step function returns the loss, then aux's values,
-    then the buffers' new values)."""
+class TrainedLoss(torch.Tensor):
+    """The loss a training call returns: the call ran its backward already,
+    so `loss.backward()` says so instead of torch's "element 0 of tensors
+    does not require grad". What is computed from it is a plain tensor."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def backward(self, *args, **kwargs):
+        raise StepError("loss.backward() after a training call of the sharded module: the call ran backward "
+                        "itself, and the gradients are in the parameters' .grad; call optimizer.step() next "
+                        "(a loss scaled or summed with other terms belongs inside loss_fn)")
+
+    def __repr__(self, *args, **kwargs):
+        return repr(self.as_subclass(torch.Tensor))
+
+    def __format__(self, format_spec):  # f"{loss:.4f}": Tensor formats a plain tensor's item only
+        return self.as_subclass(torch.Tensor).__format__(format_spec)
+
+    def __reduce_ex__(self, protocol):  # saved (torch.save, pickle) and copied as the plain tensor it is
+        return self.as_subclass(torch.Tensor).__reduce_ex__(protocol)
+
+    def __deepcopy__(self, memo):
+        return copy.deepcopy(self.as_subclass(torch.Tensor), memo)
+
+
+def _returned(aux: dict | None, out: dict, *, trained: bool):
+    """What a call returns: the loss (`trained`: a TrainedLoss), or
+    (loss, aux) rebuilt as loss_fn returned it (the step function returns
+    the loss, then aux's values, then the buffers' new values)."""
+    loss = torch.Tensor._make_subclass(TrainedLoss, out["loss"]) if trained else out["loss"]
     if aux is None:
-        return out["loss"]
+        return loss
     values = out["returned"][1:1 + aux_count(aux)]
     kind = aux["kind"]
     if kind == "tensor":
@@ -1705,7 +1732,7 @@ def _returned(aux: dict | None, out: dict):
         rebuilt = dict(zip(aux["keys"], values))
     else:
         rebuilt = tuple(values) if kind == "tuple" else list(values)
-    return out["loss"], rebuilt
+    return loss, rebuilt
 
 
 def _overrides_text(overrides: dict[str, str]) -> str:

@@ -583,6 +583,8 @@ def scenario_misuse(args):
     outside = torch.ones((), device=DEVICE)  # a tensor loss_fn reads that is not the model's
     for attempt, expected in [
         (lambda: stale.step(), "build the optimizer over sharded.parameters()"),
+        (lambda: sharded(*mine(data[0])).backward(), "loss.backward() after a training call of the sharded module: "
+                                                     "the call ran backward itself"),
         (lambda: hooked_since_shard(lambda: sharded(*mine(data[0]))),
          "the forward hooks on blocks.0 changed after fsdpc.shard compiled the step"),
         (lambda: model(mine(data[0])[0]), "call the sharded module it returned"),
