@@ -787,7 +787,7 @@ def scenario_scalar(args):
     assert restored_optimizer.state_dict()["state"], "the optimizer state was not restored"
 
 
-def mixed_against_fsdp2(make_model, blocks_of, what: str, by_unit: dict | None = None):
+def mixed_against_fsdp2(make_model, blocks_of, what: str, by_unit: dict | None = None, autocast: bool = False):
     """bf16 compute with fp32 master weights and fp32 reductions: fsdpc's
     losses equal FSDP2's under the same MixedPrecisionPolicy within one bf16
     rounding step of the loss (2^-7 relative, or 1e-2: bf16 keeps 8 bits of
@@ -795,7 +795,8 @@ def mixed_against_fsdp2(make_model, blocks_of, what: str, by_unit: dict | None =
     rounds once per chain), and both stay within 0.05 of fp32 eager.
     `by_unit`: other policies for some blocks, by FQN, given to fsdpc as
     mp_policy's dict and to FSDP2 in those blocks' fully_shard calls.
-    Returns the sharded module."""
+    `autocast`: both sides' calls under a bf16 torch.autocast too (as
+    Accelerate runs FSDP2 with mixed precision). Returns the sharded module."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -804,7 +805,15 @@ def mixed_against_fsdp2(make_model, blocks_of, what: str, by_unit: dict | None =
     data = batches(3)
     sharded = fsdpc.shard(make_model(), mine(data[0]), next_token_loss,
                           mp_policy={"": policy, **by_unit} if by_unit else policy)
-    ours, _ = train(sharded, optimizer_for(sharded), data, clip=0.5)
+
+    def amp():
+        return torch.autocast(DEVICE.type, dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+
+    def fsdpc_step(batch):
+        with amp():
+            return mean_over_ranks(sharded(*mine(batch)))
+
+    ours, _ = run_steps(fsdpc_step, sharded.clip_grad_norm_, optimizer_for(sharded), None, data, clip=0.5)
     theirs_model = make_model()
     mesh = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
     names = {id(module): name for name, module in theirs_model.named_modules()}
@@ -814,7 +823,8 @@ def mixed_against_fsdp2(make_model, blocks_of, what: str, by_unit: dict | None =
     theirs_optimizer = optimizer_for(theirs_model)
 
     def fsdp2_step(batch):
-        loss = next_token_loss(theirs_model, *mine(batch))
+        with amp():
+            loss = next_token_loss(theirs_model, *mine(batch))
         loss.backward()
         return mean_over_ranks(loss)
 
@@ -866,8 +876,9 @@ def scenario_autocast(args):
     (and fsdpc.shard), the losses equal FSDP2's under the same autocast
     within one bf16 rounding step (mixed_against_fsdp2's tolerance), the
     step's products in bf16; entered inside loss_fn instead, the same
-    losses; a call outside autocast runs the fp32 step; ranks that disagree
-    about autocast are refused."""
+    losses; with mp_policy too, against FSDP2 with both; a call outside
+    autocast runs the fp32 step; ranks that disagree about autocast are
+    refused."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -918,6 +929,10 @@ def scenario_autocast(args):
     inside = fsdpc.shard(reference_model(), mine(data[0]), loss_under_autocast)
     losses, _ = train(inside, optimizer_for(inside), data, clip=0.5)
     close(torch.tensor(losses), torch.tensor(ours), "autocast inside loss_fn against around the call")
+
+    # With mp_policy too, against FSDP2 with both.
+    mixed_against_fsdp2(reference_model, lambda model: model.blocks, "GPT with mp_policy, under autocast",
+                        autocast=True)
 
     plain = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)
     with torch.no_grad():
