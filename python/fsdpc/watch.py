@@ -224,8 +224,9 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
         owner = None
         if isinstance(function, types.MethodType):
             owner, function = function.__self__, function.__func__
-        elif not isinstance(function, types.FunctionType):  # a callable object
-            owner, function = function, getattr(type(function), "__call__", None)
+        elif not isinstance(function, types.FunctionType):  # a callable object (a module: its forward)
+            owner, function = function, getattr(type(function), "forward" if isinstance(function, nn.Module)
+                                                else "__call__", None)
         if not _user_function(function):
             return
         reads = _code_reads(function)
@@ -274,6 +275,8 @@ def free_variable_reads(loss_fn: Callable, model: nn.Module) -> list[tuple[str, 
     keys the programs by them, as by module attributes."""
     reads: dict[str, Callable[[], object]] = {}
     inside = {id(module) for module in model.modules()}
+    if isinstance(loss_fn, nn.Module) and id(loss_fn) not in inside:  # its submodules' settings too
+        reads["loss_fn's settings"] = lambda: _module_settings(loss_fn)
 
     def value_of(value, attributes: set[str]):
         watched = watched_value(value)

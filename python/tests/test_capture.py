@@ -802,6 +802,21 @@ def test_a_loss_module_outside_the_model_is_watched_or_named():
     def loss(m, x, y, criterion):  # the same, bound with functools.partial
         return criterion(m(x), y)
 
+    class ModuleLoss(nn.Module):  # loss_fn itself a module: its forward's reads and its submodules' settings
+        def __init__(self):
+            super().__init__()
+            self.weight, self.criterion = 2.0, nn.CrossEntropyLoss(label_smoothing=0.1)
+
+        def forward(self, m, x, y):
+            return self.criterion(m(x), y) * self.weight
+
+    module_loss = ModuleLoss()
+    reads = dict(free_variable_reads(module_loss, model))
+    assert set(reads) == {"loss_fn's settings", "loss_fn's attribute 'weight'"}, reads
+    before = {described: read() for described, read in reads.items()}
+    module_loss.weight, module_loss.criterion.label_smoothing = 3.0, 0.3
+    assert all(read() != before[described] for described, read in reads.items()), before
+
     (described, read), = free_variable_reads(functools.partial(loss, criterion=smoothing), model)
     assert described == "loss_fn's bound argument 'criterion'" and ("", "label_smoothing", 0.2) in read(), read()
     with pytest.raises(CaptureError, match=r"loss_fn's bound argument 'criterion' is a CrossEntropyLoss holding"):
