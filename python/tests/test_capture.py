@@ -843,6 +843,8 @@ def test_random_numbers_drawn_on_the_host_are_refused():
                          r"random number on the host inside the step: .*draw it with torch"),
             (lambda m, x, y: m(x).sum() * np.random.rand(), r"numpy.random.rand\(\) draws a random number"),
             (lambda m, x, y: m(x).sum() * random.Random(0).random(), r"random.Random.random\(\) draws"),
+            (lambda m, x, y: m(x).sum() * np.random.default_rng().random(),
+             r"numpy.random.default_rng\(\) draws a random number"),
             (lambda m, x, y: m(x).sum() * generator.random(), r"loss_fn's closure variable 'generator' is a host "
                                                               r"random number generator \(Generator\)"),
             (lambda m, x, y: m(x).sum() * uniform(0, 1), r"loss_fn's closure variable 'uniform' is a host random "
