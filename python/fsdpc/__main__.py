@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 from fsdpc.attention import TARGET_DEVICES
 from fsdpc.cache import CacheError
@@ -24,10 +27,18 @@ def _export(args: argparse.Namespace) -> int:
     options = {key: value for key, value in (("batch", args.batch), ("seq", args.seq)) if value is not None}
     model, batch, loss_fn = build(factory, meta=args.meta, **options)
     wrap = [name for name in args.wrap.split(",") if name] if args.wrap else None
-    header = f"Captured by `python -m fsdpc export --model {args.model} --device {args.device}`: " \
+    header = f"Captured by `python -m fsdpc export --model {args.model} --device {args.device}" \
+             f"{f' --autocast {args.autocast}' if args.autocast else ''}`: " \
              f"{type(model).__name__}, batch {', '.join(str(tuple(t.shape)) for t in batch)}."
-    result = export_training_step(model, batch, loss_fn, wrap=wrap, header=header,
-                                  mixed_precision=_mixed_precision(args), device=args.device)
+    autocast = contextlib.nullcontext()
+    if args.autocast:
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--autocast with --device cuda needs a GPU on this machine: autocast's casts are traced "
+                             "on CUDA tensors, whose backward needs one (--param-dtype works anywhere)")
+        autocast = torch.autocast(args.device, dtype=_DTYPES[args.autocast])
+    with autocast:  # as a training call under it: the step computes as eager does there (fsdpc.autocast)
+        result = export_training_step(model, batch, loss_fn, wrap=wrap, header=header,
+                                      mixed_precision=_mixed_precision(args), device=args.device)
     if args.verify:
         run_fsdp_opt(result.mlir, ["-o", "/dev/null"])
     Path(args.out).write_text(result.mlir)
@@ -160,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the device the step will run on: which fused kernels capture keeps whole "
                              "(cuda: flash or memory-efficient attention, as eager PyTorch picks); "
                              "no GPU is needed to capture")
+    export.add_argument("--autocast", choices=("bf16", "f16"),
+                        help="capture the step as a call under torch.autocast of this dtype makes it (for --device "
+                             "cuda, on a machine with a GPU)")
     export.add_argument("--meta", action=argparse.BooleanOptionalAction, default=True,
                         help="build the model on the meta device (default; capture needs only shapes)")
     export.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fsdpc import find_fsdp_opt
 from fsdpc.__main__ import main
@@ -64,6 +65,24 @@ def test_export_user_factory_with_wrap_option(tmp_path):
     assert 'fsdp.unit @"inp" class "Linear"' in text and 'fsdp.unit @"out" class "Linear"' in text
     tanh = next(line for line in text.splitlines() if '"aten::tanh"' in line)
     assert tanh.endswith(f'loc("{factory}":8:1)')
+
+
+def test_export_under_autocast_captures_its_casts(tmp_path, capsys):
+    """`--autocast bf16`: the step as a call under torch.autocast makes it
+    (its products in bf16 from fp32 parameters); for a CUDA target without
+    a GPU, one clear line."""
+    out = tmp_path / "gpt.mlir"
+    assert main(["export", "--model", "gpt", "--autocast", "bf16", "--out", str(out)]) == 0
+    text = out.read_text()
+    products = [line for line in text.splitlines() if '"aten::addmm"' in line]
+    assert products and all("xbf16>" in line and "xf32>" not in line for line in products), products[:2]
+    assert "--autocast bf16`" in text and 'fsdp.param @"tok_emb.weight" : tensor<1021x64xf32>' in text
+    if not torch.cuda.is_available():
+        assert main(["export", "--model", "gpt", "--autocast", "bf16", "--device", "cuda",
+                     "--out", str(tmp_path / "x.mlir")]) == 1
+        said = capsys.readouterr().err
+        assert "--autocast with --device cuda needs a GPU on this machine" in said and \
+            len(said.strip().splitlines()) == 1, said
 
 
 @pytest.mark.parametrize("args, message", [
