@@ -6,7 +6,7 @@ only tensors of its own device type). So:
 - the export trace records each autocast region the step enters (the
   user's `with torch.autocast(...)`, or the one a call under autocast runs
   in: `ambient_autocast`) as a region of the graph, whatever it casts;
-- where the graph holds such a region (`casting_region`), the step is
+- where the graph holds such a region (`casts_in`), the step is
   exported again, and the joint trace runs, on fake tensors of the
   target's device type, so that PyTorch's own autocast makes its casts
   there, by its own op lists, forward and backward, and the step's Python
@@ -77,16 +77,12 @@ def _for_device_type(device_type: str, args: tuple, kwargs: dict) -> tuple[tuple
     return args, kwargs
 
 
-def casting_region(graph_module: fx.GraphModule, device_type: str) -> fx.GraphModule | None:
-    """The body of the first enabled autocast region of `device_type` an
-    export graph enters (at any depth), if any."""
-    for module in graph_module.modules():
-        if isinstance(module, fx.GraphModule):
-            for node in module.graph.nodes:
-                if node.op == "call_function" and node.target is _REGION and node.args[0] == device_type \
-                        and node.args[2]:
-                    return getattr(module, node.args[4].target)
-    return None
+def casts_in(graph_module: fx.GraphModule, device_type: str) -> bool:
+    """Whether an export graph enters an enabled autocast region of
+    `device_type` (at any depth)."""
+    return any(node.op == "call_function" and node.target is _REGION and node.args[0] == device_type and node.args[2]
+               for module in graph_module.modules() if isinstance(module, fx.GraphModule)
+               for node in module.graph.nodes)
 
 
 def autocast_lists(op: str, device_type: str) -> bool:

@@ -50,7 +50,7 @@ from torch.utils import checkpoint as torch_checkpoint
 from torch.utils._pytree import TreeSpec, keystr, tree_flatten_with_path, tree_map_only, tree_unflatten
 
 from fsdpc import cache
-from fsdpc.autocast import ambient_autocast, casting_region, recording_regions
+from fsdpc.autocast import ambient_autocast, casts_in, recording_regions
 from fsdpc.attention import FusedAttentionFor
 from fsdpc.checkpointing import (REGION_KEY, CheckpointRegions, SavedCall, SavingSelectively, checkpoint_regions,
                                  patched, regions_of)
@@ -838,7 +838,7 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
                 program = _export(step, traced)
                 aliases = {identity: [real_fqn.get(n, n) for n in names]
                            for identity, names in _alias_groups(model).items()}
-            if not on_device and casting_region(program.graph_module, device) is not None:
+            if not on_device and casts_in(program.graph_module, device):
                 # The step's Python reads dtypes that autocast's casts change
                 # (`x.to(h.dtype)`, `torch.finfo(scores.dtype).min`): traced
                 # again where autocast casts, it reads eager's.
@@ -949,7 +949,7 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
     returned = 1 + aux_count(aux)
     updatable = {i for i, (kind, _) in enumerate(inputs) if kind == "buffer"}
     on_device = None
-    if casting_region(program.graph_module, device) is not None:
+    if casts_in(program.graph_module, device):
         # Autocast casts only tensors of its own device type: fake tensors of the target's.
         with FakeTensorMode():
             flat_args = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)

@@ -787,6 +787,35 @@ def scenario_scalar(args):
     assert restored_optimizer.state_dict()["state"], "the optimizer state was not restored"
 
 
+def fully_sharded(model, blocks_of, policy=None, by_unit: dict | None = None):
+    """`model` under FSDP2: a fully_shard per block (`blocks_of(model)`,
+    each with its `by_unit` policy by FQN, else `policy`), then the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy, by_unit = policy or MixedPrecisionPolicy(), by_unit or {}
+    mesh = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
+    names = {id(module): name for name, module in model.named_modules()}
+    for block in blocks_of(model):
+        fully_shard(block, mesh=mesh, mp_policy=by_unit.get(names[id(block)], policy))
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def fsdp2_losses(model, data, amp=contextlib.nullcontext) -> list[float]:
+    """An FSDP2 model trained on `data` as the scenarios train fsdpc (each
+    forward under `amp()`, clipped at 0.5): its losses."""
+    def fsdp2_step(batch):
+        with amp():
+            loss = next_token_loss(model, *mine(batch))
+        loss.backward()
+        return mean_over_ranks(loss)
+
+    losses, _ = run_steps(fsdp2_step, lambda limit: torch.nn.utils.clip_grad_norm_(model.parameters(), limit),
+                          optimizer_for(model), None, data, clip=0.5)
+    return losses
+
+
 def mixed_against_fsdp2(make_model, blocks_of, what: str, by_unit: dict | None = None, autocast: bool = False):
     """bf16 compute with fp32 master weights and fp32 reductions: fsdpc's
     losses equal FSDP2's under the same MixedPrecisionPolicy within one bf16
@@ -797,11 +826,9 @@ def mixed_against_fsdp2(make_model, blocks_of, what: str, by_unit: dict | None =
     mp_policy's dict and to FSDP2 in those blocks' fully_shard calls.
     `autocast`: both sides' calls under a bf16 torch.autocast too (as
     Accelerate runs FSDP2 with mixed precision). Returns the sharded module."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    by_unit = by_unit or {}
     data = batches(3)
     sharded = fsdpc.shard(make_model(), mine(data[0]), next_token_loss,
                           mp_policy={"": policy, **by_unit} if by_unit else policy)
@@ -814,22 +841,7 @@ def mixed_against_fsdp2(make_model, blocks_of, what: str, by_unit: dict | None =
             return mean_over_ranks(sharded(*mine(batch)))
 
     ours, _ = run_steps(fsdpc_step, sharded.clip_grad_norm_, optimizer_for(sharded), None, data, clip=0.5)
-    theirs_model = make_model()
-    mesh = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
-    names = {id(module): name for name, module in theirs_model.named_modules()}
-    for block in blocks_of(theirs_model):
-        fully_shard(block, mesh=mesh, mp_policy=by_unit.get(names[id(block)], policy))
-    fully_shard(theirs_model, mesh=mesh, mp_policy=policy)
-    theirs_optimizer = optimizer_for(theirs_model)
-
-    def fsdp2_step(batch):
-        with amp():
-            loss = next_token_loss(theirs_model, *mine(batch))
-        loss.backward()
-        return mean_over_ranks(loss)
-
-    theirs, _ = run_steps(fsdp2_step, lambda limit: torch.nn.utils.clip_grad_norm_(theirs_model.parameters(), limit),
-                          theirs_optimizer, None, data, clip=0.5)
+    theirs = fsdp2_losses(fully_sharded(make_model(), blocks_of, policy, by_unit), data, amp)
     expected, _ = eager_losses(make_model(), data, clip=0.5, schedule=False)
     close(torch.tensor(ours), torch.tensor(theirs), f"{what} bf16 losses against FSDP2's", rtol=2**-7, atol=1e-2)
     close(torch.tensor(ours), torch.tensor(expected), f"{what} bf16 losses against fp32 eager", rtol=0, atol=0.05)
@@ -879,8 +891,6 @@ def scenario_autocast(args):
     losses; with mp_policy too, against FSDP2 with both; a call outside
     autocast runs the fp32 step; ranks that disagree about autocast are
     refused."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     def bf16_autocast():
         return torch.autocast(DEVICE.type, dtype=torch.bfloat16)
@@ -903,20 +913,7 @@ def scenario_autocast(args):
     within = 0.05 if DEVICE.type == "cpu" else 0.1  # CUDA's allocator rounds each block up to 512 B
     assert abs(measured - reported) <= within * reported, f"measured {measured} B against the report's {reported} B"
 
-    theirs_model = reference_model()
-    mesh = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
-    for block in theirs_model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(theirs_model, mesh=mesh)
-
-    def fsdp2_step(batch):
-        with bf16_autocast():
-            loss = next_token_loss(theirs_model, *mine(batch))
-        loss.backward()
-        return mean_over_ranks(loss)
-
-    theirs, _ = run_steps(fsdp2_step, lambda limit: torch.nn.utils.clip_grad_norm_(theirs_model.parameters(), limit),
-                          optimizer_for(theirs_model), None, data, clip=0.5)
+    theirs = fsdp2_losses(fully_sharded(reference_model(), lambda model: model.blocks), data, bf16_autocast)
     expected, _ = eager_losses(reference_model(), data, clip=0.5, schedule=False)
     close(torch.tensor(ours), torch.tensor(theirs), "autocast losses against FSDP2's", rtol=2**-7, atol=1e-2)
     close(torch.tensor(ours), torch.tensor(expected), "autocast losses against fp32 eager", rtol=0, atol=0.05)
@@ -963,8 +960,6 @@ def scenario_grad_scaler(args):
     fp16 makes both skip the same steps (the scales stay equal) and the
     losses equal FSDP2's within fp16 rounding; a plain GradScaler on more
     than one rank is refused."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
     data = batches(4)
@@ -990,11 +985,7 @@ def scenario_grad_scaler(args):
     sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, grad_scaler=ours_scaler)
     ours, our_scales = train_scaled(sharded, ours_scaler, lambda batch: sharded(*mine(batch)),
                                     sharded.clip_grad_norm_)
-    theirs_model = reference_model()
-    mesh = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
-    for block in theirs_model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(theirs_model, mesh=mesh)
+    theirs_model = fully_sharded(reference_model(), lambda model: model.blocks)
     theirs_scaler = new_scaler()
 
     def fsdp2_step(batch):
