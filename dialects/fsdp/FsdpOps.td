@@ -90,6 +90,10 @@ def Fsdp_ParamOp : Fsdp_Op<"param", [
     but never receive gradients. `tied` lists the other FQNs under which the
     model registers the same tensor (e.g. an output projection sharing the
     input embedding): one parameter, gathered once, with one gradient.
+    `ignored` marks a parameter FSDP leaves alone (FSDP2's `ignored_params`):
+    every rank keeps its own whole copy, reads it without a gather, and keeps
+    its own gradient: nothing about it is communicated, and it stays on the
+    device when its unit is offloaded.
 
     Once sharded, the parameter is split along dim 0 over the ranks of the
     grid axes listed after `sharded on`. Every rank stores ceil(dim0 / N) rows
@@ -110,7 +114,7 @@ def Fsdp_ParamOp : Fsdp_Op<"param", [
     `tied` names are non-empty, distinct, differ from the parameter's own
     name and name no other parameter;
     `sharded on`, `axes` and `padding` come together; a sharded parameter has
-    rank >= 1; the grid names a `shard.grid`, the axes are distinct, in range
+    rank >= 1; an `ignored` parameter is not sharded; the grid names a `shard.grid`, the axes are distinct, in range
     and of static size; `padding` equals N * ceil(dim0 / N) - dim0.
   }];
   let arguments = (ins
@@ -118,12 +122,13 @@ def Fsdp_ParamOp : Fsdp_Op<"param", [
     TypeAttrOf<Fsdp_StaticTensor>:$type,
     FlatSymbolRefAttr:$unit,
     UnitAttr:$frozen,
+    UnitAttr:$ignored,
     OptionalAttr<StrArrayAttr>:$aliases,
     OptionalAttr<FlatSymbolRefAttr>:$grid,
     OptionalAttr<Shard_GridAxesAttr>:$grid_axes,
     OptionalAttr<I64Attr>:$padding);
   let assemblyFormat = [{
-    $sym_name `:` $type `unit` $unit (`frozen` $frozen^)? (`tied` $aliases^)?
+    $sym_name `:` $type `unit` $unit (`frozen` $frozen^)? (`ignored` $ignored^)? (`tied` $aliases^)?
     (`sharded` `on` $grid^ `axes` `=` $grid_axes `padding` `=` $padding)?
     attr-dict
   }];
@@ -133,6 +138,9 @@ def Fsdp_ParamOp : Fsdp_Op<"param", [
     }
     bool isSharded() { return getGridAttr() != nullptr; }
     bool isTrainable() { return !getFrozen(); }
+    /// Whether its shard, gradient and optimizer state live in host memory:
+    /// its unit is offloaded, and it is not ignored.
+    bool isOffloaded();
   }];
   let hasVerifier = 1;
 }

@@ -153,6 +153,11 @@ def ShardParametersPass : Pass<"fsdp-shard-parameters", "::mlir::ModuleOp"> {
     for a loss already normalized over the whole batch (torchtitan divides
     its loss by the global token count). fp16 splits F into FSDP2's pre-
     and post-divide.
+
+    `ignored-params` (FSDP2's `ignored_params`) names parameters, by FQN or
+    tied name, that the pass leaves alone and marks `ignored`: whole on every
+    rank, read without a gather, their gradients this rank's own (with
+    gradient accumulation, the accumulated one added), never reduced.
   }];
   let options = [
     Option<"ranks", "ranks", "int64_t", "1", "Ranks in a shard group (N)">,
@@ -166,6 +171,8 @@ def ShardParametersPass : Pass<"fsdp-shard-parameters", "::mlir::ModuleOp"> {
            "Also emit a <step>_no_sync microbatch step without gradient communication">,
     Option<"gradientDivideFactor", "gradient-divide-factor", "double", "0",
            "Sum gradients and divide each by this factor once (0: average over the data-parallel ranks)">,
+    ListOption<"ignoredParams", "ignored-params", "std::string",
+               "Parameters (FQNs) left whole and local: not sharded, gathered or reduced">,
   ];
   let dependentDialects = ["::mlir::fsdp::FsdpDialect", "::mlir::shard::ShardDialect"];
 }
@@ -343,7 +350,8 @@ def OffloadUnitsPass : Pass<"fsdp-offload-units", "::mlir::ModuleOp"> {
     are unchanged, so prefetch already issues each host copy one unit early.
 
     `units` names the units, `*` every unit. Only sharded parameters are
-    offloaded: a unit with a replicated (no-shard) parameter is refused.
+    offloaded: a unit with a replicated (no-shard) parameter is refused (an
+    ignored parameter stays on the device and does not count).
 
     `fit-bytes` offloads only what does not fit (the pipeline's
     `offload-to-fit` gives MiB): as long as a step's device peak (the memory

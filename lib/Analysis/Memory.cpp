@@ -122,8 +122,7 @@ Persistent mlir::fsdp::persistentState(ModuleOp module, Step &step, int64_t stat
   SymbolTableCollection tables;
   for (ParamOp param : module.getOps<ParamOp>()) {
     ParamState bytes = paramState(param, tables, statesPerElement);
-    auto unit = tables.lookupNearestSymbolFrom<UnitOp>(param, param.getUnitAttr());
-    bool host = unit && unit.getOffloaded();
+    bool host = param.isOffloaded();
     (host ? state.hostParams : state.params) += bytes.shard;
     (host ? state.hostGrads : state.grads) += bytes.grad;
     (host ? state.hostOptimizer : state.optimizer) += bytes.optimizer;

@@ -328,9 +328,8 @@ OptimizerTraffic optimizerTraffic(ModuleOp module, Step &step, int64_t statesPer
     if (!state.grad)
       continue;
     double bytes = 2 * state.shard + state.grad + 2 * state.optimizer;
-    auto unit = tables.lookupNearestSymbolFrom<UnitOp>(param, param.getUnitAttr());
-    if (unit && unit.getOffloaded()) {
-      traffic.hostBytesOf[unit.getSymName()] += bytes;
+    if (param.isOffloaded()) {
+      traffic.hostBytesOf[param.getUnit()] += bytes;
       traffic.hostBytes += bytes;
     } else {
       traffic.deviceBytes += bytes;

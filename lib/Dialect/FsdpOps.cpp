@@ -90,9 +90,10 @@ public:
   }
 
   /// The offloaded unit that owns `param`, if its unit is offloaded.
+  /// The offloaded unit that keeps `param` in host memory, or null.
   UnitOp offloadedUnitOf(ParamOp param) const {
     auto unit = tables.lookupNearestSymbolFrom<UnitOp>(param, param.getUnitAttr());
-    return unit && unit.getOffloaded() ? unit : UnitOp();
+    return unit && unit.getOffloaded() && !param.getIgnored() ? unit : UnitOp();
   }
 
   /// The type this rank stores for `param`: its padded shard when sharded,
@@ -322,6 +323,8 @@ LogicalResult ParamOp::verify() {
     return emitOpError("'sharded on', 'axes' and 'padding' must be given together");
   if (!isSharded())
     return success();
+  if (getIgnored())
+    return emitOpError("is ignored (left whole on every rank), so it cannot be sharded");
   if (getLogicalType().getRank() < 1)
     return emitOpError("a sharded parameter needs rank >= 1 (it is split along dim 0)");
   if (getPaddingAttr().getInt() < 0)
@@ -329,12 +332,19 @@ LogicalResult ParamOp::verify() {
   return success();
 }
 
+bool ParamOp::isOffloaded() {
+  if (getIgnored())
+    return false;
+  auto unit = SymbolTable::lookupNearestSymbolFrom<UnitOp>(*this, getUnitAttr());
+  return unit && unit.getOffloaded();
+}
+
 LogicalResult ParamOp::verifySymbolUses(SymbolTableCollection &tables) {
   SymbolResolver resolve(*this, tables);
   FailureOr<UnitOp> unit = resolve.unit(getUnitAttr());
   if (failed(unit))
     return failure();
-  if (unit->getOffloaded() && !isSharded())
+  if (unit->getOffloaded() && !isSharded() && !getIgnored())
     return emitOpError() << "belongs to offloaded unit " << getUnitAttr()
                          << " but is not sharded: only shards are offloaded (no-shard keeps whole "
                             "parameters on the device)";

@@ -47,7 +47,7 @@ LogicalResult offloadUnits(ModuleOp module, const llvm::StringSet<> &chosen) {
   llvm::StringMap<ParamOp> params;
   for (ParamOp param : module.getOps<ParamOp>()) {
     params[param.getSymName()] = param;
-    if (isChosen(param.getUnitAttr()) && !param.isSharded())
+    if (isChosen(param.getUnitAttr()) && !param.isSharded() && !param.getIgnored())
       return param.emitError() << "cannot offload unit " << param.getUnitAttr() << ": parameter '"
                                << param.getSymName()
                                << "' is replicated (no-shard); only shards are offloaded";
@@ -75,7 +75,7 @@ LogicalResult offloadUnits(ModuleOp module, const llvm::StringSet<> &chosen) {
       continue;
     for (auto [name, grad] : llvm::zip(step.gradients.getParams(), step.gradients.getGrads())) {
       ParamOp param = params.lookup(cast<FlatSymbolRefAttr>(name).getValue());
-      if (!param || !isChosen(param.getUnitAttr()))
+      if (!param || !param.isOffloaded())
         continue;
       auto wait = grad.getDefiningOp<WaitOp>();
       Operation *start = wait ? wait.getFuture().getDefiningOp() : nullptr;
@@ -128,6 +128,8 @@ LogicalResult offloadToFit(ModuleOp module, int64_t budget, int64_t states, bool
     offloadable.insert(unit.getSymName());
   for (ParamOp param : module.getOps<ParamOp>()) {
     StringRef unit = param.getUnitAttr().getValue();
+    if (param.getIgnored())
+      continue; // stays on the device whatever its unit does
     if (!param.isSharded())
       offloadable.erase(unit);
     saving[unit] += paramState(param, tables, states).total();

@@ -138,9 +138,10 @@ Averaging averagingFor(Type gradElement, int64_t ranks, double divideFactor, boo
 
 class ParameterSharder {
 public:
-  ParameterSharder(ModuleOp module, Layout layout, bool gradientAccumulation, double divideFactor)
+  ParameterSharder(ModuleOp module, Layout layout, bool gradientAccumulation, double divideFactor,
+                   ArrayRef<std::string> ignored)
       : module(module), layout(std::move(layout)), builder(module.getContext()),
-        gradientAccumulation(gradientAccumulation), divideFactor(divideFactor) {}
+        gradientAccumulation(gradientAccumulation), divideFactor(divideFactor), ignored(ignored) {}
 
   LogicalResult run() {
     if (SymbolTable::lookupSymbolIn(module, kGridName))
@@ -149,6 +150,8 @@ public:
     SmallVector<Step> steps = collectSteps(module);
     if (steps.empty())
       return module.emitError("no training step (a function with fsdp.loss) to shard");
+    if (failed(markIgnored()))
+      return failure();
     declareGrid();
     for (ParamOp param : module.getOps<ParamOp>())
       if (failed(shardParam(param)))
@@ -164,6 +167,24 @@ public:
   }
 
 private:
+  /// Marks the parameters `ignored` names (by FQN or tied name) ignored.
+  LogicalResult markIgnored() {
+    llvm::StringMap<ParamOp> byName;
+    for (ParamOp param : module.getOps<ParamOp>()) {
+      byName[param.getSymName()] = param;
+      if (ArrayAttr aliases = param.getAliasesAttr())
+        for (Attribute alias : aliases)
+          byName[cast<StringAttr>(alias).getValue()] = param;
+    }
+    for (const std::string &name : ignored) {
+      ParamOp param = byName.lookup(name);
+      if (!param)
+        return module.emitError() << "ignored-params names '" << name << "', which is no parameter of the step";
+      param.setIgnored(true);
+    }
+    return success();
+  }
+
   void declareGrid() {
     builder.setInsertionPointToStart(module.getBody());
     grid = shard::GridOp::create(builder, module.getLoc(), kGridName, layout.gridShape);
@@ -174,7 +195,7 @@ private:
     if (param.isSharded())
       return param.emitOpError("is sharded already");
     shardTypes[param.getSymName()] = param.getLogicalType();
-    if (layout.shardAxes.empty())
+    if (layout.shardAxes.empty() || param.getIgnored())
       return success();
     RankedTensorType logical = param.getLogicalType();
     // A scalar has no rows to shard: it stays whole on every rank and its
@@ -241,7 +262,9 @@ private:
       }
       auto gradType = cast<RankedTensorType>(grad.getType());
       Value reduced;
-      if (!params.contains(name) && !layout.shardAxes.empty()) {
+      if (paramOp.getIgnored()) {
+        reduced = grad; // this rank's own
+      } else if (!params.contains(name) && !layout.shardAxes.empty()) {
         reduced = allReduce(grad, paramOp.getUnitAttr(), loc, everyAxis(), layout.shardRanks * layout.replicaRanks,
                             /*first=*/true);
       } else if (!layout.shardAxes.empty()) {
@@ -312,9 +335,10 @@ private:
   OpBuilder builder;
   bool gradientAccumulation;
   double divideFactor; // 0: average
+  ArrayRef<std::string> ignored;
   shard::GridOp grid;
   FlatSymbolRefAttr gridRef;
-  llvm::StringMap<ParamOp> params; // sharded ones; the others (scalars) stay whole
+  llvm::StringMap<ParamOp> params; // sharded ones; the others (scalars, ignored ones) stay whole
   llvm::StringMap<RankedTensorType> shardTypes;
 };
 
@@ -332,7 +356,9 @@ struct ShardParametersPass
     FailureOr<Layout> layout =
         makeLayout(getOperation(), strategy, ranks, replicas, reshardGroup);
     if (failed(layout) ||
-        failed(ParameterSharder(getOperation(), *layout, gradientAccumulation, gradientDivideFactor).run()))
+        failed(ParameterSharder(getOperation(), *layout, gradientAccumulation, gradientDivideFactor,
+                                ignoredParams)
+                   .run()))
       signalPassFailure();
   }
 };

@@ -76,6 +76,10 @@ struct ShardingPipelineOptions : public PassPipelineOptions<ShardingPipelineOpti
       llvm::cl::desc("Sum gradients and divide each by this factor once (0: average over the data-parallel "
                      "ranks; 1: sum, for a loss normalized over the whole batch)"),
       llvm::cl::init(0)};
+  ListOption<std::string> ignoredParams{
+      *this, "ignored-params",
+      llvm::cl::desc("Parameters (FQNs) left whole and local on every rank: not sharded, gathered or reduced "
+                     "(FSDP2's ignored_params)")};
   Option<std::string> reduceDtype{*this, "reduce-dtype",
                                   llvm::cl::desc("f32 | bf16 | f16 (default: the module's mixed precision)"),
                                   llvm::cl::init("")};
@@ -158,6 +162,7 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
   shard.reshardGroup = innerGroup;
   shard.gradientAccumulation = options.gradientAccumulation;
   shard.gradientDivideFactor = options.gradientDivideFactor;
+  shard.ignoredParams = llvm::to_vector(options.ignoredParams);
   pm.addPass(createShardParametersPass(shard));
   // Casts fuse first, so that the later passes see each gathered buffer
   // with all of its readers (a cast's result read in backward is the buffer).

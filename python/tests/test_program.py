@@ -262,7 +262,7 @@ def test_the_reshard_check_catches_a_view_that_outlives_its_buffer():
     text = json.dumps({
         "format": "fsdpc.program", "version": VERSION, "device": "cpu",
         "groups": [{"key": "g", "grid": "world", "grid_shape": [1], "axes": [0], "size": 1, "members": [[0]]}],
-        "params": [{"name": "w", "shape": [3, 2], "dtype": "f32", "unit": "root", "trainable": True, "offloaded": False,
+        "params": [{"name": "w", "shape": [3, 2], "dtype": "f32", "unit": "root", "trainable": True, "offloaded": False, "ignored": False,
                     "tied": [], "group": "g", "shard_rows": 3, "padding": 0}],
         "buffers": [], "kernels": [],
         "functions": [{

@@ -82,6 +82,7 @@ py::dict manifest(const fsdp_rt::Program &program) {
     params.append(py::dict(py::arg("name") = param.name, py::arg("shape") = shapeOf(param.shape),
                            py::arg("dtype") = param.dtype, py::arg("unit") = param.unit,
                            py::arg("trainable") = param.trainable, py::arg("offloaded") = param.offloaded,
+                           py::arg("ignored") = param.ignored,
                            py::arg("tied") = param.tied,
                            py::arg("group") = param.group ? py::cast(*param.group) : py::none(),
                            py::arg("shard_rows") = param.shardRows, py::arg("padding") = param.padding));

@@ -436,6 +436,9 @@ ParamSpec loadParam(const Value &json) {
   param.unit = json.at("unit").asString();
   param.trainable = json.at("trainable").asBool();
   param.offloaded = json.at("offloaded").asBool();
+  param.ignored = json.at("ignored").asBool();
+  if (param.ignored && (param.offloaded || !json.at("group").isNull()))
+    throw std::runtime_error("an ignored parameter is neither sharded nor offloaded");
   param.tied = stringList(json.at("tied"));
   if (const Value &group = json.at("group"); !group.isNull()) {
     param.group = group.asString();

@@ -120,6 +120,13 @@ fsdp.param @p : tensor<f32> unit @root sharded on @dp axes = [0] padding = 3
 
 shard.grid @dp(shape = 4)
 fsdp.unit @root root
+// expected-error @+1 {{'fsdp.param' op is ignored (left whole on every rank), so it cannot be sharded}}
+fsdp.param @p : tensor<8xf32> unit @root ignored sharded on @dp axes = [0] padding = 0
+
+// -----
+
+shard.grid @dp(shape = 4)
+fsdp.unit @root root
 // expected-error @+1 {{'fsdp.param' op padding must be non-negative, got -2}}
 fsdp.param @p : tensor<10xf32> unit @root sharded on @dp axes = [0] padding = -2
 

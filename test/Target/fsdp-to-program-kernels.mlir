@@ -35,7 +35,7 @@ func.func @layouts(%a: tensor<8x64xbf16>, %b: tensor<8x1xbf16>, %c: tensor<64x8x
   return %e, %q : tensor<8x64xbf16>, tensor<8x64xbf16>
 }
 }
-// CHECK:      {"format": "fsdpc.program", "version": 9, "device": "cuda",
+// CHECK:      {"format": "fsdpc.program", "version": 10, "device": "cuda",
 // CHECK:       "kernels": [
 // CHECK-NEXT:  {"block":256,"element_type":"bf16","extents":[512],"grid":1,"inputs":[{"shape":[8,64],"steps":[1],"strides":[64,1]},{"shape":[8,64],"steps":[1],"strides":[64,1]}],"name":"fsdp_pointwise_0","outputs":[{"shape":[8,64],"steps":[1],"strides":[64,1]}],"source":"__device__ inline float fsdp_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\n__device__ __forceinline__ void fsdp_pointwise_0(float in0, float in1, float& out0) {\n  const float a0 = in0;\n  const float a1 = in1;\n  const float v0 = (a0 * fsdp_sigmoid(a0));\n  const float v1 = (v0 * a1);\n  out0 = v1;\n}\n","vector":8},
 // CHECK-NEXT:  {"block":256,"element_type":"bf16","extents":[512],"grid":1,"inputs":[{"shape":[8,64],"steps":[1],"strides":[64,1]}],"name":"fsdp_pointwise_1","outputs":[{"shape":[8,64],"steps":[1],"strides":[64,1]}],"source":"__device__ __forceinline__ void fsdp_pointwise_1(float in0, float& out0) {\n  const float a0 = in0;\n  const float v0 = (a0 + 1e-05f);\n  const float v1 = rsqrtf(v0);\n  out0 = v1;\n}\n","vector":8},

@@ -2,6 +2,7 @@
 // RUN: fsdp-opt %S/../Transforms/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 replicas=2 strategy=hybrid-shard" | fsdp-translate --fsdp-to-program | FileCheck %s --check-prefix=HSDP
 // RUN: fsdp-opt %S/../Transforms/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4 offload=l0" | fsdp-translate --fsdp-to-program | FileCheck %s --check-prefix=OFFLOAD
 // RUN: fsdp-opt %S/../Transforms/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4 offload=l0 backend=nccl gather-into-results=true" | fsdp-translate --fsdp-to-program | FileCheck %s --check-prefix=INTO
+// RUN: fsdp-opt %S/../Transforms/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4 offload=l0 ignored-params=l0.b" | fsdp-translate --fsdp-to-program | FileCheck %s --check-prefix=IGNORED
 // RUN: not fsdp-translate --fsdp-to-program %S/../Transforms/Inputs/step.mlir 2>&1 | FileCheck %s --check-prefix=UNSCHEDULED
 // RUN: fsdp-opt %s --fsdp-plan-lifetimes | fsdp-translate --fsdp-to-program | FileCheck %s --check-prefix=LITERALS
 
@@ -9,12 +10,12 @@
 // layout (l0.w's 10 rows take 3 per rank, 2 rows of padding), then one
 // instruction per op: shard reads, bucketed collectives, ATen calls with
 // their source line, and the drops that fsdp-plan-lifetimes decided.
-// CHECK:      {"format": "fsdpc.program", "version": 9, "device": "cpu",
+// CHECK:      {"format": "fsdpc.program", "version": 10, "device": "cpu",
 // CHECK-NEXT:  "groups": [
 // CHECK-NEXT:    {"axes":[0],"grid":"fsdp_grid","grid_shape":[4],"key":"fsdp_grid:0","members":{{\[\[}}0,1,2,3{{\]\]}},"size":4}
 // CHECK:       "params": [
-// CHECK-NEXT:    {"dtype":"f32","group":"fsdp_grid:0","name":"l0.w","offloaded":false,"padding":2,"shape":[10,4],"shard_rows":3,"tied":[],"trainable":true,"unit":"l0"},
-// CHECK:         {"dtype":"f32","group":"fsdp_grid:0","name":"head","offloaded":false,"padding":1,"shape":[3,4],"shard_rows":1,"tied":[],"trainable":false,"unit":"root"}
+// CHECK-NEXT:    {"dtype":"f32","group":"fsdp_grid:0","ignored":false,"name":"l0.w","offloaded":false,"padding":2,"shape":[10,4],"shard_rows":3,"tied":[],"trainable":true,"unit":"l0"},
+// CHECK:         {"dtype":"f32","group":"fsdp_grid:0","ignored":false,"name":"head","offloaded":false,"padding":1,"shape":[3,4],"shard_rows":1,"tied":[],"trainable":false,"unit":"root"}
 // CHECK:       "kernels": [
 // CHECK-NEXT:  ],
 // CHECK-NEXT:  "functions": [
@@ -33,8 +34,8 @@
 
 // An offloaded unit: its parameters say so, and its all-gather reads from and
 // its reduce-scatter delivers to host memory.
-// OFFLOAD:     {"dtype":"f32","group":"fsdp_grid:0","name":"l0.w","offloaded":true,
-// OFFLOAD:     {"dtype":"f32","group":"fsdp_grid:0","name":"l1.w","offloaded":false,
+// OFFLOAD:     {"dtype":"f32","group":"fsdp_grid:0","ignored":false,"name":"l0.w","offloaded":true,
+// OFFLOAD:     {"dtype":"f32","group":"fsdp_grid:0","ignored":false,"name":"l1.w","offloaded":false,
 // OFFLOAD:     "host":true,"inputs":[2,1],"into_results":false,"op":"all_gather","shapes":{{\[\[}}10,4],[10]],"unit":"l0"}
 // OFFLOAD:     "host":false,{{.*}}"op":"all_gather",{{.*}}"unit":"l1"}
 // OFFLOAD:     "future":[[FUTURE:[0-9]+]],"group":"fsdp_grid:0","host":true,{{.*}}"op":"reduce_scatter",{{.*}}"unit":"l0"}
@@ -42,6 +43,13 @@
 // optimizer stepping in backward; a device reduction's wait names none.
 // OFFLOAD:     {"future":[[FUTURE]],"grads_of":["l0.w","l0.b"],"op":"wait","results":
 // OFFLOAD-NOT: "grads_of"
+
+// An ignored parameter is whole (no group) and stays on the device, though
+// its unit is offloaded; its unit's host gather and reduction leave it out.
+// IGNORED:     {"dtype":"f32","group":"fsdp_grid:0","ignored":false,"name":"l0.w","offloaded":true,
+// IGNORED:     {"dtype":"f32","group":null,"ignored":true,"name":"l0.b","offloaded":false,"shape":[10],"tied":[],"trainable":true,"unit":"l0"},
+// IGNORED:     "host":true,"inputs":[{{[0-9]+}}],"into_results":false,"op":"all_gather","shapes":{{\[\[}}10,4]],"unit":"l0"}
+// IGNORED:     {"future":{{[0-9]+}},"grads_of":["l0.w"],"op":"wait","results":
 
 // Gathered into the results, but not an offloaded unit's bucket.
 // INTO:     "host":true,"inputs":[2,1],"into_results":false,"op":"all_gather",{{.*}}"unit":"l0"}
@@ -56,7 +64,7 @@
 
 // Every literal kind, tagged; a parameter name with quotes, a backslash,
 // a newline, NUL and non-ASCII stays one escaped JSON string.
-// LITERALS: {"dtype":"f32","group":null,"name":"a\"b\\\nc\u0000dé","offloaded":false,"shape":[4]
+// LITERALS: {"dtype":"f32","group":null,"ignored":false,"name":"a\"b\\\nc\u0000dé","offloaded":false,"shape":[4]
 // LITERALS-LABEL: "name": "literals"
 // LITERALS: {"name":"a\"b\\\nc\u0000dé","op":"param","result":1},
 // LITERALS: {"args":[{"tensor":0},{"bools":[true,false,true]},{"floats":[1.5,2]},{"ints":[]},{"float":"nan"},{"float":"-inf"},{"int":-3},{"bool":false},{"string":"channels_last"},{"dtype":"bf16"},null,{"tensors":[1,null]},{"string":"<device>"}],"loc":"{{[^"]*}}","name":"test::literals","op":"aten","overload":"","results":[2]}

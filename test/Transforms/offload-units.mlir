@@ -7,6 +7,7 @@
 // RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4" --fsdp-offload-units="fit-bytes=100" 2>&1 | FileCheck %s --check-prefix=FIT-CPU
 // RUN: sed -e '1i module attributes {fsdp.device = "cuda"} {' -e '$a }' %S/Inputs/step.mlir | not fsdp-opt --fsdp-sharding-pipeline="ranks=4 backend=nccl gather-into-results=false" --fsdp-offload-units="fit-bytes=100 backend=nccl" 2>&1 | FileCheck %s --check-prefix=FIT-NEVER
 // RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4 strategy=no-shard offload=l0" 2>&1 | FileCheck %s --check-prefix=NOSHARD
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=4 strategy=no-shard offload=l0 ignored-params=l0.w,l0.b" | FileCheck %s --check-prefix=NOSHARD-IGNORED
 
 // One unit: its all-gather reads shards from the host and its
 // reduce-scatter delivers to the host; the other units stay on the device.
@@ -49,3 +50,6 @@
 // UNKNOWN: error: offload names unit 'l7', which the module does not have; its units: root, l0, l1
 
 // NOSHARD: error: cannot offload unit @l0: parameter 'l0.w' is replicated (no-shard); only shards are offloaded
+// Ignored parameters stay on the device and do not stop their unit's offload.
+// NOSHARD-IGNORED: fsdp.unit @l0 class "Layer" offloaded
+// NOSHARD-IGNORED: fsdp.param @l0.w : tensor<10x4xf32> unit @l0 ignored{{$}}

@@ -11,8 +11,45 @@
 // RUN: fsdp-opt %S/Inputs/scalar-step.mlir --fsdp-shard-parameters="ranks=4 gradient-divide-factor=16" | FileCheck %s --check-prefix=DIVIDE-SCALAR
 // RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=4 gradient-divide-factor=-2" 2>&1 | FileCheck %s --check-prefix=NEGATIVE
 // RUN: not fsdp-opt %s -split-input-file --fsdp-shard-parameters="ranks=4 gradient-divide-factor=64" 2>/dev/null | FileCheck %s --check-prefix=HALF-DIVIDE
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=4 ignored-params=l0.b,l1.w" | FileCheck %s --check-prefix=IGNORED
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=4 strategy=no-shard gradient-accumulation=true ignored-params=l1.w" | FileCheck %s --check-prefix=IGNORED-ACCUM
+// RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=4 ignored-params=l1.weight" 2>&1 | FileCheck %s --check-prefix=IGNORED-UNKNOWN
 // RUN: fsdp-opt %s -split-input-file -verify-diagnostics --fsdp-shard-parameters="ranks=4"
 // RUN: not fsdp-opt %s -split-input-file --fsdp-shard-parameters="ranks=4" 2>/dev/null | FileCheck %s --check-prefix=HALF
+
+// Ignored parameters (FSDP2's ignored_params) stay whole on every rank, are
+// read without a gather, and keep this rank's own gradient; the others are
+// sharded as ever.
+// IGNORED:      fsdp.param @l0.w : tensor<10x4xf32> unit @l0 sharded on @fsdp_grid axes = [0] padding = 2
+// IGNORED:      fsdp.param @l0.b : tensor<10xf32> unit @l0 ignored{{$}}
+// IGNORED:      fsdp.param @l1.w : tensor<4x10xf32> unit @l1 ignored{{$}}
+// IGNORED:      %[[B:.*]] = fsdp.get_param @l0.b : tensor<10xf32>
+// IGNORED-NOT:  fsdp.all_gather_start %[[B]]
+// IGNORED:      %[[W1:.*]] = fsdp.get_param @l1.w : tensor<4x10xf32>
+// IGNORED-NEXT: fsdp.aten "aten::t"(%[[W1]])
+// IGNORED:      fsdp.loss
+// IGNORED:      %[[GW1:.*]] = fsdp.aten "aten::mm"({{.*}}) module "l1" : (tensor<2x4xf32>, tensor<2x10xf32>)
+// IGNORED-NOT:  fsdp.all_reduce_start
+// IGNORED:      %[[GW0:.*]] = fsdp.aten "aten::mm"(%{{.*}}, %arg0) module "l0"
+// IGNORED-NEXT: %[[RS:.*]] = fsdp.reduce_scatter_start %[[GW0]]
+// IGNORED-NEXT: %[[W0S:.*]] = fsdp.wait %[[RS]]
+// IGNORED-NEXT: %[[GB0:.*]] = fsdp.aten "aten::sum.dim_IntList"
+// IGNORED-NOT:  fsdp.reduce_scatter_start
+// IGNORED-NOT:  fsdp.all_reduce_start
+// IGNORED:      fsdp.gradients [@l0.w, @l0.b, @l1.w] %[[W0S]], %[[GB0]], %[[GW1]] : tensor<3x4xf32>, tensor<10xf32>, tensor<4x10xf32>
+// With accumulation the synchronized step adds what accumulated, and
+// reduces only what is not ignored (no-shard: an all-reduce).
+// IGNORED-ACCUM:      fsdp.param @l1.w : tensor<4x10xf32> unit @l1 ignored{{$}}
+// IGNORED-ACCUM-LABEL: func.func @train_step(
+// IGNORED-ACCUM:      %[[ACC:.*]] = fsdp.get_accumulated_grad @l1.w : tensor<4x10xf32>
+// IGNORED-ACCUM-NEXT: %[[SUM:.*]] = fsdp.aten "aten::add.Tensor"(%{{.*}}, %[[ACC]])
+// IGNORED-ACCUM-NOT:  fsdp.all_reduce_start %[[SUM]]
+// IGNORED-ACCUM:      fsdp.all_reduce_start
+// IGNORED-ACCUM:      fsdp.all_reduce_start
+// IGNORED-ACCUM-NOT:  fsdp.all_reduce_start
+// IGNORED-ACCUM:      fsdp.gradients [@l0.w, @l0.b, @l1.w] %{{.*}}, %{{.*}}, %[[SUM]] :
+// IGNORED-ACCUM-LABEL: func.func @train_step_no_sync(
+// IGNORED-UNKNOWN: error: ignored-params names 'l1.weight', which is no parameter of the step
 
 // A scalar has no rows to shard: it stays whole on every rank, is read
 // without a gather, and its gradient is averaged over the whole grid.

@@ -490,11 +490,6 @@ private:
   json::Array inputSpecs;
 };
 
-bool isOffloaded(ParamOp param) {
-  auto unit = SymbolTable::lookupNearestSymbolFrom<UnitOp>(param, param.getUnitAttr());
-  return unit && unit.getOffloaded();
-}
-
 FailureOr<json::Array> parameters(ModuleOp module, GroupTable &groups) {
   json::Array params;
   for (ParamOp param : module.getOps<ParamOp>()) {
@@ -511,7 +506,8 @@ FailureOr<json::Array> parameters(ModuleOp module, GroupTable &groups) {
                        {"dtype", *dtype},
                        {"unit", param.getUnit()},
                        {"trainable", param.isTrainable()},
-                       {"offloaded", isOffloaded(param)},
+                       {"offloaded", param.isOffloaded()},
+                       {"ignored", param.getIgnored()},
                        {"tied", std::move(tied)},
                        {"group", nullptr}};
     if (param.isSharded()) {

@@ -123,8 +123,11 @@ struct ParamSpec {
   bool trainable = true;
   /// Its shard, gradient and optimizer state live in host memory.
   bool offloaded = false;
+  /// FSDP leaves it alone (FSDP2's ignored_params): whole on every rank,
+  /// its gradient this rank's own.
+  bool ignored = false;
   std::vector<std::string> tied;
-  std::optional<std::string> group; // nullopt: replicated on every rank
+  std::optional<std::string> group; // nullopt: whole on every rank
   int64_t shardRows = 0, padding = 0;
 };
 

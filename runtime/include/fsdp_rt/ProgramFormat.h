@@ -19,7 +19,7 @@
 namespace fsdp_rt {
 
 /// Bump on any change to the program's JSON schema (docs/program.md).
-inline constexpr int64_t kProgramVersion = 9;
+inline constexpr int64_t kProgramVersion = 10;
 inline constexpr std::string_view kProgramFormat = "fsdpc.program";
 
 /// The device kinds a step is captured for and runs on (the module's
