@@ -95,6 +95,8 @@ class MixedPrecision:
     # mp_policy given per fully_shard call); the fields above are the root
     # unit's and every unit's not listed.
     units: tuple[tuple[str, "MixedPrecision"], ...] = ()
+    # Parameters (FQNs) no policy casts: FSDP2's ignored_params keep their dtype.
+    uncast: tuple[str, ...] = ()
 
     def of_unit(self, fqn: str) -> "MixedPrecision":
         """The policy of the wrap unit whose module is `fqn` ("" the root)."""
@@ -381,7 +383,7 @@ def _mixed_precision_casts(model: nn.Module, units: dict[str, nn.Module], policy
             names.setdefault(id(param), []).append(fqn)
         for module in list(model.modules()):
             for name, param in list(module._parameters.items()):
-                if param is None or not param.is_floating_point():
+                if param is None or not param.is_floating_point() or set(names[id(param)]) & set(policy.uncast):
                     continue
                 unit = plan.owner(names[id(param)])  # tied across units: the root's, as FSDP2 rules
                 dtype = policy.of_unit("" if unit == ROOT_UNIT else unit).param_dtype

@@ -55,6 +55,7 @@ class ParamSpec:
     shard_rows: int       # rows of each rank's padded shard (logical rows when replicated)
     padding: int
     offloaded: bool = False  # shard, gradient and optimizer state in host memory
+    ignored: bool = False  # FSDP2's ignored_params: whole on every rank, its gradient this rank's own
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ class Program:
             params.append(ParamSpec(p["name"], tuple(p["shape"]), p["dtype"], p["unit"], p["trainable"],
                                     tuple(p["tied"]), p["group"],
                                     (p["shape"][0] if p["shape"] else 1) if replicated else p["shard_rows"],
-                                    0 if replicated else p["padding"], p["offloaded"]))
+                                    0 if replicated else p["padding"], p["offloaded"], p["ignored"]))
         buffers = [BufferSpec(b["name"], tuple(b["shape"]), b["dtype"]) for b in doc["buffers"]]
         functions = {f["name"]: FunctionSpec(f["name"], f["step"],
                                              tuple((tuple(t["shape"]), t["dtype"]) for t in f["input_types"]),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -289,7 +290,7 @@ def _with_overrides(options: str, overrides: dict[str, str]) -> str:
 
 def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_after_forward, offload: bool,
                   policy: MixedPrecision | None, gradient_accumulation: bool, backend: str,
-                  gradient_divide_factor: float | None) -> str:
+                  gradient_divide_factor: float | None, ignored: tuple[str, ...]) -> str:
     """The sharding pipeline's options from fully_shard's vocabulary; the
     same knob given twice with different values is an error."""
     given = dict(option.partition("=")[::2] for option in pipeline.split())
@@ -317,6 +318,8 @@ def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_af
         wanted["gradient-divide-factor"] = _divide_factor_option(gradient_divide_factor)
     if offload:
         wanted["offload"] = "*"
+    if ignored:
+        wanted["ignored-params"] = ",".join(ignored)
     wanted["backend"] = backend  # the reports count what this backend moves and allocates
     checked = dict(wanted)
     if policy is not None and policy.reduce_dtype is not None:  # capture applies it; the pipeline must agree
@@ -382,7 +385,7 @@ class ShardedModule(nn.Module):
                  mp_policy=None, offload_policy=None, wrap: WrapPolicy = None,
                  gradient_accumulation: bool = False, gradient_divide_factor: float | None = None,
                  pipeline: str = "", timeout: timedelta = timedelta(minutes=5), check_reshard_frees: bool = False,
-                 grad_scaler: torch.amp.GradScaler | None = None):
+                 grad_scaler: torch.amp.GradScaler | None = None, ignored_params: Iterable[nn.Parameter] | None = None):
         if not dist.is_initialized():
             raise StepError("fsdpc.shard needs torch.distributed initialized (run under torchrun)")
         if isinstance(example_batch, (torch.Tensor, Mapping)):  # one item, as `model(batch)` will be called
@@ -409,12 +412,21 @@ class ShardedModule(nn.Module):
                 raise StepError(str(error)) from None
             offload = self._check_offload(offload_policy, device)
             _check_grad_scaler(grad_scaler, world)
+            ignored = _ignored_names(model, ignored_params, device)
             policy = _mixed_precision(mp_policy, model, wrap)
+            if policy is not None and ignored:
+                policy = dataclasses.replace(policy, uncast=ignored)
             return device, policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, offload is not None,
                                                  policy, gradient_accumulation, backend,
-                                                 gradient_divide_factor), offload
+                                                 gradient_divide_factor, ignored), offload, ignored
 
-        device, policy, options, offload = on_every_rank("checking fsdpc.shard's arguments", check_arguments)
+        device, policy, options, offload, ignored = on_every_rank("checking fsdpc.shard's arguments",
+                                                                  check_arguments)
+        ignored_by_rank: list = [None] * world
+        dist.all_gather_object(ignored_by_rank, ignored)
+        if len(set(ignored_by_rank)) > 1:
+            raise StepError("the ranks ignore different parameters (ignored_params): " + "; ".join(
+                f"rank {rank}: {', '.join(names) or 'none'}" for rank, names in enumerate(ignored_by_rank)))
 
         self.device = device
         # Offloaded shards (CPUOffloadPolicy, or the pipeline's offload options)
@@ -523,7 +535,7 @@ class ShardedModule(nn.Module):
         self._buffer_slots = {name: _owner(self, name) for name, _ in self.named_buffers()}
         self._local_rows = {fqn: self._shard_rows(spec)[1] for fqn, spec in self.layout.items()}
         if not self._empty:  # every rank starts from rank 0's replicated state
-            self._broadcast_replicated()
+            self._broadcast_replicated(ignored=False)
         # No hook refers to the module itself (each is handed it): a cycle
         # through it would keep it and its process groups alive until the
         # garbage collector runs, perhaps at interpreter shutdown, where
@@ -601,6 +613,14 @@ class ShardedModule(nn.Module):
                             f"{sorted(originals)}")
         for name, spec in self.layout.items():
             original = originals[name]
+            if spec.ignored:  # left alone, as FSDP2 leaves it: the model's own parameter, whole
+                if original.is_meta:  # empty until init_weights() or a load, as the shards; the same object
+                    torch.utils.swap_tensors(original, nn.Parameter(
+                        torch.empty(spec.shape, dtype=original.dtype, device=self.device),
+                        requires_grad=original.requires_grad))
+                elif not original.is_contiguous():
+                    original.data = original.data.contiguous()
+                continue
             storage = new_shard(spec, original.dtype, "cpu" if spec.offloaded else self.device)
             if spec.offloaded and self._pin_shards:
                 storage = storage.pin_memory()
@@ -1018,6 +1038,8 @@ class ShardedModule(nn.Module):
         "mixed torch.Tensor and DTensor"; its set_model_state_dict with
         full_state_dict=True works here too)."""
         for fqn, spec in module.layout.items():
+            if spec.ignored:  # a plain tensor, loaded as FSDP2 loads it
+                continue
             param = module.get_parameter(fqn)
             for name in (fqn, *spec.tied):
                 value = state_dict.get(prefix + name)
@@ -1288,15 +1310,15 @@ class ShardedModule(nn.Module):
         local = rows(grad, 0, self._local_rows[fqn])
         incoming = None
         if param._backward_hooks:  # register_hook: each sees this call's gradient first, as in autograd
-            incoming = _gradient_dtensor(param, local)
+            incoming = _gradient_of(param, local)
             for hook in list(param._backward_hooks.values()):
                 changed = hook(incoming)
                 incoming = incoming if changed is None else changed
-            local = incoming._local_tensor
+            local = _local(incoming)
         if param.grad is None:
-            param.grad = incoming if incoming is not None else _gradient_dtensor(param, local)
+            param.grad = incoming if incoming is not None else _gradient_of(param, local)
         else:
-            param.grad._local_tensor.add_(local)
+            _local(param.grad).add_(local)
 
     def _fail(self, reason: str) -> bool:
         """Marks the module failed: it refuses further calls, and the
@@ -1470,7 +1492,9 @@ class ShardedModule(nn.Module):
     def _padded(self, fqn: str, param: nn.Parameter) -> torch.Tensor:
         """The padded shard the program reads, holding the parameter's
         current values (a load that replaced the local tensor is copied in)."""
-        storage = self._storage[fqn]
+        storage = self._storage.get(fqn)
+        if storage is None:  # an ignored parameter: the program reads it in place
+            return param.detach()
         local = param._local_tensor  # not to_local(): an autograd function per parameter and call
         if local.numel() and local.data_ptr() != storage.data_ptr():
             self.wait_for_host_optimizer()  # it may still be stepping the tensor that replaced the shard
@@ -1507,25 +1531,31 @@ class ShardedModule(nn.Module):
             for name, value in kept.items():
                 if name in self._param_slots:
                     owner, leaf = self._param_slots[name]
-                    owner._parameters[leaf]._local_tensor.copy_(value)
+                    _local(owner._parameters[leaf]).copy_(value)
                 else:
                     owner, leaf = _owner(self, name)
                     owner._buffers[leaf].copy_(value)
-        self._broadcast_replicated()
+        self._broadcast_replicated(ignored=True)
         self._empty = set()
 
     def _values_held(self, kept: Callable[[str], bool]) -> dict[str, torch.Tensor]:
         """A copy in host memory (a pretrained model's shards may fill the
         device) of every local shard and buffer whose name is `kept`, for
         init_weights to put back after initializing the rest."""
-        held = {fqn: owner._parameters[leaf]._local_tensor.to("cpu", copy=True)
+        held = {fqn: _local(owner._parameters[leaf]).to("cpu", copy=True)
                 for fqn, (owner, leaf) in self._param_slots.items() if kept(fqn)}
         held.update({name: buffer.to("cpu", copy=True) for name, buffer in self.named_buffers() if kept(name)})
         return held
 
-    def _broadcast_replicated(self) -> None:
+    def _broadcast_replicated(self, *, ignored: bool) -> None:
+        """Rank 0's replicated parameters (its first replica's shards on a
+        2-D mesh) and buffers on every rank; with `ignored`, the ignored
+        parameters too (init_weights: they start as one model's would; at
+        fsdpc.shard each rank keeps its own, as FSDP2 leaves them)."""
         named = dict(self.named_parameters())
         for fqn, spec in self.layout.items():
+            if spec.ignored and not ignored:
+                continue
             tensor = self._padded(fqn, named[fqn])
             if spec.group is None:
                 dist.broadcast(tensor, src=0)
@@ -1548,7 +1578,9 @@ class ShardedModule(nn.Module):
         either, and the host does not wait for the norm (clip.py: a fused
         norm and scale per device and dtype, one all-reduce per shard group).
         Unset, it is False with a `grad_scaler`, whose overflowed steps are
-        expected (scaler.step skips them) and True otherwise."""
+        expected (scaler.step skips them) and True otherwise. Ignored
+        parameters' gradients (each rank's own) are neither counted nor
+        scaled: the norm and the scale are the same on every rank."""
         if error_if_nonfinite is None:
             error_if_nonfinite = self._grad_scaler is None
         if self._host_optimizer is not None and self._host_optimizer.in_backward:
@@ -1562,7 +1594,7 @@ class ShardedModule(nn.Module):
         grads: dict[str | None, list[torch.Tensor]] = {}  # local gradients by the group that shards them
         for fqn, (owner, leaf) in self._param_slots.items():
             grad = owner._parameters[leaf].grad
-            if grad is not None:
+            if grad is not None and not self.layout[fqn].ignored:
                 grads.setdefault(self.layout[fqn].group, []).append(grad._local_tensor)
         # Every rank reduces over every shard group, in one order, whichever gradients it holds.
         reduced = sorted({spec.group for spec in self.layout.values() if spec.group is not None})
@@ -1642,6 +1674,18 @@ def new_shard(spec: ParamSpec, dtype: torch.dtype, device: torch.device | str = 
     if not spec.shape:
         return torch.zeros((), dtype=dtype, device=device)
     return torch.zeros((spec.shard_rows, *spec.shape[1:]), dtype=dtype, device=device)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a parameter or gradient: a DTensor's local shard,
+    an ignored parameter's (a plain tensor's) whole value."""
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor.detach()
+
+
+def _gradient_of(param: nn.Parameter, local: torch.Tensor) -> torch.Tensor:
+    """`local` as the gradient of `param`: a DTensor like a sharded one's,
+    an ignored parameter's as it is."""
+    return _gradient_dtensor(param, local) if isinstance(param, DTensor) else local
 
 
 def _gradient_dtensor(param: nn.Parameter, local: torch.Tensor) -> DTensor:
@@ -1785,6 +1829,38 @@ def _draws_from_each_ranks_generator(mesh: DeviceMesh) -> Iterator[None]:
             _random._rng_tracker = None
 
 
+def _ignored_names(model: nn.Module, ignored_params, device: torch.device) -> tuple[str, ...]:
+    """FSDP2's `ignored_params` (a set of the model's parameters) as the
+    FQNs the sharding pipeline takes: each parameter's first name, sorted.
+    An ignored parameter is read where it is, so it must hold values on the
+    job's device already, or be on meta (then it is placed there empty, for
+    init_weights() or a load to fill)."""
+    if ignored_params is None:
+        return ()
+    if isinstance(ignored_params, (torch.Tensor, Mapping)) or not isinstance(ignored_params, Iterable):
+        raise StepError(f"ignored_params must be a set of the model's parameters, got "
+                        f"{type(ignored_params).__name__}")
+    first_names: dict[int, str] = {}
+    for fqn, param in model.named_parameters(remove_duplicate=False):
+        first_names.setdefault(id(param), fqn)
+    names = set()
+    for param in ignored_params:
+        fqn = first_names.get(id(param))
+        if fqn is None:
+            what = (f"a tensor of shape {tuple(param.shape)}" if isinstance(param, torch.Tensor)
+                    else f"a {type(param).__name__}")
+            raise StepError(f"ignored_params holds {what} that is not a parameter of the model (pass the model's "
+                            "own parameters, e.g. {model.head.bias})")
+        if re.search(r"[\s,=]", fqn):
+            raise StepError(f"ignored parameter {fqn!r}: a name with spaces, commas or '=' cannot be ignored")
+        if not param.is_meta and param.device != device:
+            raise StepError(f"ignored parameter '{fqn}' is on {param.device}, the job computes on {device}: "
+                            "the step reads ignored parameters where they are (FSDP2 leaves them there too); "
+                            f"move the model to {device} before fsdpc.shard, or build it on meta")
+        names.add(fqn)
+    return tuple(sorted(names))
+
+
 def _unwrapped(model: nn.Module) -> nn.Module:
     """The model a torch.compile wrapper holds (fsdpc compiles the step
     itself, and the wrapper's `_orig_mod.` would prefix every name); a
@@ -1900,5 +1976,10 @@ def shard(model: nn.Module, example_batch: Sequence[torch.Tensor], loss_fn: Call
     `timeout` (of every collective), `grad_scaler` (a ShardedGradScaler:
     training calls start backward from its scale, as
     `scaler.scale(loss).backward()` does, leaving scaled gradients for
-    `scaler.unscale_`, `scaler.step` and `scaler.update`)."""
+    `scaler.unscale_`, `scaler.step` and `scaler.update`), `ignored_params`
+    (a set of the model's parameters left alone, as FSDP2 leaves them: each
+    rank keeps its own whole copy, on the job's device, in its own dtype
+    under mp_policy, a plain tensor; its gradient is this rank's own, never
+    reduced, and clip_grad_norm_ leaves it out; init_weights() gives every
+    rank rank 0's values)."""
     return ShardedModule(model, example_batch, loss_fn, **options)

@@ -32,7 +32,7 @@ from torch import nn
 
 from fsdpc.device import collective_backend
 from fsdpc.runtime import StepError
-from fsdpc.sharded import _LENT, _first_line, _owner, rows
+from fsdpc.sharded import _LENT, _first_line, _local, _owner, rows
 from fsdpc.units import ROOT_UNIT
 
 # Hugging Face's generate syncs finished ranks when the model carries it.
@@ -161,7 +161,7 @@ class Unsharded:
         for fqn in self._gathered:
             owner, leaf = _owner(module._original, fqn)
             begin, real = module._shard_rows(module.layout[fqn])
-            local = self._shards[fqn]._local_tensor
+            local = _local(self._shards[fqn])
             source = rows(owner._parameters[leaf].detach(), begin, real)
             if local.numel() and source.data_ptr() != local.data_ptr():
                 local.copy_(source)

@@ -17,7 +17,9 @@ import json
 import os
 import pickle
 import re
+import shutil
 import sys
+import tempfile
 import time
 import warnings
 import weakref
@@ -787,9 +789,10 @@ def scenario_scalar(args):
     assert restored_optimizer.state_dict()["state"], "the optimizer state was not restored"
 
 
-def fully_sharded(model, blocks_of, policy=None, by_unit: dict | None = None):
+def fully_sharded(model, blocks_of, policy=None, by_unit: dict | None = None, ignored: set | None = None):
     """`model` under FSDP2: a fully_shard per block (`blocks_of(model)`,
-    each with its `by_unit` policy by FQN, else `policy`), then the root."""
+    each with its `by_unit` policy by FQN, else `policy`), then the root;
+    every call leaves the parameters `ignored` alone."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -797,8 +800,8 @@ def fully_sharded(model, blocks_of, policy=None, by_unit: dict | None = None):
     mesh = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
     names = {id(module): name for name, module in model.named_modules()}
     for block in blocks_of(model):
-        fully_shard(block, mesh=mesh, mp_policy=by_unit.get(names[id(block)], policy))
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=by_unit.get(names[id(block)], policy), ignored_params=ignored)
+    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored)
     return model
 
 
@@ -814,6 +817,195 @@ def fsdp2_losses(model, data, amp=contextlib.nullcontext) -> list[float]:
     losses, _ = run_steps(fsdp2_step, lambda limit: torch.nn.utils.clip_grad_norm_(model.parameters(), limit),
                           optimizer_for(model), None, data, clip=0.5)
     return losses
+
+
+IGNORED = ("blocks.1.attn.proj.weight", "ln_f.bias")  # a matmul's weight and a norm's bias
+
+
+def ignored_of(model: nn.Module, names=IGNORED) -> set:
+    return {model.get_parameter(name) for name in names}
+
+
+def gathered_over_ranks(tensor: torch.Tensor) -> list[torch.Tensor]:
+    tensor = tensor.detach().cpu()  # Gloo's all-gather of CUDA tensors (pytorch#152645): through the host
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor)
+    return parts
+
+
+def scenario_ignored_params(args):
+    """FSDP2's ignored_params: a matmul's weight and a norm's bias left
+    alone. They stay the model's own plain parameters (the same objects,
+    not DTensors), whole on every rank; nothing about them is communicated
+    (the sharded IR gathers and reduces neither), so each rank's gradient is
+    eager's on that rank's own rows while every other gradient is eager's on
+    the global batch; clip_grad_norm_ counts only the sharded ones (the same
+    norm on every rank); the memory report equals the allocator's peak. Trained against FSDP2 with the same ignored_params:
+    the same losses, each rank's ignored parameters equal to FSDP2's on that
+    rank (and different between ranks), the rest equal; also under bf16
+    mp_policy with the final norm's parameters ignored (they stay fp32,
+    uncast, in both: FSDP2's layer norm takes them so); in offloaded units
+    (they stay on the device); with
+    gradient accumulation (the ignored gradient sums the rank's
+    microbatches); built on meta, init_weights() gives every rank rank 0's
+    values; the state dict holds them as plain tensors through a DCP save
+    and load (one rank's copy, on every rank); unsharded() leaves them as
+    they are; refusals."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.tensor import DTensor
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = batches(3)
+    model = reference_model().to(DEVICE)  # FSDP2 and fsdpc leave ignored parameters where they are
+    ignored = ignored_of(model)
+    sharded = fsdpc.shard(model, mine(data[0]), next_token_loss, ignored_params=ignored)
+    for name in IGNORED:
+        param = sharded.get_parameter(name)
+        assert type(param) is nn.Parameter and any(param is p for p in ignored), f"{name}: not the model's own"
+        assert param.device == DEVICE, f"{name} is on {param.device}"
+    assert all(isinstance(p, DTensor) for n, p in sharded.named_parameters() if n not in IGNORED)
+    declared = [line for line in sharded.sharded_ir.splitlines() if line.lstrip().startswith("fsdp.param")]
+    for line in declared:
+        name = line.split()[1].lstrip("@").strip('"')
+        assert (" ignored" in line) == (name in IGNORED) and (" sharded on " in line) == (name not in IGNORED), line
+
+    # One call from eager's state: the ignored gradients are this rank's own, the rest the global batch's.
+    loss = sharded(*mine(data[0]))
+    reference = reference_model()
+    next_token_loss(reference, *(t.cpu() for t in mine(data[0]))).backward()
+    local_grads = {name: reference.get_parameter(name).grad.clone() for name in IGNORED}
+    reference.zero_grad()
+    next_token_loss(reference, *data[0]).backward()
+    for name, param in sharded.named_parameters():
+        if name in IGNORED:
+            assert type(param.grad) is torch.Tensor, f"{name}'s gradient is {type(param.grad).__name__}"
+            close(param.grad, local_grads[name], f"{name}'s gradient (this rank's own rows)")
+        else:
+            close(whole(param.grad), reference.get_parameter(name).grad, f"{name}'s gradient", atol=5e-6)
+    expected_norm = torch.linalg.vector_norm(torch.stack([
+        torch.linalg.vector_norm(p.grad) for n, p in reference.named_parameters() if n not in IGNORED]))
+    norm = sharded.clip_grad_norm_(1e9)
+    close(norm.cpu(), expected_norm, "the clipped norm, ignored gradients left out")
+    sharded.zero_grad()
+    # The memory report reads the program with its whole, unreduced ignored parameters; the allocator agrees.
+    reported = sharded.memory_report["train_step"]["peak"]["above_step_start"]
+    measured = peak_allocated_above_start(lambda: sharded(*mine(data[0])))[0]
+    within = 0.05 if DEVICE.type == "cpu" else 0.1  # CUDA's allocator rounds each block up to 512 B
+    assert abs(measured - reported) <= within * reported, f"measured {measured} B against the report's {reported} B"
+    sharded.zero_grad()
+
+    # Trained against FSDP2 with the same ignored parameters, fp32 and bf16.
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for policy, names in ((None, IGNORED), (bf16, ("ln_f.weight", "ln_f.bias"))):
+        model = reference_model().to(DEVICE)
+        sharded = fsdpc.shard(model, mine(data[0]), next_token_loss, ignored_params=ignored_of(model, names),
+                              mp_policy=policy)
+        if policy is not None:  # the final norm computes on bf16 activations with its fp32 parameters
+            norms = [line for line in sharded.sharded_ir.splitlines()
+                     if '"aten::native_layer_norm"(' in line and 'module "ln_f"' in line]
+            assert norms and all("tensor<32xf32>, tensor<32xf32>) ->" in line for line in norms), \
+                "the ignored norm parameters are cast: " + "; ".join(norms)
+        ours, _ = run_steps(lambda batch: mean_over_ranks(sharded(*mine(batch))), None, optimizer_for(sharded),
+                            None, data)
+        fsdp2 = reference_model().to(DEVICE)
+        fully_sharded(fsdp2, lambda m: m.blocks, policy, ignored=ignored_of(fsdp2, names))
+
+        def fsdp2_step(batch):
+            loss = next_token_loss(fsdp2, *mine(batch))
+            loss.backward()
+            return mean_over_ranks(loss)
+
+        theirs, _ = run_steps(fsdp2_step, None, optimizer_for(fsdp2), None, data)
+        what = "fp32" if policy is None else "bf16"
+        tolerance = dict(rtol=1e-5, atol=1e-6) if policy is None else dict(rtol=2**-7, atol=1e-2)
+        close(torch.tensor(ours), torch.tensor(theirs), f"{what} losses against FSDP2's", **tolerance)
+        for name in names:
+            mine_now, theirs_now = sharded.get_parameter(name), fsdp2.get_parameter(name)
+            assert mine_now.dtype == torch.float32, f"{name} is {mine_now.dtype} under {what}"
+            close(mine_now.detach(), theirs_now.detach(), f"{what}: rank {rank}'s {name} against FSDP2's",
+                  **({} if policy is None else dict(rtol=0, atol=2e-3)))
+            parts = gathered_over_ranks(mine_now)
+            assert not torch.equal(parts[0], parts[1]), f"{name} is the same on every rank: its gradient was reduced"
+        if policy is None:
+            full = sharded.full_state_dict()
+            for name, value in fsdp2.state_dict().items():
+                if name not in names:
+                    close(full[name], whole(value), f"{name} against FSDP2's", atol=5e-6)
+
+    # (The bf16 module's.) The state dict holds them as plain tensors, through a DCP save and load.
+    state = sharded.state_dict()
+    assert all(type(state[name]) is torch.Tensor for name in names), "ignored entries are not plain tensors"
+    saved = {name: state[name].clone() for name in names}
+    directory = [tempfile.mkdtemp() if rank == 0 else None]
+    dist.broadcast_object_list(directory)
+    dcp.save(state, checkpoint_id=directory[0])
+    with torch.no_grad():
+        for name in names:
+            sharded.get_parameter(name).zero_()
+    dcp.load(state, checkpoint_id=directory[0])
+    for name in names:  # DCP writes one rank's copy of a plain tensor (as with FSDP2), and every rank loads it
+        loaded = sharded.get_parameter(name).detach()
+        assert any(torch.equal(loaded, part) for part in gathered_over_ranks(saved[name])), f"{name}: not a rank's"
+        assert all(torch.equal(loaded, part) for part in gathered_over_ranks(loaded)), f"{name} differs after a load"
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(directory[0])
+    values = {name: sharded.get_parameter(name).detach().clone() for name in names}
+    with sharded.unsharded() as whole_model:  # whole already: as they are
+        for name in names:
+            close(whole_model.get_parameter(name).detach(), values[name], f"{name} inside unsharded()", rtol=0, atol=0)
+
+    # Gradient accumulation: the ignored gradient sums this rank's microbatches.
+    model = reference_model().to(DEVICE)
+    half = GLOBAL_BATCH // world // 2
+    rows = mine(data[1])
+    micro = [tuple(t[m * half:(m + 1) * half] for t in rows) for m in range(2)]
+    sharded = fsdpc.shard(model, micro[0], next_token_loss, ignored_params=ignored_of(model),
+                          gradient_accumulation=True)
+    sharded(*micro[0], sync=False)
+    sharded(*micro[1])
+    reference = reference_model()
+    for part in micro:
+        next_token_loss(reference, *(t.cpu() for t in part)).backward()
+    for name in IGNORED:
+        close(sharded.get_parameter(name).grad, reference.get_parameter(name).grad,
+              f"{name}'s accumulated gradient (this rank's microbatches)")
+
+    # Offloaded units: their shards go to host memory, their ignored parameters stay on the device.
+    from torch.distributed.fsdp import CPUOffloadPolicy
+    model = reference_model().to(DEVICE)
+    sharded = fsdpc.shard(model, mine(data[0]), next_token_loss, ignored_params=ignored_of(model),
+                          offload_policy=CPUOffloadPolicy(pin_memory=DEVICE.type == "cuda"))
+    assert re.search(r"fsdp.unit @blocks.1 .*offloaded", sharded.sharded_ir), "blocks.1 is not offloaded"
+    sharded(*mine(data[0]))
+    for name in IGNORED:
+        param = sharded.get_parameter(name)
+        assert param.device == DEVICE and not param.is_pinned(), f"{name} left the device"
+        close(param.grad, local_grads[name], f"{name}'s gradient in an offloaded unit")
+    assert sharded.get_parameter("blocks.1.attn.qkv.weight").to_local().device.type == "cpu"
+
+    # Built on meta: init_weights() places and fills them, rank 0's values on every rank.
+    with torch.device("meta"):
+        model = GPT(CONFIG)
+    sharded = fsdpc.shard(model, mine(data[0]), next_token_loss, ignored_params=ignored_of(model))
+    sharded.init_weights(seed=rank)  # a seed per rank: the broadcast makes them agree
+    for name in IGNORED:
+        param = sharded.get_parameter(name)
+        assert param.device == DEVICE and type(param) is nn.Parameter
+        parts = gathered_over_ranks(param)
+        assert all(torch.equal(parts[0], part) for part in parts), f"{name} differs between ranks after init_weights"
+    assert bool(torch.isfinite(sharded(*mine(data[0]))))
+
+    # Refusals, named.
+    model = reference_model().to(DEVICE)
+    expect_error(lambda: fsdpc.shard(model, mine(data[0]), next_token_loss, ignored_params={torch.zeros(3)}),
+                 r"ignored_params holds a tensor of shape \(3,\) that is not a parameter of the model")
+    expect_error(lambda: fsdpc.shard(model, mine(data[0]), next_token_loss, ignored_params=model.ln_f.bias),
+                 r"ignored_params must be a set of the model's parameters, got Parameter")
+    differing = {model.ln_f.bias} if rank == 0 else {model.ln_f.weight}
+    expect_error(lambda: fsdpc.shard(model, mine(data[0]), next_token_loss, ignored_params=differing),
+                 r"the ranks ignore different parameters \(ignored_params\): rank 0: ln_f\.bias; rank 1: ln_f\.weight")
 
 
 def mixed_against_fsdp2(make_model, blocks_of, what: str, by_unit: dict | None = None, autocast: bool = False):
