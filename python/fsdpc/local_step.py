@@ -15,7 +15,10 @@ them a global step pre-hook hands the step the local tensors instead:
   the step updates the state in place).
 
 The post-hook puts the DTensors back and carries over any state value the
-step replaced (as a DTensor laid out like its parameter).
+step created or replaced (as a DTensor laid out like its parameter). The
+first step, which creates the state, runs on the local tensors too: a
+parameter group that mixes shards with plain tensors (ignored parameters)
+would otherwise meet DTensor's refusal of mixed foreach calls on a GPU.
 
 It applies only where the answer cannot change:
 - the optimizer is exactly one of ELEMENTWISE (a subclass may override the
@@ -23,8 +26,6 @@ It applies only where the answer cannot change:
 - every DTensor among the parameters and state values is laid out like its
   parameter, with no pending reduction, and every other state tensor is a
   scalar (a step count);
-- every parameter with a gradient already has its state: the first step, and
-  the first after a parameter gains one, run on the DTensors and create it;
 - no other step hook would see the swapped tensors: the optimizer has no step
   hooks of its own and fsdpc's are the only global ones;
 - the step has no closure (it would compute new gradients on the DTensors
@@ -109,7 +110,7 @@ class LocalStep:
                     return
                 entry = state.get(param)
                 grad = param.grad
-                if grad is not None and (entry is None or isinstance(grad, DTensor) != sharded or
+                if grad is not None and (isinstance(grad, DTensor) != sharded or
                                          (sharded and not _layout_like(grad, param))):
                     return
                 if entry is not None:
@@ -146,9 +147,9 @@ def restore(optimizer) -> None:
         group["params"] = params
     optimizer.state = swap.state
     for param, local, _ in swap.pairs:
-        if local is param:
-            continue
-        local.grad = None
+        sharded = local is not param
+        if sharded:
+            local.grad = None
         entry = stepped.get(local)
         if entry is None:
             continue
@@ -157,6 +158,6 @@ def restore(optimizer) -> None:
             before = own.get(key)
             if value is before or (isinstance(before, DTensor) and value is before._local_tensor):
                 continue
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and not isinstance(value, DTensor):
+            if sharded and isinstance(value, torch.Tensor) and value.dim() > 0 and not isinstance(value, DTensor):
                 value = dtensor_where_it_is(value, param.device_mesh, param.placements, param.shape, param.stride())
             own[key] = value

@@ -203,21 +203,24 @@ def _install_registration_hooks() -> None:
                                register_module_parameter_registration_hook(_noting("parameter")))
 
 
-def _mixed_precision(policy, model: nn.Module, wrap: WrapPolicy) -> MixedPrecision | None:
+def _mixed_precision(policy, model: nn.Module, wrap: WrapPolicy, ignored: tuple[str, ...] = ()) \
+        -> MixedPrecision | None:
     """fsdpc's MixedPrecision from ours or from FSDP2's MixedPrecisionPolicy,
-    or from a dict of them by wrap unit (`_per_unit_precision`)."""
+    or from a dict of them by wrap unit (`_per_unit_precision`); the
+    `ignored` parameters uncast, as FSDP2 leaves them."""
     if isinstance(policy, Mapping):
-        return _per_unit_precision(policy, model, wrap)
+        policy = _per_unit_precision(policy, model, wrap, ignored)
     if policy is None or isinstance(policy, MixedPrecision):
-        return policy
+        return dataclasses.replace(policy, uncast=ignored) if policy is not None and ignored else policy
     fields = ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs")
     if all(hasattr(policy, name) for name in fields):
-        return MixedPrecision(*(getattr(policy, name) for name in fields))
+        return MixedPrecision(*(getattr(policy, name) for name in fields), uncast=ignored)
     raise StepError(f"mp_policy must be fsdpc.MixedPrecision or torch.distributed.fsdp.MixedPrecisionPolicy (or a "
                     f"dict of them by wrap unit), got {type(policy).__name__}")
 
 
-def _per_unit_precision(policies: Mapping, model: nn.Module, wrap: WrapPolicy) -> MixedPrecision:
+def _per_unit_precision(policies: Mapping, model: nn.Module, wrap: WrapPolicy,
+                        ignored: tuple[str, ...]) -> MixedPrecision:
     """FSDP2's mp_policy given per fully_shard call: `policies` by wrap unit
     module FQN, "" the model (the root unit, whose policy every unit not
     listed takes; without it, no casts). One reduce dtype for all: the
@@ -241,14 +244,16 @@ def _per_unit_precision(policies: Mapping, model: nn.Module, wrap: WrapPolicy) -
                         f"{', '.join(map(repr, units))} (\"\" the model; wrap= chooses them)")
     root = converted.pop("", MixedPrecision())
     own = {fqn: policy for fqn, policy in converted.items() if policy != root}
-    # Each unit with parameters reduces where FSDP2 would: in its reduce_dtype, else its param_dtype, else
-    # the parameters' own dtype. fsdpc's reductions share one.
+    # Each unit with parameters it reduces does so where FSDP2 would: in its reduce_dtype, else its
+    # param_dtype, else the parameters' own dtype. fsdpc's reductions share one.
     names: dict[int, list[str]] = {}
     for fqn, param in model.named_parameters(remove_duplicate=False):
         if param.is_floating_point():
             names.setdefault(id(param), []).append(fqn)
     reduced_in: dict[str, torch.dtype] = {}
     for fqns in names.values():
+        if set(fqns) & set(ignored):
+            continue
         unit = plan.owner(fqns)
         policy = own.get(unit, root) if unit != ROOT_UNIT else root
         dtype = policy.reduce_dtype or policy.param_dtype or model.get_parameter(fqns[0]).dtype
@@ -294,6 +299,9 @@ def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_af
     """The sharding pipeline's options from fully_shard's vocabulary; the
     same knob given twice with different values is an error."""
     given = dict(option.partition("=")[::2] for option in pipeline.split())
+    if "ignored-params" in given:
+        raise StepError("pipeline option 'ignored-params': pass the parameters as fsdpc.shard(..., ignored_params="
+                        "{...}), which keeps them as the model's own, uncast, and checks them on every rank")
     if "gradient-divide-factor" in given:  # as the argument writes it, so that the two compare
         try:
             given["gradient-divide-factor"] = _divide_factor_option(float(given["gradient-divide-factor"]))
@@ -413,9 +421,7 @@ class ShardedModule(nn.Module):
             offload = self._check_offload(offload_policy, device)
             _check_grad_scaler(grad_scaler, world)
             ignored = _ignored_names(model, ignored_params, device)
-            policy = _mixed_precision(mp_policy, model, wrap)
-            if policy is not None and ignored:
-                policy = dataclasses.replace(policy, uncast=ignored)
+            policy = _mixed_precision(mp_policy, model, wrap, ignored)
             return device, policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, offload is not None,
                                                  policy, gradient_accumulation, backend,
                                                  gradient_divide_factor, ignored), offload, ignored
@@ -517,6 +523,7 @@ class ShardedModule(nn.Module):
         frozen = _frozen(dict(self.named_parameters()))
         first = self._program_for(_meta_batch(sizes_by_rank[0], self._example), train=True, frozen=frozen)
         self.layout: dict[str, ParamSpec] = {spec.name: spec for spec in first.program.params}
+        self._ignored = [spec.name for spec in first.program.params if spec.ignored]
         if len(set(sizes_by_rank)) > 1:
             self._program_among(sizes_by_rank, self._example, train=True, frozen=frozen, read=None)
         self.mesh = mesh if mesh is not None else self._mesh_of(first.program)
@@ -1166,6 +1173,7 @@ class ShardedModule(nn.Module):
             self._check_ready()
             self._check_forward_hooks()
             self._check_batch(given, structure)
+            self._check_ignored(named)
             if train:
                 self._check_gradient_hooks(named, self._gradient_sync if sync is None else sync)
             if train and self._host_optimizer is not None and self._host_optimizer.in_backward:
@@ -1489,6 +1497,19 @@ class ShardedModule(nn.Module):
                                 "tensor that learns belongs in the model as a parameter (a soft prompt: an "
                                 "nn.Parameter of the model), and one that does not can be detach()ed")
 
+    def _check_ignored(self, named: dict[str, nn.Parameter]) -> None:
+        """The ignored parameters, which the step reads in place, are still
+        what it was compiled for (`.data =` bypasses the module's checks)."""
+        for fqn in self._ignored:
+            value, spec = named[fqn], self.layout[fqn]
+            dtype = torch_dtype(spec.dtype)
+            if (tuple(value.shape) != spec.shape or value.dtype != dtype or value.device != self.device or
+                    not value.is_contiguous()):
+                raise StepError(f"ignored parameter '{fqn}' is now {_describe([value])} on {value.device}"
+                                f"{'' if value.is_contiguous() else ', not contiguous'}; the step reads it in place "
+                                f"and was compiled for {_describe([torch.empty(spec.shape, dtype=dtype, device='meta')])}"
+                                f" on {self.device}, contiguous")
+
     def _padded(self, fqn: str, param: nn.Parameter) -> torch.Tensor:
         """The padded shard the program reads, holding the parameter's
         current values (a load that replaced the local tensor is copied in)."""
@@ -1683,9 +1704,13 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _gradient_of(param: nn.Parameter, local: torch.Tensor) -> torch.Tensor:
-    """`local` as the gradient of `param`: a DTensor like a sharded one's,
-    an ignored parameter's as it is."""
-    return _gradient_dtensor(param, local) if isinstance(param, DTensor) else local
+    """`local` as the gradient of `param`: a DTensor like a sharded one's;
+    an ignored parameter's, which no reduction copied out of the step, a
+    tensor of its own (as autograd's accumulation leaves it), not a view."""
+    if isinstance(param, DTensor):
+        return _gradient_dtensor(param, local)
+    return local if local.is_contiguous() and not local._is_view() else local.clone(
+        memory_format=torch.contiguous_format)
 
 
 def _gradient_dtensor(param: nn.Parameter, local: torch.Tensor) -> DTensor:
@@ -1851,8 +1876,9 @@ def _ignored_names(model: nn.Module, ignored_params, device: torch.device) -> tu
                     else f"a {type(param).__name__}")
             raise StepError(f"ignored_params holds {what} that is not a parameter of the model (pass the model's "
                             "own parameters, e.g. {model.head.bias})")
-        if re.search(r"[\s,=]", fqn):
-            raise StepError(f"ignored parameter {fqn!r}: a name with spaces, commas or '=' cannot be ignored")
+        if not re.fullmatch(r"[\w.\-]+", fqn):  # the sharding pipeline's options take the names
+            raise StepError(f"ignored parameter {fqn!r}: only names of letters, digits, '_', '.' and '-' can be "
+                            "ignored")
         if not param.is_meta and param.device != device:
             raise StepError(f"ignored parameter '{fqn}' is on {param.device}, the job computes on {device}: "
                             "the step reads ignored parameters where they are (FSDP2 leaves them there too); "

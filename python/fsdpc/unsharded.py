@@ -45,8 +45,8 @@ class Unsharded:
     def __init__(self, module, *, per_unit: bool, dtype: torch.dtype | None, writeback: bool | None):
         if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
             raise StepError(f"unsharded(dtype=...) takes a floating-point torch.dtype, got {dtype!r}")
-        narrowed = dtype is not None and any(shard.is_floating_point() and shard.dtype != dtype
-                                             for shard in module._storage.values())
+        narrowed = dtype is not None and any(param.is_floating_point() and param.dtype != dtype
+                                             for param in module.parameters())
         if writeback is None:
             writeback = not per_unit and not narrowed
         elif writeback and per_unit:

@@ -845,7 +845,7 @@ def scenario_ignored_params(args):
     rank (and different between ranks), the rest equal; also under bf16
     mp_policy with the final norm's parameters ignored (they stay fp32,
     uncast, in both: FSDP2's layer norm takes them so); in offloaded units
-    (they stay on the device); with
+    (they stay on the device); tied, ignored by its second name; with
     gradient accumulation (the ignored gradient sums the rank's
     microbatches); built on meta, init_weights() gives every rank rank 0's
     values; the state dict holds them as plain tensors through a DCP save
@@ -893,7 +893,15 @@ def scenario_ignored_params(args):
     measured = peak_allocated_above_start(lambda: sharded(*mine(data[0])))[0]
     within = 0.05 if DEVICE.type == "cpu" else 0.1  # CUDA's allocator rounds each block up to 512 B
     assert abs(measured - reported) <= within * reported, f"measured {measured} B against the report's {reported} B"
-    sharded.zero_grad()
+    # A foreach optimizer (a GPU's default) over groups mixing shards and plain tensors, from its first step
+    # (DTensor refuses foreach calls that mix them: FSDP2's own loop meets that on a GPU).
+    optimizer = torch.optim.AdamW(sharded.parameters(), lr=1e-3, foreach=True)
+    for _ in range(2):
+        sharded(*mine(data[0]))
+        optimizer.step()
+        optimizer.zero_grad()
+    assert all(isinstance(value, DTensor) == (name not in IGNORED) for name, param in sharded.named_parameters()
+               for key, value in optimizer.state[param].items() if key != "step")
 
     # Trained against FSDP2 with the same ignored parameters, fp32 and bf16.
     bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -952,9 +960,25 @@ def scenario_ignored_params(args):
     if rank == 0:
         shutil.rmtree(directory[0])
     values = {name: sharded.get_parameter(name).detach().clone() for name in names}
-    with sharded.unsharded() as whole_model:  # whole already: as they are
+    full = sharded.full_state_dict()
+    for name in names:
+        close(full[name], values[name], f"{name} in full_state_dict() (this rank's)", rtol=0, atol=0)
+    with sharded.unsharded() as whole_model:  # whole already: as they are, and edits are written back
         for name in names:
             close(whole_model.get_parameter(name).detach(), values[name], f"{name} inside unsharded()", rtol=0, atol=0)
+            with torch.no_grad():
+                whole_model.get_parameter(name).mul_(2)
+    for name in names:
+        close(sharded.get_parameter(name).detach(), 2 * values[name], f"{name} written back", rtol=0, atol=0)
+    # Replaced by a tensor the step was not compiled for (`.data =` passes the module's checks): refused, named.
+    bias = sharded.get_parameter("ln_f.bias")
+    kept = bias.data
+    bias.data = kept.double()
+    expect_error(lambda: sharded(*mine(data[0])),
+                 r"ignored parameter 'ln_f.bias' is now \(32,\) float64 on .*; the step reads it in place and was "
+                 r"compiled for \(32,\) float32 on .*, contiguous")
+    bias.data = kept
+    sharded(*mine(data[0]))
 
     # Gradient accumulation: the ignored gradient sums this rank's microbatches.
     model = reference_model().to(DEVICE)
@@ -985,6 +1009,16 @@ def scenario_ignored_params(args):
         close(param.grad, local_grads[name], f"{name}'s gradient in an offloaded unit")
     assert sharded.get_parameter("blocks.1.attn.qkv.weight").to_local().device.type == "cpu"
 
+    # A tied parameter, ignored by its second name: one parameter, ignored under both.
+    model = reference_model().to(DEVICE)
+    sharded = fsdpc.shard(model, mine(data[0]), next_token_loss, ignored_params={model.lm_head.weight})
+    assert re.search(r"fsdp.param @tok_emb.weight : \S+ unit @\S+ ignored tied", sharded.sharded_ir)
+    assert sharded.get_parameter("lm_head.weight") is sharded.get_parameter("tok_emb.weight") is model.tok_emb.weight
+    sharded(*mine(data[0]))
+    reference = reference_model()
+    next_token_loss(reference, *(t.cpu() for t in mine(data[0]))).backward()
+    close(model.tok_emb.weight.grad, reference.tok_emb.weight.grad, "the tied ignored gradient (this rank's rows)")
+
     # Built on meta: init_weights() places and fills them, rank 0's values on every rank.
     with torch.device("meta"):
         model = GPT(CONFIG)
@@ -995,6 +1029,8 @@ def scenario_ignored_params(args):
         assert param.device == DEVICE and type(param) is nn.Parameter
         parts = gathered_over_ranks(param)
         assert all(torch.equal(parts[0], part) for part in parts), f"{name} differs between ranks after init_weights"
+    proj = sharded.get_parameter("blocks.1.attn.proj.weight")  # GPT's init: normal, std 0.02 / sqrt(4)
+    assert 0.008 < float(proj.std()) < 0.012 and abs(float(proj.mean())) < 0.003, "proj.weight not initialized"
     assert bool(torch.isfinite(sharded(*mine(data[0]))))
 
     # Refusals, named.
@@ -1003,6 +1039,9 @@ def scenario_ignored_params(args):
                  r"ignored_params holds a tensor of shape \(3,\) that is not a parameter of the model")
     expect_error(lambda: fsdpc.shard(model, mine(data[0]), next_token_loss, ignored_params=model.ln_f.bias),
                  r"ignored_params must be a set of the model's parameters, got Parameter")
+    expect_error(lambda: fsdpc.shard(model, mine(data[0]), next_token_loss, ignored_params={model.ln_f.bias},
+                                     pipeline=f"ignored-params=ln_f.weight"),
+                 r"pipeline option 'ignored-params': pass the parameters as fsdpc.shard\(..., ignored_params=")
     differing = {model.ln_f.bias} if rank == 0 else {model.ln_f.weight}
     expect_error(lambda: fsdpc.shard(model, mine(data[0]), next_token_loss, ignored_params=differing),
                  r"the ranks ignore different parameters \(ignored_params\): rank 0: ln_f\.bias; rank 1: ln_f\.weight")

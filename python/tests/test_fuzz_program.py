@@ -225,7 +225,9 @@ def test_mutated_programs_run_without_crashes_or_sanitizer_reports(tmp_path):
                          timeout=900, env=sanitized_environment())
     lines = run.stdout.split("\n")
     last = [line for line in lines if line][-1] if run.stdout.strip() else ""
-    if run.returncode != 0 or not last.startswith("done") or "AddressSanitizer" in run.stderr:
+    # A report is an ERROR; the WARNING that an allocation over the limit
+    # failed (returned null, which torch raises as an error) is the limit working.
+    if run.returncode != 0 or not last.startswith("done") or "ERROR: AddressSanitizer" in run.stderr:
         numbers = [line for line in lines if line.isdigit()]
         culprit = texts[int(numbers[-1])] if numbers else "(before the first program)"
         pytest.fail(f"the runtime crashed (exit {run.returncode}) on program:\n{culprit[:3000]}\n"

@@ -82,7 +82,7 @@ def test_local_step_equals_dtensor_step(name):
     assert all(p._local_tensor.grad is None for p in fast.parameters())  # no gradient kept alive
 
 
-def test_hooks_swap_to_local_tensors_from_the_second_step():
+def test_every_step_runs_on_local_tensors_and_creates_dtensor_state():
     model, batch = sharded_gpt()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     seen = []
@@ -100,7 +100,7 @@ def test_hooks_swap_to_local_tensors_from_the_second_step():
             optimizer.zero_grad()
     finally:
         torch.optim.AdamW._init_group = real
-    assert seen == [False, True, True]  # the first step creates the state, as DTensors
+    assert seen == [True, True, True]  # the first step too: it creates the state, made DTensors after it
     assert all(isinstance(v, DTensor) for entry in optimizer.state.values() for k, v in entry.items()
                if k != "step")
 
