@@ -970,6 +970,7 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
 
     modules, locations = _attribute_nodes(joint.graph, _definition_of(loss_fn))
     reject_mutations(joint.graph, locations)
+    reject_mixed_products(joint.graph, locations)
     return CapturedStep(
         graph=joint.graph,
         inputs=inputs,
@@ -1183,6 +1184,30 @@ def reject_mutations(graph: fx.Graph, locations: dict[fx.Node, SourceLocation]) 
             raise CaptureError(f"{where or 'the captured graph'}: in-place operator "
                                f"{node.target._schema.name} survived capture; please report this "
                                f"with your torch version ({torch.__version__})")
+
+
+# Products whose CPU and CUDA kernels take operands of one dtype only, and
+# whose meta kernels (capture's) do not check it: they would type the result
+# from one operand, and the step would fail at its first run.
+_PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+             torch.ops.aten.baddbmm.default, torch.ops.aten.mv.default, torch.ops.aten.addmv.default,
+             torch.ops.aten.dot.default, torch.ops.aten.addbmm.default}
+
+
+def reject_mixed_products(graph: fx.Graph, locations: dict[fx.Node, SourceLocation]) -> None:
+    """A matrix product of two dtypes, refused at the user's line as eager
+    PyTorch refuses it when it runs."""
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in _PRODUCTS:
+            continue
+        dtypes = [arg.meta["val"].dtype for arg in node.args
+                  if isinstance(arg, fx.Node) and isinstance(arg.meta.get("val"), torch.Tensor)]
+        if len(set(dtypes)) > 1:
+            names = " and ".join(sorted({str(dtype).removeprefix("torch.") for dtype in dtypes}))
+            raise CaptureError(f"{locations.get(node) or 'the captured graph'}: {node.target._schema.name} multiplies "
+                               f"{names} tensors, which eager PyTorch refuses when it runs: a tensor kept in another "
+                               "dtype (a parameter in ignored_params keeps its own under mp_policy, or a cast by "
+                               "hand) meets one in the compute dtype; cast one of them")
 
 
 def _attribute_nodes(graph: fx.Graph, loss_location: SourceLocation | None

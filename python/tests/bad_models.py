@@ -27,6 +27,17 @@ class OddDtype(nn.Module):
         return y + y.to(torch.uint16).float()
 
 
+class MixedProduct(nn.Module):
+    """Computes in bf16 with an fp32 weight it never casts."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 4))
+
+    def forward(self, x):
+        return x.to(torch.bfloat16) @ self.weight
+
+
 class WithBatchNorm(nn.Module):
     def __init__(self):
         super().__init__()
@@ -85,6 +96,10 @@ def branchy():
 
 def odd_dtype():
     return OddDtype(), (torch.randn(2, 4),), _sum_loss
+
+
+def mixed_product():
+    return MixedProduct(), (torch.randn(3, 8),), lambda model, x: model(x).float().sum()
 
 
 def batch_norm():

@@ -192,6 +192,20 @@ def test_a_data_dependent_shape_names_the_line_and_op():
         export_training_step(*load_bad("masked_rows"))
 
 
+def test_a_product_of_two_dtypes_names_the_line():
+    """Meta kernels type mm from one operand; the CPU and CUDA kernels refuse
+    two dtypes. Capture refuses it at the user's line, as eager would, on
+    meta (as fsdpc.shard captures) and on real tensors."""
+    model, batch, loss_fn = load_bad("mixed_product")
+    with pytest.raises(RuntimeError, match="dtype"):
+        loss_fn(model, *batch)
+    where = f"{BAD_MODELS}:{line_of('return x.to(torch.bfloat16) @ self.weight')}: aten::mm multiplies bfloat16 " \
+            "and float32 tensors"
+    for captured in ((model, batch), on_meta(model, batch)):
+        with pytest.raises(CaptureError, match=re.escape(where)):
+            export_training_step(*captured, loss_fn)
+
+
 def test_a_python_error_in_the_step_names_its_type_and_line():
     model, batch, _ = load_bad("masked_rows")
     with pytest.raises(CaptureError, match=r"test_capture.py:\d+: cannot capture `.*`: KeyError: 'missing'"):
