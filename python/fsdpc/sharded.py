@@ -393,7 +393,8 @@ class ShardedModule(nn.Module):
                  mp_policy=None, offload_policy=None, wrap: WrapPolicy = None,
                  gradient_accumulation: bool = False, gradient_divide_factor: float | None = None,
                  pipeline: str = "", timeout: timedelta = timedelta(minutes=5), check_reshard_frees: bool = False,
-                 grad_scaler: torch.amp.GradScaler | None = None, ignored_params: Iterable[nn.Parameter] | None = None):
+                 grad_scaler: torch.amp.GradScaler | None = None, ignored_params: Iterable[nn.Parameter] | None = None,
+                 shard_placement_fn: Callable[[nn.Parameter], object] | None = None):
         if not dist.is_initialized():
             raise StepError("fsdpc.shard needs torch.distributed initialized (run under torchrun)")
         if isinstance(example_batch, (torch.Tensor, Mapping)):  # one item, as `model(batch)` will be called
@@ -421,13 +422,14 @@ class ShardedModule(nn.Module):
             offload = self._check_offload(offload_policy, device)
             _check_grad_scaler(grad_scaler, world)
             ignored = _ignored_names(model, ignored_params, device)
+            elsewhere = _placed_off_dim_0(model, shard_placement_fn, ignored)
             policy = _mixed_precision(mp_policy, model, wrap, ignored)
             return device, policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, offload is not None,
                                                  policy, gradient_accumulation, backend,
-                                                 gradient_divide_factor, ignored), offload, ignored
+                                                 gradient_divide_factor, ignored), offload, ignored, elsewhere
 
-        device, policy, options, offload, ignored = on_every_rank("checking fsdpc.shard's arguments",
-                                                                  check_arguments)
+        device, policy, options, offload, ignored, elsewhere = on_every_rank("checking fsdpc.shard's arguments",
+                                                                             check_arguments)
         ignored_by_rank: list = [None] * world
         dist.all_gather_object(ignored_by_rank, ignored)
         if len(set(ignored_by_rank)) > 1:
@@ -541,6 +543,8 @@ class ShardedModule(nn.Module):
         self._param_slots = {fqn: _owner(self, fqn) for fqn in self.layout}
         self._buffer_slots = {name: _owner(self, name) for name, _ in self.named_buffers()}
         self._local_rows = {fqn: self._shard_rows(spec)[1] for fqn, spec in self.layout.items()}
+        if elsewhere and dist.get_rank() == 0:
+            _say_sharded_on_dim_0(elsewhere, self.layout)
         if not self._empty:  # every rank starts from rank 0's replicated state
             self._broadcast_replicated(ignored=False)
         # No hook refers to the module itself (each is handed it): a cycle
@@ -1887,6 +1891,51 @@ def _ignored_names(model: nn.Module, ignored_params, device: torch.device) -> tu
     return tuple(sorted(names))
 
 
+def _placed_off_dim_0(model: nn.Module, shard_placement_fn, ignored: tuple[str, ...]) -> dict[str, int]:
+    """FSDP2's `shard_placement_fn` asked of every parameter (but the
+    ignored): the dims other than 0 it names, by FQN. None and Shard(0) are
+    fsdpc's own layout; a Shard of another dim is sharded on dim 0 all the
+    same (fsdpc's one layout: the same values, state dict and checkpoints,
+    other padding), which `_say_sharded_on_dim_0` tells; anything else
+    (another mesh per parameter) is refused."""
+    if shard_placement_fn is None:
+        return {}
+    if not callable(shard_placement_fn):
+        raise StepError(f"shard_placement_fn must be callable (parameter -> Shard or None), got "
+                        f"{type(shard_placement_fn).__name__}")
+    elsewhere: dict[str, int] = {}
+    for fqn, param in model.named_parameters():
+        if fqn in ignored:
+            continue
+        placement = shard_placement_fn(param)
+        if placement is None:
+            continue
+        if not isinstance(placement, Shard):
+            raise StepError(f"shard_placement_fn returned {placement!r} for '{fqn}': fsdpc shards every parameter "
+                            "over fsdpc.shard's mesh (a parameter on a mesh of its own is not supported), so it takes "
+                            "a Shard(dim) or None")
+        dim = placement.dim + param.dim() if placement.dim < 0 else placement.dim
+        if not 0 <= dim < max(param.dim(), 1):
+            raise StepError(f"shard_placement_fn returned Shard({placement.dim}) for '{fqn}', which has "
+                            f"{param.dim()} dims")
+        if dim != 0:
+            elsewhere[fqn] = dim
+    return elsewhere
+
+
+def _say_sharded_on_dim_0(elsewhere: dict[str, int], layout: dict[str, ParamSpec]) -> None:
+    """Warns that the parameters shard_placement_fn placed on another dim
+    are sharded on dim 0, with what that costs in padding."""
+    padded = [(fqn, layout[fqn]) for fqn in elsewhere if fqn in layout and layout[fqn].padding]
+    cost = "; ".join(f"'{fqn}' pads {spec.padding} rows to its {spec.shape[0]}" for fqn, spec in padded[:3])
+    fqn, dim = next(iter(elsewhere.items()))
+    warnings.warn(f"shard_placement_fn places {len(elsewhere)} parameter(s) on another dim (e.g. '{fqn}': "
+                  f"Shard({dim})); fsdpc shards every parameter on dim 0, padded to a multiple of the ranks: the "
+                  "values, gradients, state dict and DCP checkpoints (which reshard on load) are the same, the "
+                  "DTensors are Shard(0)" + (f", and {cost}{' and more' if len(padded) > 3 else ''}" if padded else
+                                             ", with no padding on this mesh"), stacklevel=4)
+
+
 def _unwrapped(model: nn.Module) -> nn.Module:
     """The model a torch.compile wrapper holds (fsdpc compiles the step
     itself, and the wrapper's `_orig_mod.` would prefix every name); a
@@ -2007,5 +2056,7 @@ def shard(model: nn.Module, example_batch: Sequence[torch.Tensor], loss_fn: Call
     rank keeps its own whole copy, on the job's device, in its own dtype
     under mp_policy, a plain tensor; its gradient is this rank's own, never
     reduced, and clip_grad_norm_ leaves it out; init_weights() gives every
-    rank rank 0's values)."""
+    rank rank 0's values), `shard_placement_fn` (FSDP2's: None or Shard(0)
+    per parameter; a Shard of another dim is sharded on dim 0 all the same,
+    with a warning of the padding that costs; another mesh is refused)."""
     return ShardedModule(model, example_batch, loss_fn, **options)

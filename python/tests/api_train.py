@@ -1047,6 +1047,44 @@ def scenario_ignored_params(args):
                  r"the ranks ignore different parameters \(ignored_params\): rank 0: ln_f\.bias; rank 1: ln_f\.weight")
 
 
+def scenario_shard_placement(args):
+    """FSDP2's shard_placement_fn: Shard(0) and None are fsdpc's layout; a
+    Shard of another dim shards on dim 0 all the same, with a warning (rank
+    0's) naming the parameters and the padding (the token embedding's 257
+    rows pad one on 2 ranks): the same losses, to the bit, as the module
+    without it, Shard(0) DTensors; another placement or an out-of-range dim
+    is refused, naming the parameter."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    data = batches(2)
+
+    def placed(param):
+        return Shard(1) if param.dim() == 2 else (Shard(0) if param.dim() == 1 else None)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, shard_placement_fn=placed)
+    said = [str(w.message) for w in caught if "shard_placement_fn" in str(w.message)]
+    if dist.get_rank() == 0:
+        assert len(said) == 1 and re.search(r"places \d+ parameter\(s\) on another dim \(e.g. 'tok_emb.weight': "
+                                            r"Shard\(1\)\); fsdpc shards every parameter on dim 0", said[0]) \
+            and "'tok_emb.weight' pads 1 rows to its 257" in said[0], said
+    else:
+        assert not said, said
+    assert all(p.placements == (Shard(0),) for p in sharded.parameters())
+    ours, _ = train(sharded, optimizer_for(sharded), data)
+    plain = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss)
+    theirs, _ = train(plain, optimizer_for(plain), data)
+    assert ours == theirs, (ours, theirs)
+
+    model = reference_model()
+    expect_error(lambda: fsdpc.shard(model, mine(data[0]), next_token_loss, shard_placement_fn=lambda p: Replicate()),
+                 r"shard_placement_fn returned Replicate\(\) for 'tok_emb.weight': fsdpc shards every parameter over "
+                 r"fsdpc.shard's mesh")
+    expect_error(lambda: fsdpc.shard(model, mine(data[0]), next_token_loss, shard_placement_fn=lambda p: Shard(2)),
+                 r"shard_placement_fn returned Shard\(2\) for 'tok_emb.weight', which has 2 dims")
+
+
 def mixed_against_fsdp2(make_model, blocks_of, what: str, by_unit: dict | None = None, autocast: bool = False):
     """bf16 compute with fp32 master weights and fp32 reductions: fsdpc's
     losses equal FSDP2's under the same MixedPrecisionPolicy within one bf16
