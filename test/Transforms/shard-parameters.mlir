@@ -14,6 +14,7 @@
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=4 ignored-params=l0.b,l1.w" | FileCheck %s --check-prefix=IGNORED
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=4 strategy=no-shard gradient-accumulation=true ignored-params=l1.w" | FileCheck %s --check-prefix=IGNORED-ACCUM
 // RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=4 ignored-params=l1.weight" 2>&1 | FileCheck %s --check-prefix=IGNORED-UNKNOWN
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=2 strategy=hybrid-shard replicas=2 ignored-params=l1.w" | FileCheck %s --check-prefix=IGNORED-HSDP
 // RUN: fsdp-opt %s -split-input-file -verify-diagnostics --fsdp-shard-parameters="ranks=4"
 // RUN: not fsdp-opt %s -split-input-file --fsdp-shard-parameters="ranks=4" 2>/dev/null | FileCheck %s --check-prefix=HALF
 
@@ -50,6 +51,18 @@
 // IGNORED-ACCUM:      fsdp.gradients [@l0.w, @l0.b, @l1.w] %{{.*}}, %{{.*}}, %[[SUM]] :
 // IGNORED-ACCUM-LABEL: func.func @train_step_no_sync(
 // IGNORED-UNKNOWN: error: ignored-params names 'l1.weight', which is no parameter of the step
+// Hybrid sharding: an ignored gradient is reduced neither within a replica
+// nor across replicas.
+// IGNORED-HSDP:      fsdp.param @l1.w : tensor<4x10xf32> unit @l1 ignored{{$}}
+// IGNORED-HSDP:      %[[GW1:.*]] = fsdp.aten "aten::mm"({{.*}}) module "l1" : (tensor<2x4xf32>, tensor<2x10xf32>)
+// IGNORED-HSDP-NOT:  %[[GW1]]
+// IGNORED-HSDP:      fsdp.reduce_scatter_start
+// IGNORED-HSDP:      fsdp.reduce_scatter_start
+// IGNORED-HSDP-NOT:  fsdp.reduce_scatter_start
+// IGNORED-HSDP:      fsdp.all_reduce_start {{.*}} axes = [0]
+// IGNORED-HSDP:      fsdp.all_reduce_start {{.*}} axes = [0]
+// IGNORED-HSDP-NOT:  fsdp.all_reduce_start
+// IGNORED-HSDP:      fsdp.gradients [@l0.w, @l0.b, @l1.w] %{{.*}}, %{{.*}}, %[[GW1]] :
 
 // A scalar has no rows to shard: it stays whole on every rank, is read
 // without a gather, and its gradient is averaged over the whole grid.
