@@ -1186,17 +1186,18 @@ def reject_mutations(graph: fx.Graph, locations: dict[fx.Node, SourceLocation]) 
                                f"with your torch version ({torch.__version__})")
 
 
-# Products whose CPU and CUDA kernels take operands of one dtype only, and
-# whose meta kernels (capture's) do not check it: they would type the result
-# from one operand, and the step would fail at its first run.
+# Products (matrix products, convolutions) whose CPU and CUDA kernels take
+# operands of one dtype only, and whose meta kernels (capture's) do not check
+# it: they would type the result from one operand, and the step would fail at
+# its first run.
 _PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
              torch.ops.aten.baddbmm.default, torch.ops.aten.mv.default, torch.ops.aten.addmv.default,
-             torch.ops.aten.dot.default, torch.ops.aten.addbmm.default}
+             torch.ops.aten.dot.default, torch.ops.aten.addbmm.default, torch.ops.aten.convolution.default}
 
 
 def reject_mixed_products(graph: fx.Graph, locations: dict[fx.Node, SourceLocation]) -> None:
-    """A matrix product of two dtypes, refused at the user's line as eager
-    PyTorch refuses it when it runs."""
+    """A product of two dtypes, refused at the user's line as eager PyTorch
+    refuses it when it runs."""
     for node in graph.nodes:
         if node.op != "call_function" or node.target not in _PRODUCTS:
             continue

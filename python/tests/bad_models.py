@@ -38,6 +38,17 @@ class MixedProduct(nn.Module):
         return x.to(torch.bfloat16) @ self.weight
 
 
+class MixedConvolution(nn.Module):
+    """Convolves bf16 activations with its fp32 kernel."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return self.conv(x.to(torch.bfloat16))
+
+
 class WithBatchNorm(nn.Module):
     def __init__(self):
         super().__init__()
@@ -100,6 +111,10 @@ def odd_dtype():
 
 def mixed_product():
     return MixedProduct(), (torch.randn(3, 8),), lambda model, x: model(x).float().sum()
+
+
+def mixed_convolution():
+    return MixedConvolution(), (torch.randn(2, 3, 8, 8),), lambda model, x: model(x).float().sum()
 
 
 def batch_norm():

@@ -192,18 +192,22 @@ def test_a_data_dependent_shape_names_the_line_and_op():
         export_training_step(*load_bad("masked_rows"))
 
 
-def test_a_product_of_two_dtypes_names_the_line():
-    """Meta kernels type mm from one operand; the CPU and CUDA kernels refuse
-    two dtypes. Capture refuses it at the user's line, as eager would, on
-    meta (as fsdpc.shard captures) and on real tensors."""
-    model, batch, loss_fn = load_bad("mixed_product")
-    with pytest.raises(RuntimeError, match="dtype"):
+@pytest.mark.parametrize("name, line, op", [
+    ("mixed_product", "return x.to(torch.bfloat16) @ self.weight", "aten::mm"),
+    ("mixed_convolution", "return self.conv(x.to(torch.bfloat16))", "aten::convolution"),
+])
+def test_a_product_of_two_dtypes_names_the_line(name, line, op):
+    """Meta kernels type mm and convolution from one operand; the CPU and
+    CUDA kernels refuse two dtypes. Capture refuses it at the user's line,
+    as eager would, on meta (as fsdpc.shard captures) and on real tensors."""
+    model, batch, loss_fn = load_bad(name)
+    with pytest.raises(RuntimeError, match="type"):
         loss_fn(model, *batch)
-    where = f"{BAD_MODELS}:{line_of('return x.to(torch.bfloat16) @ self.weight')}: aten::mm multiplies bfloat16 " \
-            "and float32 tensors"
-    for captured in ((model, batch), on_meta(model, batch)):
-        with pytest.raises(CaptureError, match=re.escape(where)):
-            export_training_step(*captured, loss_fn)
+    where = f"{BAD_MODELS}:{line_of(line)}: "
+    with pytest.raises(CaptureError, match=re.escape(where + f"{op} multiplies bfloat16 and float32 tensors")):
+        export_training_step(*on_meta(model, batch), loss_fn)
+    with pytest.raises(CaptureError, match=re.escape(where)):  # real tensors: ours, or torch's own check's
+        export_training_step(model, batch, loss_fn)
 
 
 def test_a_python_error_in_the_step_names_its_type_and_line():
