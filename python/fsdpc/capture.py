@@ -1018,6 +1018,21 @@ class _Composites(fx.Interpreter):
         super().__init__(graph_module)
         self.device = device
 
+    def run_node(self, node: fx.Node):
+        """An op that fails here (a check export's kernels skip: a dtype
+        mismatch on meta) is named at the user's line export recorded."""
+        try:
+            return super().run_node(node)
+        except CaptureError:
+            raise
+        except Exception as error:
+            where = _location_from_stack_trace(node.meta.get("stack_trace"))
+            if where is None:
+                raise
+            text = str(error).strip()
+            reason = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+            raise CaptureError(f"{where}: cannot capture `{where.code}`: {reason}") from error
+
     def call_function(self, target, args, kwargs):
         if self.device is not None:
             if target in _STATIC_ASSERTIONS:  # export's dtypes, which autocast changes (the joint trace drops them)

@@ -39,11 +39,11 @@ class MixedProduct(nn.Module):
 
 
 class MixedConvolution(nn.Module):
-    """Convolves bf16 activations with its fp32 kernel."""
+    """Convolves bf16 activations with its fp32 kernel (no bias)."""
 
     def __init__(self):
         super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3)
+        self.conv = nn.Conv2d(3, 4, 3, bias=False)  # with a bias, torch checks its dtype itself
 
     def forward(self, x):
         return self.conv(x.to(torch.bfloat16))
