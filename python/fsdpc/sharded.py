@@ -394,7 +394,7 @@ class ShardedModule(nn.Module):
                  gradient_accumulation: bool = False, gradient_divide_factor: float | None = None,
                  pipeline: str = "", timeout: timedelta = timedelta(minutes=5), check_reshard_frees: bool = False,
                  grad_scaler: torch.amp.GradScaler | None = None, ignored_params: Iterable[nn.Parameter] | None = None,
-                 shard_placement_fn: Callable[[nn.Parameter], object] | None = None):
+                 shard_placement_fn: Callable[[nn.Parameter], object] | None = None, dp_mesh_dims=None):
         if not dist.is_initialized():
             raise StepError("fsdpc.shard needs torch.distributed initialized (run under torchrun)")
         if isinstance(example_batch, (torch.Tensor, Mapping)):  # one item, as `model(batch)` will be called
@@ -402,6 +402,13 @@ class ShardedModule(nn.Module):
         if isinstance(model, ShardedModule):
             raise StepError("this model is already sharded by fsdpc")
         model = _unwrapped(model)
+        distributed = [name for name, param in model.named_parameters() if isinstance(param, DTensor)]
+        if dp_mesh_dims is not None or distributed:
+            what = (f"parameters {_listed(distributed, 3)} are DTensors already" if distributed
+                    else "dp_mesh_dims names the data-parallel dims of a full mesh")
+            raise StepError(f"{what}: fsdpc shards plain parameters over a data-parallel mesh (1-D, or 2-D "
+                            "(replicate, shard)), and tensor or other model parallelism is not supported; hand "
+                            "fsdpc.shard the model before parallelizing it")
         synced = [name for name, module in model.named_modules() if isinstance(module, nn.SyncBatchNorm)]
         if synced:  # capture would meet torch's "expected input tensor to be on GPU" on meta tensors
             raise StepError(f"{_modules_named(synced)} SyncBatchNorm, which "

@@ -568,6 +568,18 @@ def scenario_shapes(args):
         assert "takes 2 batch tensors" in str(error), error
 
 
+def tensor_parallel(model: nn.Module) -> nn.Module:
+    """`model` with its attention's input projections column-parallel over
+    the job's ranks (DTensors), as tensor parallelism leaves them."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    mesh = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
+    for block in model.blocks:
+        parallelize_module(block.attn.qkv, mesh, ColwiseParallel())
+    return model
+
+
 def scenario_misuse(args):
     data = batches(1)
     model = reference_model()
@@ -596,6 +608,12 @@ def scenario_misuse(args):
         *([(lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
                                 offload_policy=torch.distributed.fsdp.CPUOffloadPolicy(pin_memory=True)),
             "pin_memory")] if DEVICE.type == "cpu" else []),  # pinning needs a GPU
+        (lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, dp_mesh_dims=object()),
+         "dp_mesh_dims names the data-parallel dims of a full mesh: fsdpc shards plain parameters over a "
+         "data-parallel mesh"),
+        (lambda: fsdpc.shard(tensor_parallel(reference_model()), mine(data[0]), next_token_loss),
+         "parameters 'blocks.0.attn.qkv.weight', 'blocks.0.attn.qkv.bias', 'blocks.1.attn.qkv.weight' and 1 more are "
+         "DTensors already: fsdpc shards plain parameters over a data-parallel mesh"),
         (lambda: sharded(tokens=mine(data[0])[0], targets=mine(data[0])[1]),
          "called with keyword arguments 'targets', 'tokens'; it takes the batch as fsdpc.shard's example batch"),
         (lambda: fsdpc.shard(nn.Sequential(nn.Linear(4, 4), nn.SyncBatchNorm(4)), (torch.randn(2, 4, device=DEVICE),),
