@@ -1025,7 +1025,7 @@ class _Composites(fx.Interpreter):
             return super().run_node(node)
         except CaptureError:
             raise
-        except Exception as error:
+        except (RuntimeError, TypeError, ValueError) as error:  # torch's checks; fsdpc's own bugs pass as they are
             where = _location_from_stack_trace(node.meta.get("stack_trace"))
             if where is None:
                 raise

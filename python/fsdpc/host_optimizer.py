@@ -63,6 +63,10 @@ class _UnitTask:
     params: list[nn.Parameter]
     groups: list[dict]  # the unit's parameters in the user's groups, hyperparameters as at step()
     update: object      # _fsdp_rt.HostUpdate
+    # The optimizer's state dictionary, taken when the task is made: while the
+    # user's step runs (in backward, beside this thread) `optimizer.state` is
+    # the local-tensor view of the device parameters' state (local_step.py).
+    state: dict
     stepped: bool = False
     failed: bool = False
     clear: bool | None = None  # zero_grad came first: set_to_none, or zero in place
@@ -190,7 +194,8 @@ class HostOptimizer:
             members = {id(p) for p in params}
             unit_groups = [dict(settings, params=[p for p in group["params"] if id(p) in members])
                            for settings, group in zip(hyperparameters, groups)]
-            tasks.append(_UnitTask(unit, params, [g for g in unit_groups if g["params"]], self._host_update()))
+            tasks.append(_UnitTask(unit, params, [g for g in unit_groups if g["params"]], self._host_update(),
+                                   self.optimizer.state))
         return tasks
 
     def zero_grad(self, set_to_none: bool) -> None:
@@ -272,7 +277,7 @@ class HostOptimizer:
     def _step_unit(self, task: _UnitTask) -> str | None:
         """Steps one unit's parameters; returns the failure, if it raised."""
         try:
-            self._twin.state = self.optimizer.state  # load_state_dict replaces the dictionary
+            self._twin.state = task.state  # load_state_dict replaces the dictionary (it waits for this thread)
             self._twin.param_groups = task.groups
             self._twin.step()
         except BaseException as error:  # noqa: BLE001 (reported at the gather and every wait)

@@ -26,6 +26,9 @@ It applies only where the answer cannot change:
 - every DTensor among the parameters and state values is laid out like its
   parameter, with no pending reduction, and every other state tensor is a
   scalar (a step count);
+- no scalar shard is about to get its first state: its moments and its step
+  count would both be 0-dim local tensors, which only DTensor's own path
+  tells apart (the moments a DTensor, the count plain);
 - no other step hook would see the swapped tensors: the optimizer has no step
   hooks of its own and fsdpc's are the only global ones;
 - the step has no closure (it would compute new gradients on the DTensors
@@ -111,7 +114,8 @@ class LocalStep:
                 entry = state.get(param)
                 grad = param.grad
                 if grad is not None and (isinstance(grad, DTensor) != sharded or
-                                         (sharded and not _layout_like(grad, param))):
+                                         (sharded and not _layout_like(grad, param)) or
+                                         (sharded and entry is None and param.dim() == 0)):
                     return
                 if entry is not None:
                     local_entry = _local_state(param, entry)

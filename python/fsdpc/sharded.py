@@ -1887,8 +1887,8 @@ def _ignored_names(model: nn.Module, ignored_params, device: torch.device) -> tu
                     else f"a {type(param).__name__}")
             raise StepError(f"ignored_params holds {what} that is not a parameter of the model (pass the model's "
                             "own parameters, e.g. {model.head.bias})")
-        if not re.fullmatch(r"[\w.\-]+", fqn):  # the sharding pipeline's options take the names
-            raise StepError(f"ignored parameter {fqn!r}: only names of letters, digits, '_', '.' and '-' can be "
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", fqn):  # the sharding pipeline's options take the names
+            raise StepError(f"ignored parameter {fqn!r}: only names of ASCII letters, digits, '_', '.' and '-' can be "
                             "ignored")
         if not param.is_meta and param.device != device:
             raise StepError(f"ignored parameter '{fqn}' is on {param.device}, the job computes on {device}: "
@@ -1917,7 +1917,7 @@ def _placed_off_dim_0(model: nn.Module, shard_placement_fn, ignored: tuple[str, 
         placement = shard_placement_fn(param)
         if placement is None:
             continue
-        if not isinstance(placement, Shard):
+        if type(placement) is not Shard:  # not a subclass either (_StridedShard is tensor parallelism's)
             raise StepError(f"shard_placement_fn returned {placement!r} for '{fqn}': fsdpc shards every parameter "
                             "over fsdpc.shard's mesh (a parameter on a mesh of its own is not supported), so it takes "
                             "a Shard(dim) or None")

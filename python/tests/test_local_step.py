@@ -5,6 +5,7 @@ DTensors back in place after every step, also after one that raised."""
 import pytest
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.tensor import DTensor
 
 import fsdpc
@@ -129,6 +130,43 @@ def test_a_raising_step_leaves_dtensors_for_state_dict_and_the_next_step():
     assert all(isinstance(v["exp_avg"], DTensor) for v in state["state"].values())
     optimizer.step()
     assert all(isinstance(p, DTensor) for g in optimizer.param_groups for p in g["params"])
+
+
+class Tempered(nn.Module):
+    """A linear map scaled by a learned scalar (a temperature)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.scale = nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x):
+        return self.linear(x) * self.scale
+
+
+def test_a_scalar_parameter_gets_state_as_dtensor_path_makes_it():
+    """A scalar shard's first state is made on DTensors (its moments 0-dim
+    DTensors, its step count plain): on local tensors both would be 0-dim
+    plain tensors, which no rule tells apart. Later steps run on local
+    tensors and equal DTensor's own path to the bit."""
+    batch = (torch.randn(3, 4),)
+    made = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        made.append(fsdpc.shard(Tempered(), batch, lambda model, x: model(x).square().sum()))
+    fast, slow = made
+    fast_opt = torch.optim.AdamW(fast.parameters(), lr=1e-2)
+    slow_opt = on_dtensors(torch.optim.AdamW(slow.parameters(), lr=1e-2))
+    for _ in range(3):
+        for model, optimizer in ((fast, fast_opt), (slow, slow_opt)):
+            model(*batch)
+            optimizer.step()
+            optimizer.zero_grad()
+    state = fast_opt.state[fast.scale]
+    assert isinstance(state["exp_avg"], DTensor) and isinstance(state["exp_avg_sq"], DTensor)
+    assert not isinstance(state["step"], DTensor)
+    for mine, theirs in zip(fast.parameters(), slow.parameters()):
+        assert torch.equal(mine.to_local(), theirs.to_local())
 
 
 class SubclassedAdamW(torch.optim.AdamW):
