@@ -231,7 +231,8 @@ def scenario_into_results(args):
 
 
 def scenario_hybrid(args):
-    """A 2-D (replicate, shard) mesh: hybrid sharding with (Replicate(), Shard(0)) parameters, equal to eager."""
+    """A 2-D (replicate, shard) mesh: hybrid sharding with (Replicate(), Shard(0)) parameters, equal to eager;
+    ignored parameters there keep each rank's own gradient."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
 
@@ -245,6 +246,20 @@ def scenario_hybrid(args):
     expected, expected_norms = eager_losses(reference_model(), data, clip=0.5, schedule=False)
     close(torch.tensor(losses), torch.tensor(expected), "hybrid losses")
     close(torch.tensor(norms), torch.tensor(expected_norms), "hybrid clipped norms", rtol=1e-6, atol=0)
+
+    # Ignored parameters on a hybrid mesh: reduced neither within a replica's shard group nor across replicas.
+    model = reference_model().to(DEVICE)
+    sharded = fsdpc.shard(model, mine(data[0]), next_token_loss, mesh=mesh, ignored_params=ignored_of(model))
+    sharded(*mine(data[0]))
+    reference = reference_model()
+    next_token_loss(reference, *(t.cpu() for t in mine(data[0]))).backward()
+    for name in IGNORED:
+        close(sharded.get_parameter(name).grad, reference.get_parameter(name).grad,
+              f"hybrid: {name}'s gradient (this rank's own rows)")
+    reference.zero_grad()
+    next_token_loss(reference, *data[0]).backward()
+    close(whole(sharded.get_parameter("tok_emb.weight").grad), reference.tok_emb.weight.grad,
+          "hybrid: a sharded gradient beside ignored ones", atol=5e-6)
 
 
 def scenario_replicated(args):
