@@ -119,6 +119,7 @@ def test_hybrid_groups_list_their_ranks():
     (lambda t: t.replace('"slots": ', '"slots": 100000, "x": ', 1), "100000 slots"),
     (lambda t: re.sub(r'"op":"release","values":\[\d+', '"op":"release","values":[-1', t, count=1), "reads slot -1"),
     (lambda t: t.replace('"input_types": [{"dtype":"f32"', '"input_types": [{"dtype":"f80"'), "unknown element type 'f80'"),
+    (lambda t: t.replace('"ignored":false', '"ignored":true', 1), "an ignored parameter is neither sharded nor offloaded"),
 ])
 def test_damaged_programs_fail_at_load_with_a_message(damage, message):
     _, program = compile_program("mlp")
