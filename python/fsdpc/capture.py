@@ -612,7 +612,8 @@ _HOST_RANDOM = ("random", "uniform", "randint", "randrange", "choice", "choices"
                 "paretovariate", "weibullvariate", "triangular", "getrandbits", "binomialvariate")
 _NUMPY_RANDOM = ("rand", "randn", "random", "random_sample", "ranf", "sample", "uniform", "randint", "choice",
                  "permutation", "shuffle", "normal", "standard_normal", "binomial", "poisson", "beta", "gamma",
-                 "exponential", "bernoulli", "integers", "default_rng")  # a generator made in the step draws
+                 "exponential", "bernoulli", "integers",
+                 "default_rng", "Generator", "RandomState")  # a generator made in the step draws
 
 
 def _refuse_host_generators(loss_fn: Callable, model: nn.Module) -> None:

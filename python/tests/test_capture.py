@@ -867,6 +867,10 @@ def test_random_numbers_drawn_on_the_host_are_refused():
             (lambda m, x, y: m(x).sum() * random.Random(0).random(), r"random.Random.random\(\) draws"),
             (lambda m, x, y: m(x).sum() * np.random.default_rng().random(),
              r"numpy.random.default_rng\(\) draws a random number"),
+            (lambda m, x, y: m(x).sum() * np.random.Generator(np.random.PCG64()).random(),
+             r"numpy.random.Generator\(\) draws a random number"),
+            (lambda m, x, y: m(x).sum() * np.random.RandomState(0).rand(),
+             r"numpy.random.RandomState\(\) draws a random number"),
             (lambda m, x, y: m(x).sum() * generator.random(), r"loss_fn's closure variable 'generator' is a host "
                                                               r"random number generator \(Generator\)"),
             (lambda m, x, y: m(x).sum() * uniform(0, 1), r"loss_fn's closure variable 'uniform' is a host random "
