@@ -1574,6 +1574,24 @@ def check_host_optimizer_in_backward(data, pin):
     for name, value in reference.state_dict().items():
         close(full[name], value, f"{name}, host optimizer in backward", atol=5e-6)
 
+    # Units left on the device beside offloaded ones, equal to eager: the user's step swaps its state to local
+    # tensors while the host thread steps blocks.1 (each host task holds the state dictionary itself; the race
+    # that reading `optimizer.state` in the thread had is too narrow here to fail this reliably).
+    partial = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, pipeline="offload=blocks.1")
+    optimizer = optimizer_for(partial, TimedAdamW)
+    partial.overlap_host_optimizer(optimizer, in_backward=True)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+    partial_losses = []
+    for batch in data:
+        partial_losses.append(mean_over_ranks(partial(*mine(batch))))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+        scheduler.step()
+    close(torch.tensor(partial_losses), torch.tensor(expected), "losses, host optimizer in backward, blocks.1 only")
+    full = partial.full_state_dict()
+    for name, value in reference.state_dict().items():
+        close(full[name], value, f"{name}, host optimizer in backward, blocks.1 only", atol=5e-6)
+
     partial = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, pipeline="offload=blocks.1")
     check_a_failed_host_step_raises(partial, data, in_backward=True)
 
