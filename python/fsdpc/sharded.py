@@ -435,10 +435,9 @@ class ShardedModule(nn.Module):
                                                  policy, gradient_accumulation, backend,
                                                  gradient_divide_factor, ignored), offload, ignored, elsewhere
 
-        device, policy, options, offload, ignored, elsewhere = on_every_rank("checking fsdpc.shard's arguments",
-                                                                             check_arguments)
-        ignored_by_rank: list = [None] * world
-        dist.all_gather_object(ignored_by_rank, ignored)
+        checked = on_every_rank("checking fsdpc.shard's arguments", check_arguments, share_result=True)
+        device, policy, options, offload, ignored, elsewhere = checked[dist.get_rank()]
+        ignored_by_rank = [result[4] for result in checked]
         if len(set(ignored_by_rank)) > 1:
             raise StepError("the ranks ignore different parameters (ignored_params): " + "; ".join(
                 f"rank {rank}: {', '.join(names) or 'none'}" for rank, names in enumerate(ignored_by_rank)))
@@ -532,7 +531,8 @@ class ShardedModule(nn.Module):
         frozen = _frozen(dict(self.named_parameters()))
         first = self._program_for(_meta_batch(sizes_by_rank[0], self._example), train=True, frozen=frozen)
         self.layout: dict[str, ParamSpec] = {spec.name: spec for spec in first.program.params}
-        self._ignored = [spec.name for spec in first.program.params if spec.ignored]
+        # The ignored parameters, read in place, with the dtype each call checks.
+        self._ignored = {spec.name: torch_dtype(spec.dtype) for spec in first.program.params if spec.ignored}
         if len(set(sizes_by_rank)) > 1:
             self._program_among(sizes_by_rank, self._example, train=True, frozen=frozen, read=None)
         self.mesh = mesh if mesh is not None else self._mesh_of(first.program)
@@ -1511,9 +1511,8 @@ class ShardedModule(nn.Module):
     def _check_ignored(self, named: dict[str, nn.Parameter]) -> None:
         """The ignored parameters, which the step reads in place, are still
         what it was compiled for (`.data =` bypasses the module's checks)."""
-        for fqn in self._ignored:
+        for fqn, dtype in self._ignored.items():
             value, spec = named[fqn], self.layout[fqn]
-            dtype = torch_dtype(spec.dtype)
             if (tuple(value.shape) != spec.shape or value.dtype != dtype or value.device != self.device or
                     not value.is_contiguous()):
                 raise StepError(f"ignored parameter '{fqn}' is now {_describe([value])} on {value.device}"

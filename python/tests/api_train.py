@@ -251,13 +251,11 @@ def scenario_hybrid(args):
     model = reference_model().to(DEVICE)
     sharded = fsdpc.shard(model, mine(data[0]), next_token_loss, mesh=mesh, ignored_params=ignored_of(model))
     sharded(*mine(data[0]))
-    reference = reference_model()
-    next_token_loss(reference, *(t.cpu() for t in mine(data[0]))).backward()
+    reference = eager_gradients(mine(data[0]))
     for name in IGNORED:
         close(sharded.get_parameter(name).grad, reference.get_parameter(name).grad,
               f"hybrid: {name}'s gradient (this rank's own rows)")
-    reference.zero_grad()
-    next_token_loss(reference, *data[0]).backward()
+    reference = eager_gradients(data[0])
     close(whole(sharded.get_parameter("tok_emb.weight").grad), reference.tok_emb.weight.grad,
           "hybrid: a sharded gradient beside ignored ones", atol=5e-6)
 
@@ -859,6 +857,15 @@ def ignored_of(model: nn.Module, names=IGNORED) -> set:
     return {model.get_parameter(name) for name in names}
 
 
+def eager_gradients(*parts) -> GPT:
+    """The reference model after one backward per batch in `parts` (each
+    rank's rows, or a global batch), in host memory: its gradients summed."""
+    reference = reference_model()
+    for part in parts:
+        next_token_loss(reference, *(t.cpu() for t in part)).backward()
+    return reference
+
+
 def gathered_over_ranks(tensor: torch.Tensor) -> list[torch.Tensor]:
     tensor = tensor.detach().cpu()  # Gloo's all-gather of CUDA tensors (pytorch#152645): through the host
     parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
@@ -905,11 +912,9 @@ def scenario_ignored_params(args):
 
     # One call from eager's state: the ignored gradients are this rank's own, the rest the global batch's.
     loss = sharded(*mine(data[0]))
-    reference = reference_model()
-    next_token_loss(reference, *(t.cpu() for t in mine(data[0]))).backward()
-    local_grads = {name: reference.get_parameter(name).grad.clone() for name in IGNORED}
-    reference.zero_grad()
-    next_token_loss(reference, *data[0]).backward()
+    local = eager_gradients(mine(data[0]))
+    local_grads = {name: local.get_parameter(name).grad for name in IGNORED}
+    reference = eager_gradients(data[0])
     for name, param in sharded.named_parameters():
         if name in IGNORED:
             assert type(param.grad) is torch.Tensor, f"{name}'s gradient is {type(param.grad).__name__}"
@@ -1022,9 +1027,7 @@ def scenario_ignored_params(args):
                           gradient_accumulation=True)
     sharded(*micro[0], sync=False)
     sharded(*micro[1])
-    reference = reference_model()
-    for part in micro:
-        next_token_loss(reference, *(t.cpu() for t in part)).backward()
+    reference = eager_gradients(*micro)
     for name in IGNORED:
         close(sharded.get_parameter(name).grad, reference.get_parameter(name).grad,
               f"{name}'s accumulated gradient (this rank's microbatches)")
@@ -1048,9 +1051,8 @@ def scenario_ignored_params(args):
     assert re.search(r"fsdp.param @tok_emb.weight : \S+ unit @\S+ ignored tied", sharded.sharded_ir)
     assert sharded.get_parameter("lm_head.weight") is sharded.get_parameter("tok_emb.weight") is model.tok_emb.weight
     sharded(*mine(data[0]))
-    reference = reference_model()
-    next_token_loss(reference, *(t.cpu() for t in mine(data[0]))).backward()
-    close(model.tok_emb.weight.grad, reference.tok_emb.weight.grad, "the tied ignored gradient (this rank's rows)")
+    close(model.tok_emb.weight.grad, eager_gradients(mine(data[0])).tok_emb.weight.grad,
+          "the tied ignored gradient (this rank's rows)")
 
     # Built on meta: init_weights() places and fills them, rank 0's values on every rank.
     with torch.device("meta"):
