@@ -29,6 +29,7 @@ attention by name, so that autograd differentiates its ops one by one.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from dataclasses import dataclass
 from enum import Enum
@@ -124,6 +125,40 @@ def cuda_attention_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.T
     return AttentionKernel.EFFICIENT if efficient else AttentionKernel.MATH
 
 
+_FLASH_HEAD_ALIGNMENT = 8      # flash attention's head width, padded to it
+_EFFICIENT_BIAS_ALIGNMENT = 8  # the memory-efficient kernel's bias strides
+
+
+def _additive_mask(mask: torch.Tensor | None, dtype: torch.dtype, kernel: AttentionKernel) -> torch.Tensor | None:
+    """`mask` as the kernel takes it: a boolean mask (True: attend) becomes
+    the additive one eager's `scaled_dot_product_attention` makes before it
+    calls any kernel, in the query's dtype: -inf where masked, or -65504
+    for cuDNN (whose kernels mishandle -inf); a float mask is additive
+    already. The kernels themselves add whatever they are given."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    fill = -65504.0 if kernel is AttentionKernel.CUDNN else -math.inf
+    return torch.where(mask.logical_not(), fill, torch.zeros((), dtype=dtype, device=mask.device))
+
+
+def _padded_to(tensor: torch.Tensor, alignment: int) -> torch.Tensor:
+    """`tensor` with zeros after its last dimension up to a multiple of `alignment`."""
+    extra = -tensor.shape[-1] % alignment
+    return F.pad(tensor, (0, extra)) if extra else tensor
+
+
+def _efficient_bias(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """An additive mask as eager hands it to the memory-efficient kernel:
+    rows aligned (padded where a stride is not a multiple of 8, then sliced
+    back) and expanded to (batch, heads, queries, keys)."""
+    aligned = mask.stride(-1) == 1 and all(mask.stride(d) % _EFFICIENT_BIAS_ALIGNMENT == 0
+                                           for d in range(mask.dim() - 1))
+    if not aligned:
+        width = mask.shape[-1]
+        mask = F.pad(mask, (0, _EFFICIENT_BIAS_ALIGNMENT - width % _EFFICIENT_BIAS_ALIGNMENT))[..., :width]
+    return mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+
+
 class FusedAttentionFor(TorchFunctionMode):
     """While capture traces, routes `F.scaled_dot_product_attention` to the
     fused operator `cuda_attention_kernel` picks; the operator's first
@@ -161,6 +196,7 @@ class FusedAttentionFor(TorchFunctionMode):
         kernel = (cuda_attention_kernel(q, k, v, mask, a["is_causal"], a["enable_gqa"], self.gpu)
                   if self.device == "cuda" else AttentionKernel.MATH)
         self.chosen.append(kernel)
+        mask = _additive_mask(mask, q.dtype, kernel)
         if kernel is AttentionKernel.MATH:
             # Math attention by name, whatever device the traced tensors are
             # on: autograd then differentiates its ops one by one. (On CPU
@@ -175,8 +211,14 @@ class FusedAttentionFor(TorchFunctionMode):
             return aten._scaled_dot_product_cudnn_attention(q, k, v, mask, needs_grad, a["dropout_p"],
                                                             a["is_causal"], scale=a["scale"])[0]
         if kernel is AttentionKernel.FLASH:
-            return aten._scaled_dot_product_flash_attention(q, k, v, a["dropout_p"], a["is_causal"],
-                                                            scale=a["scale"])[0]
+            # Eager pads the heads to a multiple of 8 and scales by the unpadded width.
+            head_dim = q.shape[-1]
+            scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(head_dim)
+            q, k, v = (_padded_to(t, _FLASH_HEAD_ALIGNMENT) for t in (q, k, v))
+            out = aten._scaled_dot_product_flash_attention(q, k, v, a["dropout_p"], a["is_causal"], scale=scale)[0]
+            return out[..., :head_dim] if out.shape[-1] != head_dim else out
+        if mask is not None:
+            mask = _efficient_bias(mask, q, k)
         return aten._scaled_dot_product_efficient_attention(q, k, v, mask, needs_grad, a["dropout_p"],
                                                             a["is_causal"], scale=a["scale"])[0]
 

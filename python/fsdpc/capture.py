@@ -897,7 +897,7 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
     flat_args: list[torch.Tensor] = []
     # Export lists a tied parameter once per name; the joint graph takes it once,
     # so autograd sums the gradient over all its uses.
-    export_to_joint: list[int] = []
+    export_to_joint: list[int | _Empty] = []
     joint_index_of_param: dict[int, int] = {}
     user_index = 0
     for spec in program.graph_signature.input_specs:
@@ -928,6 +928,14 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
             flat_args.append(batch[user_index].detach())
             user_index += 1
         elif spec.kind == InputKind.CONSTANT_TENSOR:
+            constant = program.constants.get(spec.target)
+            if isinstance(constant, torch.Tensor) and constant.numel() == 0:
+                # A tensor with no elements, made in forward (a key/value cache's
+                # `torch.tensor([])` a step then concatenates onto): no value to
+                # lose on meta, so the step makes it again.
+                export_to_joint[-1] = _Empty(tuple(constant.shape), tuple(constant.stride()), constant.dtype,
+                                             constant.device)
+                continue
             node = next(n for n in program.graph.nodes if n.op == "placeholder" and n.name == spec.arg.name)
             where = _first_user_location(node) or "the model"
             raise CaptureError(
@@ -1058,8 +1066,22 @@ class _Composites(fx.Interpreter):
         return super().call_function(target, args, kwargs)
 
 
+@dataclass(frozen=True)
+class _Empty:
+    """An export input the joint step makes itself: a tensor with no elements."""
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    def make(self, on_device: torch.device | None) -> torch.Tensor:
+        """Made where export made it; on `on_device` where that was meta (_Composites)."""
+        device = on_device if on_device is not None and self.device.type == "meta" else self.device
+        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=device)
+
+
 def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_names: list[str],
-                 trainable: list[int], export_to_joint: list[int], saved: set[SavedCall],
+                 trainable: list[int], export_to_joint: list[int | _Empty], saved: set[SavedCall],
                  returned: int, updatable: set[int], on_device: torch.device | None,
                  seed: int | None) -> tuple[fx.GraphModule, list[int]]:
     """The joint graph of `forward`, whose first `returned` outputs are the
@@ -1078,7 +1100,8 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
     def joint(*args):
         with torch.enable_grad(), preserve_node_meta():
             with saving if saved else contextlib.nullcontext():
-                loss, *aux = _Composites(forward, on_device).run(*(args[i] for i in export_to_joint))
+                loss, *aux = _Composites(forward, on_device).run(
+                    *(args[i] if isinstance(i, int) else i.make(on_device) for i in export_to_joint))
             if loss.dim() != 0 or not loss.is_floating_point():
                 raise CaptureError(
                     f"loss_fn must return a scalar floating-point loss, got shape {tuple(loss.shape)} {loss.dtype}")

@@ -992,7 +992,7 @@ class ShardedModule(nn.Module):
                             "unscales inside its own step (fused): the host thread's steps would not see the "
                             "scaler's overflow flag; use the optimizer without fused=True")
         step = self._programs_any().program.functions.get(STEP)
-        named = dict(self.named_parameters())
+        named = self._params_by_layout_name()
         order = list(step.host_units) if step else []
         units = [(unit, [(fqn, named[fqn]) for fqn, spec in self.layout.items()
                          if spec.unit == unit and spec.offloaded and spec.trainable])
@@ -1176,7 +1176,7 @@ class ShardedModule(nn.Module):
         self._refuse_inside_unsharded("the sharded module called")
         started, caller = time.monotonic(), threading.get_ident()
         train = torch.is_grad_enabled() and self.training
-        named = {fqn: owner._parameters[leaf] for fqn, (owner, leaf) in self._param_slots.items()}
+        named = self._params_by_layout_name()
         given, structure = tree_flatten(batch)
         batch = given  # its tensors: the program takes them in order
         try:
@@ -1569,6 +1569,11 @@ class ShardedModule(nn.Module):
         self._broadcast_replicated(ignored=True)
         self._empty = set()
 
+    def _params_by_layout_name(self) -> dict[str, nn.Parameter]:
+        """The parameters by the layout's names (a tied parameter by the one
+        capture chose, which need not be the first named_parameters gives)."""
+        return {fqn: owner._parameters[leaf] for fqn, (owner, leaf) in self._param_slots.items()}
+
     def _values_held(self, kept: Callable[[str], bool]) -> dict[str, torch.Tensor]:
         """A copy in host memory (a pretrained model's shards may fill the
         device) of every local shard and buffer whose name is `kept`, for
@@ -1583,7 +1588,7 @@ class ShardedModule(nn.Module):
         2-D mesh) and buffers on every rank; with `ignored`, the ignored
         parameters too (init_weights: they start as one model's would; at
         fsdpc.shard each rank keeps its own, as FSDP2 leaves them)."""
-        named = dict(self.named_parameters())
+        named = self._params_by_layout_name()
         for fqn, spec in self.layout.items():
             if spec.ignored and not ignored:
                 continue

@@ -1152,6 +1152,93 @@ def mixed_against_fsdp2(make_model, blocks_of, what: str, by_unit: dict | None =
     return sharded
 
 
+def hugging_face_models():
+    """Hugging Face models at toy size as users load them: attention by
+    `F.scaled_dot_product_attention` (their default, "sdpa") with the
+    boolean masks they build (causal; padding), dropout off so that eager
+    sides compare; each with the batches its loss takes (dicts, a
+    collator's) and its blocks."""
+    from transformers import BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM
+
+    vocab, generator = 211, torch.Generator().manual_seed(3)
+
+    def llama():
+        torch.manual_seed(0)
+        return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                            max_position_embeddings=SEQ))
+
+    def bert():
+        torch.manual_seed(0)
+        return BertForMaskedLM(BertConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, max_position_embeddings=SEQ,
+                                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+
+    def causal_batch():
+        tokens = torch.randint(0, vocab, (GLOBAL_BATCH, SEQ), generator=generator)
+        return {"input_ids": tokens, "labels": tokens}
+
+    def padded_batch():
+        # Every row padded after a length of its own; labels on some real tokens only.
+        lengths = torch.randint(SEQ // 2, SEQ + 1, (GLOBAL_BATCH, 1), generator=generator)
+        real = torch.arange(SEQ) < lengths
+        tokens = torch.randint(0, vocab, (GLOBAL_BATCH, SEQ), generator=generator) * real
+        chosen = real & (torch.rand(GLOBAL_BATCH, SEQ, generator=generator) < 0.5)
+        return {"input_ids": tokens, "attention_mask": real.long(), "labels": torch.where(chosen, tokens, -100)}
+
+    return [("Llama", llama, lambda model: model.model.layers, [causal_batch() for _ in range(3)]),
+            ("BERT", bert, lambda model: model.bert.encoder.layer, [padded_batch() for _ in range(3)])]
+
+
+def hf_loss(model, batch):
+    return model(**batch).loss
+
+
+def scenario_hugging_face(args):
+    """Hugging Face Llama and BERT as loaded, trained on dict batches with
+    `model(**batch).loss`: fsdpc's losses and clipped norms equal FSDP2's
+    on the same ranks' rows, in fp32 (1e-5) and under bf16 mp_policy (bf16
+    rounding). Before 2026-11-28 each failed: their sdpa attention's
+    boolean masks (causal; padded rows) reached the kernel unconverted,
+    added to the scores as 0 and 1 instead of masking them (a silently
+    wrong loss); Llama's key/value cache (made by default, training too)
+    starts from `torch.tensor([])`, which capture refused; and BERT's tied
+    decoder bias was looked up by the other of its names."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    def rows(batch):
+        rank, local = dist.get_rank(), GLOBAL_BATCH // dist.get_world_size()
+        return {key: value[rank * local:(rank + 1) * local].to(DEVICE) for key, value in batch.items()}
+
+    def trained(model, step, data):
+        optimizer = optimizer_for(model)
+        return run_steps(lambda batch: mean_over_ranks(step(rows(batch))),
+                         lambda limit: float(torch.nn.utils.clip_grad_norm_(model.parameters(), limit))
+                         if not isinstance(model, fsdpc.ShardedModule) else model.clip_grad_norm_(limit),
+                         optimizer, None, data, clip=0.5)
+
+    for what, make_model, blocks_of, data in hugging_face_models():
+        for policy, tolerance in ((None, {}), (MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                    reduce_dtype=torch.float32),
+                                               {"rtol": 2**-7, "atol": 1e-2})):
+            options = {"mp_policy": policy} if policy is not None else {}
+            sharded = fsdpc.shard(make_model().to(DEVICE), (rows(data[0]),), hf_loss, **options)
+            ours = trained(sharded, sharded, data)
+            theirs_model = fully_sharded(make_model().to(DEVICE), blocks_of, policy)
+
+            def fsdp2_step(batch):
+                loss = hf_loss(theirs_model, batch)
+                loss.backward()
+                return loss
+
+            theirs = trained(theirs_model, fsdp2_step, data)
+            precision = "bf16" if policy is not None else "fp32"
+            close(torch.tensor(ours[0]), torch.tensor(theirs[0]), f"{what} {precision} losses against FSDP2's",
+                  **tolerance)
+            close(torch.tensor(ours[1]), torch.tensor(theirs[1]), f"{what} {precision} clipped norms against "
+                  "FSDP2's", **({"rtol": 2**-6, "atol": 1e-2} if policy is not None else {}))
+
+
 def scenario_mixed_fsdp2(args):
     """The GPT in bf16 against FSDP2 bf16 (mixed_against_fsdp2)."""
     mixed_against_fsdp2(reference_model, lambda model: model.blocks, "GPT")

@@ -637,6 +637,35 @@ def test_tensors_made_from_python_numbers_keep_their_values_on_meta():
         export_training_step(ListConstant(), [torch.randn(3, 2)], loss_fn)
 
 
+class CachedKeys(nn.Module):
+    """Keys concatenated onto a cache that starts empty, made in forward as
+    Hugging Face's DynamicCache makes it (`torch.tensor([])`), which models
+    build by default in training too."""
+
+    def __init__(self):
+        super().__init__()
+        self.keys = nn.Linear(4, 4)
+
+    def forward(self, x):
+        cache = torch.tensor([], dtype=x.dtype, device=x.device)
+        return torch.cat([cache, self.keys(x)], dim=0)
+
+
+def test_a_tensor_without_elements_made_in_forward_is_made_by_the_step():
+    """A constant with no elements has no value to lose on meta: the step
+    makes it (`aten::empty_strided`) and equals eager, on meta and on real
+    tensors."""
+    torch.manual_seed(0)
+    model, batch = CachedKeys(), (torch.randn(3, 4),)
+
+    def loss_fn(m, x):
+        return m(x).square().mean()
+
+    result = export_training_step(*on_meta(model, batch), loss_fn)
+    assert '"aten::empty_strided"' in result.mlir
+    equal_to_eager(export_training_step(model, batch, loss_fn), model, batch, loss_fn(model, *batch))
+
+
 def test_another_models_weights_in_the_step_are_refused_with_the_ways_out():
     """Distillation written with the teacher outside the model: its weights
     are not the model's, so fsdpc would not shard them; the error says how

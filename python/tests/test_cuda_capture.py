@@ -219,6 +219,88 @@ def test_the_kernel_eager_pytorch_would_pick(case, gpu, expected):
     assert cuda_attention_kernel(q, k, v, mask, causal, grouped, gpu) is expected
 
 
+class _KernelsByMath(torch.utils._python_dispatch.TorchDispatchMode):
+    """The CUDA attention kernels computed on the CPU by their definition
+    (softmax(q k^T * scale + mask) v, grouped key/value heads read per
+    group), from exactly the arguments capture hands them: a kernel adds
+    the mask it is given, whatever its dtype, as the CUDA kernels do."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[str, torch.Tensor | None, int]] = []  # (kernel, its mask, its head width)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name.removeprefix("aten::_scaled_dot_product_").removesuffix("_attention")
+        if name not in ("cudnn", "flash", "efficient"):
+            return func(*args, **kwargs)
+        given = {argument.name: argument.default_value for argument in func._schema.arguments}
+        given.update(zip(given, args), **kwargs)
+        q, k, v, mask = given["query"], given["key"], given["value"], given.get("attn_bias", given.get("attn_mask"))
+        self.calls.append((name, mask, q.shape[-1]))
+        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        scale = given["scale"] or q.shape[-1] ** -0.5
+        scores = (q.float() @ k.float().transpose(-2, -1)) * scale
+        if mask is not None:
+            scores = scores + mask
+        if given["is_causal"]:
+            scores = scores.masked_fill(~torch.ones(scores.shape[-2:], dtype=torch.bool).tril(), -torch.inf)
+        out = (scores.softmax(-1) @ v.float()).to(q.dtype)
+        # Only the output is read: the rest (statistics, seeds) is filler of the schema's types.
+        return (out, *(torch.empty(0) if isinstance(result.type, torch.TensorType) else 0
+                       for result in func._schema.returns[1:]))
+
+
+@pytest.mark.parametrize("mask_kind", ["boolean padding", "boolean 4-D", "float", "none"])
+@pytest.mark.parametrize("case, gpu, dtype, head_dim, kernels", [
+    ("H100 bf16", H100, torch.bfloat16, 16, {"": "cudnn"}),
+    ("A100 bf16", A100, torch.bfloat16, 16, {"none": "flash", "": "efficient"}),
+    ("fp32", H100, torch.float32, 16, {"": "efficient"}),
+    ("A100 bf16, head dim 12", A100, torch.bfloat16, 12, {"none": "flash", "": "math"}),
+])
+def test_the_kernels_get_what_eager_hands_them(case, gpu, dtype, head_dim, kernels, mask_kind):
+    """A boolean mask (True: attend) reaches every kernel as the additive
+    mask eager's scaled_dot_product_attention makes of it (-inf where
+    masked, -65504 for cuDNN), the memory-efficient kernel's mask aligned
+    and expanded to (batch, heads, queries, keys), and flash attention's
+    heads padded to a multiple of 8 with the unpadded width's scale: the
+    kernels, computed by their definition from what capture hands them,
+    give eager's attention; so does math attention, where no kernel takes
+    the call. (Before 2026-11-28 a boolean mask was handed on as it was:
+    added to the scores, 0 and 1, instead of masking them.)"""
+    from fsdpc.attention import FusedAttentionFor
+
+    kernel = kernels.get(mask_kind, kernels[""])
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 8, head_dim, generator=generator).to(dtype)
+    k, v = (torch.randn(2, 2, 8, head_dim, generator=generator).to(dtype) for _ in range(2))
+    k, v = (t.repeat_interleave(2, dim=1) for t in (k, v))
+    lengths = torch.tensor([5, 8])
+    padding = torch.arange(8) < lengths[:, None]  # keys each row attends to
+    mask = {"boolean padding": padding[:, None, None, :],
+            "boolean 4-D": (padding[:, None, None, :] & torch.ones(8, 8, dtype=torch.bool).tril()).expand(2, 1, 8, 8),
+            "float": torch.randn(8, 8, generator=generator).to(dtype),
+            "none": None}[mask_kind]
+    expected = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                                attn_mask=None if mask is None else
+                                                                mask if mask.dtype == torch.bool else mask.float())
+    with _KernelsByMath() as by_math, FusedAttentionFor("cuda", gpu):
+        got = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert [called for called, _, _ in by_math.calls] == ([] if kernel == "math" else [kernel])
+    if kernel == "flash":
+        assert by_math.calls[0][2] % 8 == 0, by_math.calls
+    if by_math.calls and mask is not None:
+        handed = by_math.calls[0][1]
+        assert handed.dtype == dtype, handed.dtype
+        if kernel == "efficient":
+            assert handed.shape == (2, 4, 8, 8), handed.shape
+        if mask.dtype == torch.bool:
+            fill = torch.tensor(-65504.0 if kernel == "cudnn" else -torch.inf, dtype=dtype)
+            assert handed.min() == fill, handed.min()
+    tolerance = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(got.float(), expected, **tolerance)
+
+
 class NormedMLP(torch.nn.Module):
     """A linear layer into nn.RMSNorm (torchtitan's norm), as a block has it."""
 
