@@ -968,7 +968,7 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
         on_device = flat_args[0].device  # with its index, as fake tensors have it
     with recording_regions(device):
         joint, updated = _trace_joint(program.graph_module, flat_args, input_names, trainable, export_to_joint,
-                                      saved, returned, updatable, on_device, seed)
+                                      saved, returned, updatable, device, on_device, seed)
     placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
     output = next(n for n in joint.graph.nodes if n.op == "output")
     results = list(output.args[0])
@@ -1021,11 +1021,14 @@ class _Composites(fx.Interpreter):
     export makes of `torch.autocast` and `torch.no_grad` blocks run the same
     way, node by node, so that what they trace keeps its modules and lines.
     Run on tensors of `device` (fsdpc.autocast), tensors the graph creates
-    on meta, where export ran, are created there instead."""
+    on meta, where export ran, are created there instead. An op the
+    `target` device's kernels lack for the dtype export traced on meta
+    (where code that reads `x.device.type` took another device's branch)
+    runs as a call that target has (`_for_target`)."""
 
-    def __init__(self, graph_module: fx.GraphModule, device: torch.device | None = None):
+    def __init__(self, graph_module: fx.GraphModule, target: str, device: torch.device | None = None):
         super().__init__(graph_module)
-        self.device = device
+        self.target, self.device = target, device
 
     def run_node(self, node: fx.Node):
         """An op that fails here (a check export's kernels skip: a dtype
@@ -1051,11 +1054,14 @@ class _Composites(fx.Interpreter):
         if target is torch.ops.higher_order.wrap_with_autocast:
             device_type, dtype, enabled, cache_enabled, body, *inputs = args
             with torch.autocast(device_type, dtype, enabled, cache_enabled):
-                return _Composites(body, self.device).run(*inputs)
+                return _Composites(body, self.target, self.device).run(*inputs)
         if target is torch.ops.higher_order.wrap_with_set_grad_enabled:
             enabled, body, *inputs = args
             with torch.set_grad_enabled(enabled):
-                return _Composites(body, self.device).run(*inputs)
+                return _Composites(body, self.target, self.device).run(*inputs)
+        on_target = _for_target(self.target, target, args)
+        if on_target is not None:
+            return on_target(*args, **kwargs)
         python_kernel = getattr(target, "py_kernels", {}).get(DispatchKey.CompositeImplicitAutograd)
         # Where autocast casts, the composite runs as eager runs it: its C++
         # kernel, whose calls autocast sees (Python's of upsampling would
@@ -1064,6 +1070,24 @@ class _Composites(fx.Interpreter):
         if python_kernel is not None and (not autocast_on or target is torch.ops.aten.dropout.default):
             return python_kernel(*args, **kwargs)
         return super().call_function(target, args, kwargs)
+
+
+def _histc_of_integers_on_cpu(values: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """histc of integers as a CUDA GPU counts them, on a CPU, whose histc
+    counts floating-point values only: the same counts (exact in float32
+    below 2^24), in the integer dtype."""
+    return torch.ops.aten.histc.default(values.float(), *args, **kwargs).to(values.dtype)
+
+
+def _for_target(target: str, op, args: tuple) -> Callable | None:
+    """What runs in place of `op(*args)` on the `target` device, where its
+    kernel lacks the dtype export traced (Hugging Face's MoE routing counts
+    tokens per expert with `histc` of integers unless the tensor is on a
+    CPU, and on meta it is not); None where the op runs as it is."""
+    if (target == "cpu" and op is torch.ops.aten.histc.default and isinstance(args[0], torch.Tensor)
+            and not args[0].is_floating_point()):
+        return _histc_of_integers_on_cpu
+    return None
 
 
 @dataclass(frozen=True)
@@ -1082,7 +1106,7 @@ class _Empty:
 
 def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_names: list[str],
                  trainable: list[int], export_to_joint: list[int | _Empty], saved: set[SavedCall],
-                 returned: int, updatable: set[int], on_device: torch.device | None,
+                 returned: int, updatable: set[int], target: str, on_device: torch.device | None,
                  seed: int | None) -> tuple[fx.GraphModule, list[int]]:
     """The joint graph of `forward`, whose first `returned` outputs are the
     loss and what loss_fn returned beside it: its outputs are those, then
@@ -1100,7 +1124,7 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
     def joint(*args):
         with torch.enable_grad(), preserve_node_meta():
             with saving if saved else contextlib.nullcontext():
-                loss, *aux = _Composites(forward, on_device).run(
+                loss, *aux = _Composites(forward, target, on_device).run(
                     *(args[i] if isinstance(i, int) else i.make(on_device) for i in export_to_joint))
             if loss.dim() != 0 or not loss.is_floating_point():
                 raise CaptureError(

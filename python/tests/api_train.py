@@ -1158,7 +1158,8 @@ def hugging_face_models():
     boolean masks they build (causal; padding), dropout off so that eager
     sides compare; each with the batches its loss takes (dicts, a
     collator's) and its blocks."""
-    from transformers import BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM
+    from transformers import (BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM, MixtralConfig,
+                              MixtralForCausalLM)
 
     vocab, generator = 211, torch.Generator().manual_seed(3)
 
@@ -1167,6 +1168,13 @@ def hugging_face_models():
         return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                             max_position_embeddings=SEQ))
+
+    def mixtral():
+        torch.manual_seed(0)
+        return MixtralForCausalLM(MixtralConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48,
+                                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                num_local_experts=4, num_experts_per_tok=2,
+                                                max_position_embeddings=SEQ))
 
     def bert():
         torch.manual_seed(0)
@@ -1187,6 +1195,7 @@ def hugging_face_models():
         return {"input_ids": tokens, "attention_mask": real.long(), "labels": torch.where(chosen, tokens, -100)}
 
     return [("Llama", llama, lambda model: model.model.layers, [causal_batch() for _ in range(3)]),
+            ("Mixtral", mixtral, lambda model: model.model.layers, [causal_batch() for _ in range(3)]),
             ("BERT", bert, lambda model: model.bert.encoder.layer, [padded_batch() for _ in range(3)])]
 
 
@@ -1195,10 +1204,14 @@ def hf_loss(model, batch):
 
 
 def scenario_hugging_face(args):
-    """Hugging Face Llama and BERT as loaded, trained on dict batches with
-    `model(**batch).loss`: fsdpc's losses and clipped norms equal FSDP2's
-    on the same ranks' rows, in fp32 (1e-5) and under bf16 mp_policy (bf16
-    rounding). Before 2026-11-28 each failed: their sdpa attention's
+    """Hugging Face Llama, Mixtral (mixture of experts, routed by sort,
+    histc and grouped matrix products) and BERT as loaded, trained on dict
+    batches with `model(**batch).loss`: fsdpc's losses and clipped norms
+    equal FSDP2's on the same ranks' rows, in fp32 (1e-5) and under bf16
+    mp_policy (bf16 rounding). Before 2026-11-28 each failed: Mixtral's
+    router counts tokens per expert with histc of integers unless its
+    tensors are on a CPU, which on meta they are not, and a CPU's histc
+    counts floats only (capture counts them as floats there); their sdpa attention's
     boolean masks (causal; padded rows) reached the kernel unconverted,
     added to the scores as 0 and 1 instead of masking them (a silently
     wrong loss); Llama's key/value cache (made by default, training too)
