@@ -48,6 +48,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.utils import checkpoint as torch_checkpoint
 from torch.utils._pytree import TreeSpec, keystr, tree_flatten_with_path, tree_map_only, tree_unflatten
+from torch.utils._python_dispatch import _disable_current_modes
 
 from fsdpc import cache
 from fsdpc.autocast import ambient_autocast, casts_in, recording_regions
@@ -470,21 +471,80 @@ def _tracing_safe_names(model: nn.Module):
             module.__dict__[table] = entries
 
 
-class _ScalarTensorsAsOps(torch.overrides.TorchFunctionMode):
-    """`torch.tensor(number, ...)` inside forward becomes `torch.full((), number, ...)`:
-    export lifts a tensor made from Python data to a constant input, and on
-    the meta device (where capture runs) its value is lost; as an op, the
-    number is in the graph (Hugging Face's masks do `torch.tensor(0.0, device=...)`)."""
+_MOST_ELEMENTS_AS_OPS = 256  # Python data made into a tensor by ops; larger data stays a constant (refused)
+
+
+def _numbers_only(data) -> bool:
+    """Whether `data` is a number or a (nested) list or tuple of numbers only."""
+    if type(data) in (bool, int, float):
+        return True
+    return isinstance(data, (list, tuple)) and all(_numbers_only(item) for item in data)
+
+
+def _made_by_ops(data, dtype: torch.dtype | None, device) -> torch.Tensor | None:
+    """`torch.tensor(data, dtype=dtype, device=device)` made by ops, whose
+    values are then in the graph: one `full` per element, stacked and
+    shaped (and one `empty` for no elements); None where `data` is not
+    numbers or holds more than _MOST_ELEMENTS_AS_OPS of them."""
+    if not _numbers_only(data):
+        return None
+    try:
+        with _disable_current_modes():  # read on the host, untraced: its shape, dtype and values
+            reference = torch.tensor(data, dtype=dtype)
+            shape, dtype, values = tuple(reference.shape), reference.dtype, reference.flatten().tolist()
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    if len(values) > _MOST_ELEMENTS_AS_OPS:
+        return None
+    if not values:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if not shape:
+        return torch.full((), values[0], dtype=dtype, device=device)
+    return torch.stack([torch.full((), value, dtype=dtype, device=device) for value in values]).reshape(shape)
+
+
+def _index_as_ops(index, device):
+    """An index with its lists of numbers (advanced indexing: `x[..., [0, 2]]`)
+    made by ops, as `_made_by_ops` makes them; a list of booleans, a mask of
+    known values, as the positions it selects (what torch indexes by, and
+    a shape known before the data)."""
+    if isinstance(index, list) and index and all(type(item) is bool for item in index):
+        index = [position for position, selected in enumerate(index) if selected]
+        if not index:
+            return torch.empty(0, dtype=torch.int64, device=device)
+    if isinstance(index, list) and index and _numbers_only(index):
+        made = _made_by_ops(index, None, device)
+        return index if made is None else made
+    if isinstance(index, tuple):
+        return tuple(_index_as_ops(item, device) for item in index)
+    return index
+
+
+class _PythonDataAsOps(torch.overrides.TorchFunctionMode):
+    """Tensors made from Python numbers inside forward are made by ops
+    (`_made_by_ops`): export lifts a tensor made from Python data to a
+    constant input, and on the meta device (where capture runs) its value
+    is lost; as ops, the numbers are in the graph. So are `torch.tensor`
+    and `as_tensor` of numbers (Hugging Face's masks do
+    `torch.tensor(0.0, device=...)`, its key/value cache starts from
+    `torch.tensor([])`), `x.new_tensor(...)`, and the lists of an index
+    (`qkv[..., [-2], :]`, Falcon's attention)."""
+
+    _FACTORIES = (torch.tensor, torch.as_tensor)
+    _INDEXING = (torch._C.TensorBase.__getitem__, torch._C.TensorBase.__setitem__)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.tensor and len(args) == 1 and type(args[0]) in (bool, int, float) and \
-                set(kwargs) <= {"dtype", "device", "requires_grad"}:
-            number = args[0]
-            dtype = kwargs.get("dtype") or (torch.bool if isinstance(number, bool) else torch.int64
-                                            if isinstance(number, int) else torch.get_default_dtype())
-            return torch.full((), number, dtype=dtype, device=kwargs.get("device"),
-                              requires_grad=kwargs.get("requires_grad", False))
+        made = None
+        if func in self._FACTORIES and len(args) == 1 and set(kwargs) <= {"dtype", "device", "requires_grad"}:
+            made = _made_by_ops(args[0], kwargs.get("dtype"), kwargs.get("device"))
+        elif func is torch.Tensor.new_tensor and len(args) == 2 and set(kwargs) <= {"dtype", "device",
+                                                                                        "requires_grad"}:
+            made = _made_by_ops(args[1], kwargs.get("dtype") or args[0].dtype, kwargs.get("device") or args[0].device)
+        elif func in self._INDEXING and len(args) >= 2 and isinstance(args[0], torch.Tensor):
+            args = (args[0], _index_as_ops(args[1], args[0].device), *args[2:])
+        if made is not None:
+            return made.requires_grad_(True) if kwargs.get("requires_grad") else made
         return func(*args, **kwargs)
 
 
@@ -758,7 +818,7 @@ def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision
     (fsdpc.autocast)."""
     # The model's own modules are named before the casts add theirs.
     with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision),
-          FusedAttentionFor(device), FusedRmsNormFor(device), _ScalarTensorsAsOps(),
+          FusedAttentionFor(device), FusedRmsNormFor(device), _PythonDataAsOps(),
           checkpoint_regions() as regions, recording_regions(device), _refusing_untraceable_autocast(device),
           _refusing_inner_backward(), _refusing_host_random(),
           _saved_tensors_hooks_entered() as hooks):
@@ -897,7 +957,7 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
     flat_args: list[torch.Tensor] = []
     # Export lists a tied parameter once per name; the joint graph takes it once,
     # so autograd sums the gradient over all its uses.
-    export_to_joint: list[int | _Empty] = []
+    export_to_joint: list[int] = []
     joint_index_of_param: dict[int, int] = {}
     user_index = 0
     for spec in program.graph_signature.input_specs:
@@ -928,14 +988,6 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
             flat_args.append(batch[user_index].detach())
             user_index += 1
         elif spec.kind == InputKind.CONSTANT_TENSOR:
-            constant = program.constants.get(spec.target)
-            if isinstance(constant, torch.Tensor) and constant.numel() == 0:
-                # A tensor with no elements, made in forward (a key/value cache's
-                # `torch.tensor([])` a step then concatenates onto): no value to
-                # lose on meta, so the step makes it again.
-                export_to_joint[-1] = _Empty(tuple(constant.shape), tuple(constant.stride()), constant.dtype,
-                                             constant.device)
-                continue
             node = next(n for n in program.graph.nodes if n.op == "placeholder" and n.name == spec.arg.name)
             where = _first_user_location(node) or "the model"
             raise CaptureError(
@@ -1090,22 +1142,8 @@ def _for_target(target: str, op, args: tuple) -> Callable | None:
     return None
 
 
-@dataclass(frozen=True)
-class _Empty:
-    """An export input the joint step makes itself: a tensor with no elements."""
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    dtype: torch.dtype
-    device: torch.device
-
-    def make(self, on_device: torch.device | None) -> torch.Tensor:
-        """Made where export made it; on `on_device` where that was meta (_Composites)."""
-        device = on_device if on_device is not None and self.device.type == "meta" else self.device
-        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=device)
-
-
 def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_names: list[str],
-                 trainable: list[int], export_to_joint: list[int | _Empty], saved: set[SavedCall],
+                 trainable: list[int], export_to_joint: list[int], saved: set[SavedCall],
                  returned: int, updatable: set[int], target: str, on_device: torch.device | None,
                  seed: int | None) -> tuple[fx.GraphModule, list[int]]:
     """The joint graph of `forward`, whose first `returned` outputs are the
@@ -1124,8 +1162,7 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
     def joint(*args):
         with torch.enable_grad(), preserve_node_meta():
             with saving if saved else contextlib.nullcontext():
-                loss, *aux = _Composites(forward, target, on_device).run(
-                    *(args[i] if isinstance(i, int) else i.make(on_device) for i in export_to_joint))
+                loss, *aux = _Composites(forward, target, on_device).run(*(args[i] for i in export_to_joint))
             if loss.dim() != 0 or not loss.is_floating_point():
                 raise CaptureError(
                     f"loss_fn must return a scalar floating-point loss, got shape {tuple(loss.shape)} {loss.dtype}")

@@ -624,45 +624,50 @@ def test_tensors_made_from_python_numbers_keep_their_values_on_meta():
     torch.testing.assert_close(loss, eager)
     for fqn, grad in grads.items():
         torch.testing.assert_close(grad, model.get_parameter(fqn).grad)
-    # Other tensors from Python data are still refused, naming the line.
-    class ListConstant(nn.Module):
+    # More numbers than capture makes by ops stay a constant: refused, naming the line.
+    class TableConstant(nn.Module):
         def __init__(self):
             super().__init__()
             self.linear = nn.Linear(2, 2)
 
         def forward(self, x):
-            return self.linear(x) * torch.tensor([1.0, 2.0])
+            return self.linear(x) * torch.tensor([[float(i), 1.0] for i in range(200)]).sum(0)
 
-    with pytest.raises(CaptureError, match="register_buffer"):
-        export_training_step(ListConstant(), [torch.randn(3, 2)], loss_fn)
+    with pytest.raises(CaptureError, match=r"test_capture.py:\d+: the step reads .*register_buffer"):
+        export_training_step(TableConstant(), [torch.randn(3, 2)], loss_fn)
 
 
-class CachedKeys(nn.Module):
-    """Keys concatenated onto a cache that starts empty, made in forward as
-    Hugging Face's DynamicCache makes it (`torch.tensor([])`), which models
-    build by default in training too."""
+class PythonLists(nn.Module):
+    """Tensors made from lists of Python numbers inside forward: a vector
+    of scales, an index list (`y[..., [2, 0]]`, as Falcon's attention picks
+    its key and value heads), a boolean list as a mask, `new_tensor`, and
+    a cache that starts as `torch.tensor([])` (Hugging Face's key/value
+    cache, made by default in training too)."""
 
     def __init__(self):
         super().__init__()
-        self.keys = nn.Linear(4, 4)
+        self.linear = nn.Linear(4, 4)
 
     def forward(self, x):
+        y = self.linear(x) * torch.tensor([1.0, 2.0, 0.5, -1.0], device=x.device)
+        picked = y[..., [2, 0]] + y[:, [True, False, True, False]]
         cache = torch.tensor([], dtype=x.dtype, device=x.device)
-        return torch.cat([cache, self.keys(x)], dim=0)
+        return torch.cat([cache, picked.flatten() * y.new_tensor([[3.0]]).flatten()])
 
 
-def test_a_tensor_without_elements_made_in_forward_is_made_by_the_step():
-    """A constant with no elements has no value to lose on meta: the step
-    makes it (`aten::empty_strided`) and equals eager, on meta and on real
-    tensors."""
+def test_tensors_made_from_python_lists_keep_their_values_on_meta():
+    """Export lifts them to constants, whose values meta loses: capture
+    makes them by ops instead (one `full` per number), so the step equals
+    eager, and no constant is left to refuse."""
     torch.manual_seed(0)
-    model, batch = CachedKeys(), (torch.randn(3, 4),)
+    model, batch = PythonLists(), (torch.randn(3, 4),)
 
     def loss_fn(m, x):
         return m(x).square().mean()
 
     result = export_training_step(*on_meta(model, batch), loss_fn)
-    assert '"aten::empty_strided"' in result.mlir
+    for number in (r"-1\.0*e\+00", r"5\.0*e-01", r"3\.0*e\+00"):
+        assert re.search(rf'"aten::full" \(\) args \[\[\], {number}', result.mlir), f"{number} was lost"
     equal_to_eager(export_training_step(model, batch, loss_fn), model, batch, loss_fn(model, *batch))
 
 
