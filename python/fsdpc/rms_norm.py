@@ -34,6 +34,7 @@ import operator
 import torch
 import torch.nn.functional as F
 from torch import fx
+from torch._prims_common import suggest_memory_format
 from torch.overrides import TorchFunctionMode
 
 from fsdpc.autocast import as_autocast_casts
@@ -97,7 +98,8 @@ STANDS_FOR = {
 
 def takes_fused_kernel(input: torch.Tensor, weight: torch.Tensor | None) -> bool:
     """Whether ATen's `rms_norm` on a CUDA input takes `_fused_rms_norm`."""
-    channels_last = input.dim() in (4, 5) and input.suggest_memory_format() in (
+    # Python has no Tensor.suggest_memory_format (C++'s, which eager reads): torch's own rule instead.
+    channels_last = input.dim() in (4, 5) and suggest_memory_format(input) in (
         torch.channels_last, torch.channels_last_3d)
     return (weight is not None and weight.dtype == input.dtype and input.is_floating_point()
             and not channels_last)

@@ -470,6 +470,41 @@ def test_a_written_out_rms_norm_for_cuda_is_one_fused_call_each_way(variant, pre
     assert fused[2] == written[1] and "test_cuda_capture.py" in fused[2]  # where the user wrote the norm
 
 
+class PerHeadNorm(torch.nn.Module):
+    """Queries normed per head, Hugging Face's way (Qwen 3's and Gemma 3's
+    `q_norm`): an RMSNorm of a 4-D input, [batch, sequence, heads, head
+    dim], contiguous or laid out channels-last."""
+
+    def __init__(self, channels_last: bool):
+        super().__init__()
+        self.channels_last = channels_last
+        self.lin = torch.nn.Linear(64, 64)
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(16))
+
+    def forward(self, x):
+        heads = self.lin(x).view(4, 16, 4, 16)
+        if self.channels_last:
+            heads = heads.contiguous(memory_format=torch.channels_last)
+        wide = heads.to(torch.float32)
+        wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (self.weight * wide.to(heads.dtype)).float().square().mean()
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["contiguous", "channels-last"])
+def test_a_norm_per_head_is_fused_where_eager_fuses_it(channels_last):
+    """A 4-D input takes the fused kernel as in eager, unless laid out
+    channels-last (eager's rms_norm falls back to the composite there).
+    Before 2026-11-28 any 4-D input failed capture for CUDA (a Python
+    tensor has no `suggest_memory_format`): Qwen 3, Gemma 3, Qwen3-MoE."""
+    from fsdpc.capture import MixedPrecision
+    from fsdpc.export import export_training_step
+
+    text = export_training_step(PerHeadNorm(channels_last), (torch.randn(4, 16, 64),), lambda m, x: m(x),
+                                mixed_precision=MixedPrecision(param_dtype=torch.bfloat16), device="cuda").mlir
+    fused = aten_calls(text).count("_fused_rms_norm")
+    assert fused == (0 if channels_last else 1), aten_calls(text)
+
+
 @pytest.mark.parametrize("variant, precision", [("mean over rows", False), ("cubed", False),
                                                 ("normalized also read", False), ("another tensor scaled", False),
                                                 ("float64 weight", False), ("in fp32, not cast back", True)])
