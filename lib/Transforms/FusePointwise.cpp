@@ -925,9 +925,14 @@ private:
       if (result.getResultNumber() != output)
         result.replaceAllUsesWith(kept.getResult(next++));
     producer->erase();
-    for (Operation &call : llvm::make_early_inc_range(llvm::reverse(kernel.without_terminator())))
-      if (call.use_empty())
-        call.erase();
+    // Last to first, so that a call's operands are unused once it is gone. (A
+    // reverse early-increment range would hold an iterator to the erased call.)
+    for (Operation *call = kernel.getTerminator()->getPrevNode(); call;) {
+      Operation *previous = call->getPrevNode();
+      if (call->use_empty())
+        call->erase();
+      call = previous;
+    }
   }
 
   Block &body;

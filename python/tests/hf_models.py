@@ -3,8 +3,11 @@ architectures as users load them: built from small configs with random
 weights (nothing is downloaded), default attention ("sdpa", the boolean
 masks it builds), default `use_cache`, dropout off so that eager compares;
 each through `fsdpc.shard` and one training call, against eager PyTorch's
-loss and gradients on a copy. Writes each architecture's result to --out
-(json): a failure is recorded with its reason, and the next one runs."""
+loss and gradients on a copy; and each captured for a CUDA target in bf16
+(no GPU needed), sharded for 2 NCCL ranks and lowered to a program that
+validates, with the fused attention kernel eager would pick. Writes each
+architecture's result to --out (json): a failure is recorded with its
+reason, and the next one runs."""
 
 import argparse
 import copy
@@ -16,6 +19,10 @@ import torch.distributed as dist
 import transformers
 
 import fsdpc
+from fsdpc.capture import MixedPrecision
+from fsdpc.compiler import run_fsdp_opt
+from fsdpc.export import export_training_step
+from fsdpc.program import translate
 
 VOCAB, BATCH, SEQ = 311, 2, 16
 IMAGE = 32
@@ -148,6 +155,21 @@ def trained_against_eager(name: str) -> dict:
     return {"loss": loss, "eager": float(eager), "gradient error": (difference / norm) ** 0.5}
 
 
+def lowered_for_cuda(name: str) -> dict:
+    """The architecture captured on meta for a CUDA target in bf16, sharded
+    for 2 NCCL ranks and lowered: the fused attention kernels it holds."""
+    config_class, model_class, options, loss_fn = ARCHITECTURES[name]
+    with torch.device("meta"):
+        model = getattr(transformers, model_class)(getattr(transformers, config_class)(**options))
+    batch = [tensor.to("meta") for tensor in batch_for(loss_fn)]
+    text = export_training_step(model, batch, loss_fn, mixed_precision=MixedPrecision(param_dtype=torch.bfloat16),
+                                device="cuda").mlir
+    program = translate(run_fsdp_opt(text, ["--fsdp-sharding-pipeline=ranks=2 backend=nccl"]))
+    kernels = sorted({call.split('"')[0] for call in text.split('fsdp.aten "')[1:]
+                      if call.startswith("aten::_scaled_dot_product_")})
+    return {"device": program.device_kind, "attention": kernels}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -155,10 +177,11 @@ def main() -> None:
     dist.init_process_group("gloo")
     results = {}
     for name in ARCHITECTURES:
-        try:
-            results[name] = trained_against_eager(name)
-        except Exception as error:  # recorded with its reason; the next architecture runs
-            results[name] = {"error": "".join(traceback.format_exception(error))[-4000:]}
+        for check, run in (("cpu", trained_against_eager), ("cuda", lowered_for_cuda)):
+            try:
+                results[f"{name} on {check}"] = run(name)
+            except Exception as error:  # recorded with its reason; the next check runs
+                results[f"{name} on {check}"] = {"error": "".join(traceback.format_exception(error))[-4000:]}
     with open(args.out, "w") as out:
         json.dump(results, out)
     dist.destroy_process_group()
