@@ -1,7 +1,8 @@
 """One rank (launched by test_hugging_face.py) that trains Hugging Face
 architectures as users load them: built from small configs with random
 weights (nothing is downloaded), default attention ("sdpa", the boolean
-masks it builds), default `use_cache`, dropout off so that eager compares;
+masks it builds; decoders' batches padded on either side), default
+`use_cache`, dropout off so that eager compares;
 each through `fsdpc.shard` and one training call, against eager PyTorch's
 loss and gradients on a copy; and each captured for a CUDA target in bf16
 (no GPU needed), sharded for 2 NCCL ranks and lowered to a program that
@@ -28,8 +29,8 @@ VOCAB, BATCH, SEQ = 311, 2, 16
 IMAGE = 32
 
 
-def causal(model, tokens, targets):
-    return model(input_ids=tokens, labels=targets).loss
+def causal(model, tokens, mask, labels):
+    return model(input_ids=tokens, attention_mask=mask, labels=labels).loss
 
 
 def masked(model, tokens, targets):
@@ -130,6 +131,12 @@ def batch_for(loss_fn) -> tuple:
     if loss_fn in (classified, pooled):
         return torch.randn(BATCH, 3, IMAGE, IMAGE, generator=generator), torch.randint(0, 10, (BATCH,),
                                                                                        generator=generator)
+    if loss_fn is causal:  # a whole row, one padded on the right and one on the left, as tokenizers pad
+        tokens = torch.randint(3, VOCAB, (3, SEQ), generator=generator)
+        mask = torch.ones(3, SEQ, dtype=torch.long)
+        mask[1, SEQ - 6:] = 0
+        mask[2, :SEQ - 5] = 0
+        return tokens, mask, torch.where(mask.bool(), tokens, -100)
     return tuple(torch.randint(3, VOCAB, (BATCH, SEQ), generator=generator) for _ in range(2))
 
 

@@ -33,8 +33,8 @@ def result_of(results: dict, key: str) -> dict:
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_trains_as_in_eager(name, results):
     """The first training call's loss and gradients equal eager's on the
-    same batch (fp32: to 1e-5; the step's math attention sums in another
-    order than eager's CPU flash attention)."""
+    same batch, padded for decoders (fp32: to 1e-5; the step's math
+    attention sums in another order than eager's CPU flash attention)."""
     result = result_of(results, f"{name} on cpu")
     assert result["loss"] == pytest.approx(result["eager"], rel=1e-5), result
     assert result["gradient error"] < 1e-5, result
