@@ -50,7 +50,7 @@ from torch.utils import checkpoint as torch_checkpoint
 from torch.utils._pytree import TreeSpec, keystr, tree_flatten_with_path, tree_map_only, tree_unflatten
 from torch.utils._python_dispatch import _disable_current_modes
 
-from fsdpc import cache
+from fsdpc import cache, functions
 from fsdpc.autocast import ambient_autocast, casts_in, recording_regions
 from fsdpc.attention import FusedAttentionFor
 from fsdpc.checkpointing import (REGION_KEY, CheckpointRegions, SavedCall, SavingSelectively, checkpoint_regions,
@@ -259,6 +259,11 @@ def _quiet_torch_logs():
             logger.setLevel(level)
 
 
+_DATA_DEPENDENT_SIGN = "data-dependent"  # in torch's errors of a trace that needed a tensor's value
+_DATA_DEPENDENT = ("it reads a tensor's value in Python (aten::item, via bool(), .item() or .tolist()), so the "
+                   "control flow depends on data, which a static training step cannot")
+
+
 def _export(step: _TrainingStep, batch: tuple) -> ExportedProgram:
     # Torch prints the partial graph when tracing fails: keep what the model
     # printed only if tracing succeeds.
@@ -275,9 +280,8 @@ def _export(step: _TrainingStep, batch: tuple) -> ExportedProgram:
         where = user_frame(traceback.extract_tb(error.__traceback__))
         text = str(error).strip()
         first_line = text.splitlines()[0] if text else type(error).__name__
-        if "data-dependent" in text:
-            reason = ("it reads a tensor's value in Python (aten::item, via bool() or .item()), "
-                      "so the control flow depends on data, which a static training step cannot")
+        if _DATA_DEPENDENT_SIGN in text:
+            reason = _DATA_DEPENDENT
         else:
             reason = f"{type(error).__name__}: {first_line}"
         if where:
@@ -820,7 +824,7 @@ def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision
     with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision),
           FusedAttentionFor(device), FusedRmsNormFor(device), _PythonDataAsOps(),
           checkpoint_regions() as regions, recording_regions(device), _refusing_untraceable_autocast(device),
-          _refusing_inner_backward(), _refusing_host_random(),
+          _refusing_inner_backward(), _refusing_host_random(), functions.kept_whole(),
           _saved_tensors_hooks_entered() as hooks):
         yield Observed(regions, reads, hooks)
 
@@ -1103,6 +1107,8 @@ class _Composites(fx.Interpreter):
                 return None
             args, kwargs = tree_map_only(torch.device, lambda d: self.device if d.type == "meta" else d,
                                          (args, kwargs))
+        if target is functions.OPAQUE:  # a custom autograd.Function: applied, its own backward recorded
+            return functions.run_whole(*args)
         if target is torch.ops.higher_order.wrap_with_autocast:
             device_type, dtype, enabled, cache_enabled, body, *inputs = args
             with torch.autocast(device_type, dtype, enabled, cache_enabled):
@@ -1172,7 +1178,14 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
             if loss.grad_fn is None:
                 raise CaptureError("the loss does not depend on any trainable parameter")
             setup_stacktrace_preservation_hooks([loss.grad_fn])
-            grads = torch.autograd.grad(loss, wrt, None if seed is None else args[seed], allow_unused=True)
+            try:
+                grads = torch.autograd.grad(loss, wrt, None if seed is None else args[seed], allow_unused=True)
+            except RuntimeError as error:  # a backward of the user's or a library's, run in Python
+                if _DATA_DEPENDENT_SIGN not in str(error):
+                    raise
+                where = user_frame(traceback.extract_tb(error.__traceback__))
+                raise CaptureError(f"{where or 'the backward'}: cannot capture the backward"
+                                   f"{f' `{where.code}`' if where else ''}: {_DATA_DEPENDENT}") from error
         return (loss, *aux, *grads)
 
     updated: list[int] = []

@@ -4,6 +4,7 @@ describes the model's parameters, buffers, units and gradients exactly."""
 import collections
 import copy
 import functools
+import inspect
 import re
 import sys
 import warnings
@@ -669,6 +670,96 @@ def test_tensors_made_from_python_lists_keep_their_values_on_meta():
     for number in (r"-1\.0*e\+00", r"5\.0*e-01", r"3\.0*e\+00"):
         assert re.search(rf'"aten::full" \(\) args \[\[\], {number}', result.mlir), f"{number} was lost"
     equal_to_eager(export_training_step(model, batch, loss_fn), model, batch, loss_fn(model, *batch))
+
+
+class ReversedGradient(torch.autograd.Function):
+    """A gradient reversal layer (domain adaptation): identity forward, the
+    gradient negated and scaled backward; beside it, a statistic that takes
+    no gradient (a second, non-differentiable output)."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        norm = x.detach().square().sum()
+        ctx.mark_non_differentiable(norm)
+        return x.view_as(x), norm
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        return -ctx.scale * grad, None
+
+
+class RoundedStraightThrough(torch.autograd.Function):
+    """Quantization-aware training's straight-through estimator: rounds
+    forward, passes the gradient through unchanged backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x * 4) / 4
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class CustomGradients(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        reversed_, norm = ReversedGradient.apply(self.first(x), 0.5)
+        return self.second(RoundedStraightThrough.apply(reversed_)).square().mean() + 1e-3 * norm
+
+
+def test_a_custom_autograd_function_keeps_its_own_backward():
+    """A Function's backward is what the step runs for it, not the
+    derivative of its forward's ops (before 2026-11-28 export's inlining
+    made a gradient reversal's gradient +grad and a straight-through
+    rounding's zero, silently): loss and gradients equal eager's, to the
+    bit, captured on meta."""
+    torch.manual_seed(0)
+    model, batch = CustomGradients(), (torch.randn(3, 4),)
+
+    def loss_fn(m, x):
+        return m(x)
+
+    result = export_training_step(*on_meta(model, batch), loss_fn)
+    assert "autograd_function" not in result.mlir
+    equal_to_eager(result, model, batch, loss_fn(model, *batch))
+
+
+class CountedBackward(torch.autograd.Function):
+    """A backward that branches on a tensor's value, as transformers 5.17's
+    grouped-matmul fallback does per expert (`offs.tolist()`)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        if (x > 0).sum().item() == 0:
+            return grad
+        return grad * 2
+
+
+def test_a_backward_whose_control_flow_reads_data_is_refused_by_line():
+    """A backward run in Python that needs a tensor's value is named at its
+    line, as forward's are (before 2026-11-28: torch's bare
+    GuardOnDataDependentSymNode)."""
+    model = nn.Linear(4, 4)
+
+    def loss_fn(m, x):
+        return CountedBackward.apply(m(x)).sum()
+
+    source, first = inspect.getsourcelines(CountedBackward.backward)
+    line = f"{__file__}:{first + next(i for i, text in enumerate(source) if '.item()' in text)}"
+    with pytest.raises(CaptureError, match=re.escape(line) + r": cannot capture the backward `if .*control flow "
+                                                           r"depends on data"):
+        export_training_step(*on_meta(model, [torch.randn(2, 4)]), loss_fn)
 
 
 def test_another_models_weights_in_the_step_are_refused_with_the_ways_out():
