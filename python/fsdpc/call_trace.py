@@ -54,6 +54,7 @@ import torch.fx._symbolic_trace as fx_tracing
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from fsdpc import functions
 from fsdpc.autocast import ambient_autocast
 from fsdpc.cache import source_digests
 from fsdpc.capture import (CaptureError, MixedPrecision, _definition_of, _TrainingStep, _unparametrized, batch_leaves,
@@ -300,7 +301,7 @@ def trace_calls(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callab
     frames = recorder.frame_table()
     record = (_FORMAT, device, repr(mixed_precision), str(_definition_of(loss_fn)), tuple(unit_modules),
               _environment(), _inputs(model, leaves), str(structure), frames,
-              source_digests(file for file, _, _ in frames),
+              source_digests(file for file, _, _ in frames), source_digests(functions.source_files(observed.applied)),
               tuple(recorder.calls), result, sorted(observed.regions.saved))
     return CallTrace(hashlib.sha256(repr(record).encode()).hexdigest(), printed.getvalue(), complained.getvalue(),
                      observed.ignored_hooks)

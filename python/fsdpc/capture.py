@@ -810,6 +810,7 @@ class Observed:
     regions: CheckpointRegions
     attribute_reads: set[tuple[str, str]]
     ignored_hooks: list[str]
+    applied: list  # the custom autograd Functions' calls (functions.kept_whole)
 
 
 @contextlib.contextmanager
@@ -824,9 +825,9 @@ def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision
     with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision),
           FusedAttentionFor(device), FusedRmsNormFor(device), _PythonDataAsOps(),
           checkpoint_regions() as regions, recording_regions(device), _refusing_untraceable_autocast(device),
-          _refusing_inner_backward(), _refusing_host_random(), functions.kept_whole(),
+          _refusing_inner_backward(), _refusing_host_random(), functions.kept_whole() as applied,
           _saved_tensors_hooks_entered() as hooks):
-        yield Observed(regions, reads, hooks)
+        yield Observed(regions, reads, hooks, applied)
 
 
 @dataclass
@@ -847,6 +848,7 @@ class ForwardTrace:
     aux: dict | None  # what loss_fn returned besides the loss: see aux_structure
     structure: str  # the batch's (batch_leaves); `batch` holds its tensors
     scaled_loss: bool = False  # backward seeded by a loss scale, the step's last input: see _joint_step
+    applied: list = field(default_factory=list)  # custom autograd Functions' calls: see functions.kept_whole
 
     def fingerprint(self) -> str:
         """Everything the joint trace and the IR are made from: every op of
@@ -872,11 +874,12 @@ class ForwardTrace:
                           repr(node.meta.get("nn_module_stack")), (node.meta.get("custom") or {}).get(REGION_KEY)))
         parts.append(cache.source_digests(match.group(1) for node in nodes
                                     for match in _FRAME_RE.finditer(node.meta.get("stack_trace") or "")))
+        parts.append(cache.source_digests(functions.source_files(self.applied)))
         return hashlib.sha256(repr(parts).encode()).hexdigest()
 
     def joint(self) -> CapturedStep:
         return _joint_step(self.program, self.step, self.batch, self.aliases, self.real_fqn, self.loss_fn,
-                           self.mixed_precision, self.device, self.saved, self.aux, self.scaled_loss)
+                           self.mixed_precision, self.device, self.saved, self.aux, self.scaled_loss, self.applied)
 
 
 @contextlib.contextmanager
@@ -917,7 +920,7 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
             say_ignored_hooks(observed.ignored_hooks)
             yield ForwardTrace(program, step, tuple(batch_leaves(traced)[0]), aliases, real_fqn, loss_fn,
                                mixed_precision, device, observed.regions.saved, observed.attribute_reads, aux,
-                               str(structure), scaled_loss)
+                               str(structure), scaled_loss, observed.applied)
             return
 
 
@@ -949,8 +952,9 @@ def _on_fake_device(model: nn.Module, batch: tuple, device: str) -> Iterator[tup
 
 
 def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device,
-                saved: set[SavedCall], aux: dict | None, scaled_loss: bool) -> CapturedStep:
-    """The joint forward + backward graph of an exported step; with
+                saved: set[SavedCall], aux: dict | None, scaled_loss: bool, applied: list) -> CapturedStep:
+    """The joint forward + backward graph of an exported step (`applied`:
+    the custom autograd Functions it calls); with
     `scaled_loss`, its last input is the loss scale backward starts from
     (what `GradScaler.scale(loss).backward()` starts from)."""
 
@@ -1024,7 +1028,7 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
         on_device = flat_args[0].device  # with its index, as fake tensors have it
     with recording_regions(device):
         joint, updated = _trace_joint(program.graph_module, flat_args, input_names, trainable, export_to_joint,
-                                      saved, returned, updatable, device, on_device, seed)
+                                      saved, returned, updatable, device, on_device, seed, applied)
     placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
     output = next(n for n in joint.graph.nodes if n.op == "output")
     results = list(output.args[0])
@@ -1082,9 +1086,9 @@ class _Composites(fx.Interpreter):
     (where code that reads `x.device.type` took another device's branch)
     runs as a call that target has (`_for_target`)."""
 
-    def __init__(self, graph_module: fx.GraphModule, target: str, device: torch.device | None = None):
+    def __init__(self, graph_module: fx.GraphModule, target: str, applied: list, device: torch.device | None = None):
         super().__init__(graph_module)
-        self.target, self.device = target, device
+        self.target, self.applied, self.device = target, applied, device
 
     def run_node(self, node: fx.Node):
         """An op that fails here (a check export's kernels skip: a dtype
@@ -1108,15 +1112,15 @@ class _Composites(fx.Interpreter):
             args, kwargs = tree_map_only(torch.device, lambda d: self.device if d.type == "meta" else d,
                                          (args, kwargs))
         if target is functions.OPAQUE:  # a custom autograd.Function: applied, its own backward recorded
-            return functions.run_whole(*args)
+            return functions.run_whole(self.applied, *args)
         if target is torch.ops.higher_order.wrap_with_autocast:
             device_type, dtype, enabled, cache_enabled, body, *inputs = args
             with torch.autocast(device_type, dtype, enabled, cache_enabled):
-                return _Composites(body, self.target, self.device).run(*inputs)
+                return _Composites(body, self.target, self.applied, self.device).run(*inputs)
         if target is torch.ops.higher_order.wrap_with_set_grad_enabled:
             enabled, body, *inputs = args
             with torch.set_grad_enabled(enabled):
-                return _Composites(body, self.target, self.device).run(*inputs)
+                return _Composites(body, self.target, self.applied, self.device).run(*inputs)
         on_target = _for_target(self.target, target, args)
         if on_target is not None:
             return on_target(*args, **kwargs)
@@ -1151,7 +1155,7 @@ def _for_target(target: str, op, args: tuple) -> Callable | None:
 def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_names: list[str],
                  trainable: list[int], export_to_joint: list[int], saved: set[SavedCall],
                  returned: int, updatable: set[int], target: str, on_device: torch.device | None,
-                 seed: int | None) -> tuple[fx.GraphModule, list[int]]:
+                 seed: int | None, applied: list) -> tuple[fx.GraphModule, list[int]]:
     """The joint graph of `forward`, whose first `returned` outputs are the
     loss and what loss_fn returned beside it: its outputs are those, then
     the gradients of the `trainable` inputs, then the new values of the
@@ -1168,7 +1172,8 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
     def joint(*args):
         with torch.enable_grad(), preserve_node_meta():
             with saving if saved else contextlib.nullcontext():
-                loss, *aux = _Composites(forward, target, on_device).run(*(args[i] for i in export_to_joint))
+                loss, *aux = _Composites(forward, target, applied, on_device).run(
+                    *(args[i] for i in export_to_joint))
             if loss.dim() != 0 or not loss.is_floating_point():
                 raise CaptureError(
                     f"loss_fn must return a scalar floating-point loss, got shape {tuple(loss.shape)} {loss.dtype}")

@@ -4,14 +4,16 @@ Export traces a Function's `forward` op by op and drops the Function: the
 joint trace would then differentiate those ops, not run the Function's
 `backward` (a gradient reversal's -grad became +grad, a straight-through
 estimator's gradient through `round` became zero, silently). So, while
-export traces, `Function.apply` of a Function defined outside torch
-becomes one opaque call, `fsdpc::autograd_function(id, tensors)`: its fake
-kernel runs the Function (without grad) for the output shapes, and the
-call's id names the Function and its non-tensor arguments in this
-module's registry. The joint trace (`capture._Composites`) runs the
-Function itself there, with grad: its forward's ops are traced where it
-is called and autograd runs its `backward` in the joint trace, as eager
-would.
+export traces (`kept_whole`), `Function.apply` of a Function defined
+outside torch becomes one opaque call, `fsdpc::autograd_function(n,
+tensors)`, the trace's n-th such call: its fake kernel runs the Function
+(without grad) for the output shapes; the trace's list of calls keeps the
+Function and its non-tensor arguments. The joint trace
+(`capture._Composites`) runs the Function itself there, with grad
+(`run_whole`): its forward's ops are traced where it is called, and
+autograd runs its `backward` in the joint trace, as eager would. The
+files defining the Functions key the program cache (`source_files`): their
+backward's code is in no trace of forward.
 
 torch's own Functions (checkpointing, its internals) trace as before.
 """
@@ -19,8 +21,9 @@ torch's own Functions (checkpointing, its internals) trace as before.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
@@ -37,7 +40,7 @@ class _Call:
     returned: tuple[list, TreeSpec] | None = None
 
 
-_CALLS: list[_Call] = []
+_TRACING: list[list[_Call]] = []  # the calls of the export tracing now (kept_whole), innermost last
 _ORIGINAL_APPLY = torch.autograd.Function.__dict__["apply"]  # a classmethod: Python in older torch, C++ in newer
 
 
@@ -66,7 +69,7 @@ def _autograd_function(call_id: int, tensors: list[torch.Tensor]) -> list[torch.
 
 @_autograd_function.register_fake
 def _(call_id: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    call = _CALLS[call_id]
+    call = _TRACING[-1][call_id]
     args, kwargs = _arguments(call, tensors)
     with torch.no_grad():
         returned = _applied(call.function, *args, **kwargs)
@@ -79,33 +82,50 @@ def _traced_by_torch(function: type) -> bool:
 
 
 @contextlib.contextmanager
-def kept_whole() -> Iterator[None]:
+def kept_whole() -> Iterator[list[_Call]]:
     """While export traces: each `apply` of a Function defined outside
-    torch is one `fsdpc::autograd_function` call."""
+    torch is one `fsdpc::autograd_function` call; yields the trace's calls,
+    for `run_whole` and `source_files`."""
+    calls: list[_Call] = []
+
     def apply(cls, *args, **kwargs):
         if _traced_by_torch(cls):
             return _applied(cls, *args, **kwargs)
         leaves, structure = tree_flatten((args, kwargs))
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         call = _Call(cls, [None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], structure)
-        _CALLS.append(call)
-        results = iter(torch.ops.fsdpc.autograd_function(len(_CALLS) - 1, tensors))
+        calls.append(call)
+        results = iter(torch.ops.fsdpc.autograd_function(len(calls) - 1, tensors))
         kept, shape = call.returned
         return tree_unflatten([next(results) if leaf is None else leaf for leaf in kept], shape)
 
+    _TRACING.append(calls)
     torch.autograd.Function.apply = classmethod(apply)
     try:
-        yield
+        yield calls
     finally:
         torch.autograd.Function.apply = _ORIGINAL_APPLY
+        _TRACING.pop()
 
 
 OPAQUE = torch.ops.fsdpc.autograd_function.default
 
 
-def run_whole(call_id: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The Function export met as call `call_id`, applied to `tensors` with
-    grad (in the joint trace): its tensors returned, in order."""
-    call = _CALLS[call_id]
+def run_whole(calls: Sequence[_Call], call_id: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The Function the trace met as its call `call_id` (of `calls`),
+    applied to `tensors` with grad (in the joint trace): its tensors
+    returned, in order."""
+    call = calls[call_id]
     args, kwargs = _arguments(call, tensors)
     return _tensors_of(call, _applied(call.function, *args, **kwargs))
+
+
+def source_files(calls: Sequence[_Call]) -> list[str]:
+    """The files that define the Functions of `calls`."""
+    files = set()
+    for call in calls:
+        try:
+            files.add(inspect.getsourcefile(call.function))
+        except TypeError:  # defined in C
+            continue
+    return sorted(file for file in files if file)

@@ -1,9 +1,13 @@
 """One rank of a job whose step reads a setting that is not in the model's
 structure or the code (launched twice by test_cache.py with another
-SETTING). Four ways a step can read it: a module global in the loss, a
-default argument, a closure over a non-plain object, and a non-plain
-attribute of the model read in forward. Each must give eager's loss, and
-rank 0 prints whether compiling stopped at a cache hit before export."""
+SETTING). Five ways a step can read it: a module global in the loss, a
+default argument, a closure over a non-plain object, a non-plain
+attribute of the model read in forward, and the backward of a custom
+autograd Function in a module of its own (FUNCTION_DIR's reversal.py,
+which test_cache.py writes with the setting in it: code that runs only
+in backward). Each must give eager's loss (the Function: eager's
+gradient), and rank 0 prints whether compiling stopped at a cache hit
+before export."""
 
 import os
 import sys
@@ -52,7 +56,14 @@ def plain_loss(model, x, y):
     return F.cross_entropy(model(x), y)
 
 
+def reversed_loss(model, x, y):
+    from reversal import Reversal  # FUNCTION_DIR's
+
+    return F.cross_entropy(Reversal.apply(model(x)), y)
+
+
 def main():
+    sys.path.insert(0, os.environ["FUNCTION_DIR"])
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     value = float(os.environ["SETTING"])
@@ -61,6 +72,7 @@ def main():
         "default": (lambda: Net(), default_loss),
         "closure": (lambda: Net(), closure_loss(Settings(1.0 + value))),
         "attribute": (lambda: Net(types.SimpleNamespace(scale=1.0 + value)), plain_loss),
+        "function": (lambda: Net(), reversed_loss),
     }
     generator = torch.Generator().manual_seed(0)
     x, y = torch.randn(4 * world, 8, generator=generator), torch.randint(0, 5, (4 * world,), generator=generator)
@@ -68,7 +80,9 @@ def main():
     for name, (build, loss_fn) in cases.items():
         torch.manual_seed(0)
         eager = build()
-        expected = loss_fn(eager, x, y).item()
+        expected_loss = loss_fn(eager, x, y)
+        expected_loss.backward()
+        expected = expected_loss.item()
         torch.manual_seed(0)
         sharded = fsdpc.shard(build(), mine, loss_fn)
         local = sharded(*mine).detach()
@@ -76,6 +90,9 @@ def main():
         got = local.item() / world
         if abs(got - expected) > 1e-5:
             sys.exit(f"{name}: fsdpc's loss {got:.6f}, eager's {expected:.6f} (SETTING={value})")
+        gradient = sharded.fc.weight.grad.full_tensor()
+        if not torch.allclose(gradient, eager.fc.weight.grad, rtol=1e-5, atol=1e-6):
+            sys.exit(f"{name}: fsdpc's gradient differs from eager's (SETTING={value})")
         if rank == 0:
             # A hit on the recorded calls skips export and the joint trace.
             seconds = sharded.compile_seconds

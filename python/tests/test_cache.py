@@ -75,9 +75,29 @@ def test_the_cache_can_be_turned_off(monkeypatch):
     assert cache.load("k" * 64) is None
 
 
+REVERSAL = """import torch
+
+
+class Reversal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return -{scale} * grad
+"""
+
+
 def job(setting: str, cache_dir: Path) -> dict[str, str]:
-    """Runs stale_worker.py on 2 ranks; what rank 0 says of each case."""
-    env = environment(SETTING=setting, FSDPC_CACHE=str(cache_dir))
+    """Runs stale_worker.py on 2 ranks, its Function's backward scaled by
+    1 + the setting; what rank 0 says of each case."""
+    functions = cache_dir.parent / "function"  # one file, edited between jobs as a user edits it
+    functions.mkdir(exist_ok=True)
+    (functions / "reversal.py").write_text(REVERSAL.format(scale=1.0 + float(setting)))
+    # No bytecode: an edit within the second of the last one keeps the size, which Python's check reads.
+    env = environment(SETTING=setting, FSDPC_CACHE=str(cache_dir), FUNCTION_DIR=str(functions),
+                      PYTHONDONTWRITEBYTECODE="1")
     done = run_ranks(2, [WORKER], env=env, port=29600 + os.getpid() % 200, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return {line.split()[0]: line.split(maxsplit=1)[1] for line in done.stdout.splitlines() if line.strip()}
@@ -85,16 +105,18 @@ def job(setting: str, cache_dir: Path) -> dict[str, str]:
 
 def test_a_value_read_while_tracing_is_never_served_from_a_stale_program(tmp_path):
     """The same code in three jobs: a global, a default argument, a closure
-    over an object and a model attribute (none of them plain data in the
-    model's structure) change between the first two. The second job must
-    compile anew and match eager (the worker checks); the third, with the
-    second's setting, takes every program from the cache."""
+    over an object, a model attribute (none of them plain data in the
+    model's structure) and a custom Function's backward in a module of its
+    own change between the first two. The second job must compile anew and
+    match eager (the worker checks); the third, with the second's setting,
+    takes every program from the cache."""
     first = job("0.0", tmp_path / "cache")
     second = job("0.3", tmp_path / "cache")
     third = job("0.3", tmp_path / "cache")
-    cases = ["global", "default", "closure", "attribute"]
+    cases = ["global", "default", "closure", "attribute", "function"]
     assert sorted(first) == sorted(second) == sorted(third) == sorted(cases)
     for case in cases:
         assert first[case].startswith("compiled") and second[case].startswith("compiled"), (case, first, second)
-        assert first[case].split()[1] != second[case].split()[1], (case, first, second)
+        if case != "function":  # its backward changed, not its loss
+            assert first[case].split()[1] != second[case].split()[1], (case, first, second)
         assert third[case] == second[case].replace("compiled", "cache hit"), (case, second, third)
