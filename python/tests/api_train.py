@@ -1158,6 +1158,7 @@ def hugging_face_models():
     boolean masks they build (causal; padding), dropout off so that eager
     sides compare; each with the batches its loss takes (dicts, a
     collator's) and its blocks."""
+    import transformers
     from transformers import (BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM, MixtralConfig,
                               MixtralForCausalLM)
 
@@ -1194,9 +1195,15 @@ def hugging_face_models():
         chosen = real & (torch.rand(GLOBAL_BATCH, SEQ, generator=generator) < 0.5)
         return {"input_ids": tokens, "attention_mask": real.long(), "labels": torch.where(chosen, tokens, -100)}
 
-    return [("Llama", llama, lambda model: model.model.layers, [causal_batch() for _ in range(3)]),
-            ("Mixtral", mixtral, lambda model: model.model.layers, [causal_batch() for _ in range(3)]),
-            ("BERT", bert, lambda model: model.bert.encoder.layer, [padded_batch() for _ in range(3)])]
+    models = [("Llama", llama, lambda model: model.model.layers, [causal_batch() for _ in range(3)]),
+              ("Mixtral", mixtral, lambda model: model.model.layers, [causal_batch() for _ in range(3)]),
+              ("BERT", bert, lambda model: model.bert.encoder.layer, [padded_batch() for _ in range(3)])]
+    if tuple(int(part) for part in transformers.__version__.split(".")[:2]) < (5, 24):
+        # transformers 5.17's fp32 MoE experts fall back to a grouped matmul whose
+        # backward loops over token counts in Python: refused by line (test_hugging_face).
+        print(f"hugging_face: Mixtral left out under transformers {transformers.__version__}", flush=True)
+        models = [model for model in models if model[0] != "Mixtral"]
+    return models
 
 
 def hf_loss(model, batch):

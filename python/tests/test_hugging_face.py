@@ -5,12 +5,13 @@ each, and each test here reads its architecture's result. The scenario
 FSDP2."""
 
 import json
+from pathlib import Path
 
 import pytest
+import transformers
 
 from hf_models import ARCHITECTURES
 from launch import environment, free_port, run_ranks
-from pathlib import Path
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +23,21 @@ def results(tmp_path_factory) -> dict:
     return json.loads(out.read_text())
 
 
+# Before this transformers, some architectures' code reads tensors' values in
+# Python (OPT's and BART's LayerDrop compare a random draw even when layerdrop
+# is 0; the MoE grouped-matmul fallback's backward loops over token counts):
+# there fsdpc refuses them at that line, which is the right answer.
+DATA_DEPENDENT_BEFORE = (5, 24)
+
+
 def result_of(results: dict, key: str) -> dict:
     result = results[key]
     if "missing" in result:
         pytest.skip(result["missing"])
-    assert "error" not in result, result["error"]
+    if "refused" in result and tuple(int(part) for part in transformers.__version__.split(".")[:2]) \
+            < DATA_DEPENDENT_BEFORE:
+        pytest.skip(f"transformers {transformers.__version__}: {result['refused']}")
+    assert "refused" not in result and "error" not in result, result
     return result
 
 
@@ -40,21 +51,21 @@ def test_trains_as_in_eager(name, results):
     assert result["gradient error"] < 1e-5, result
 
 
-# Those whose attention is no sdpa call: written out (BLOOM's alibi, Falcon's
-# and Gemma 2's eager attention, GPT-OSS's sinks) or none at all (Mamba).
-NO_FUSED_ATTENTION = {"gemma2", "bloom", "falcon", "gpt-oss", "mamba"}
+# Falcon's one key/value head for four query heads, without enable_gqa: eager's
+# CUDA dispatch takes math attention there too.
+MATH_ATTENTION_ON_GPUS = {"falcon"}
 
 
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_lowers_for_a_cuda_target(name, results):
     """Captured for a CUDA GPU in bf16 without one, sharded and lowered to a
-    program for "cuda" holding the fused attention kernel with its backward
-    (before 2026-11-28 BLOOM's crashed fsdp-opt, and per-head norms failed
-    capture)."""
+    program for "cuda"; where the model's attention is sdpa, with the fused
+    attention kernel and its backward (the others write attention out:
+    BLOOM's alibi, GPT-OSS's sinks, Mamba has none). Before 2026-11-28
+    BLOOM's crashed fsdp-opt and per-head norms failed capture."""
     result = result_of(results, f"{name} on cuda")
     assert result["device"] == "cuda"
-    if name not in NO_FUSED_ATTENTION:
+    if result["attention implementation"] == "sdpa" and name not in MATH_ATTENTION_ON_GPUS:
         assert any(kernel.endswith("_backward") for kernel in result["attention"]), result
-        assert "aten::_scaled_dot_product_attention_math" not in result["attention"], result
     else:
         assert not result["attention"], result
