@@ -301,7 +301,7 @@ def trace_calls(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callab
     frames = recorder.frame_table()
     record = (_FORMAT, device, repr(mixed_precision), str(_definition_of(loss_fn)), tuple(unit_modules),
               _environment(), _inputs(model, leaves), str(structure), frames,
-              source_digests(file for file, _, _ in frames), source_digests(functions.source_files(observed.applied)),
+              source_digests(file for file, _, _ in frames), functions.code_key(observed.applied),
               tuple(recorder.calls), result, sorted(observed.regions.saved))
     return CallTrace(hashlib.sha256(repr(record).encode()).hexdigest(), printed.getvalue(), complained.getvalue(),
                      observed.ignored_hooks)

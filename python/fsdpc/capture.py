@@ -494,7 +494,7 @@ def _made_by_ops(data, dtype: torch.dtype | None, device) -> torch.Tensor | None
         return None
     try:
         with _disable_current_modes():  # read on the host, untraced: its shape, dtype and values
-            reference = torch.tensor(data, dtype=dtype)
+            reference = torch.tensor(data, dtype=dtype, device="cpu")
             shape, dtype, values = tuple(reference.shape), reference.dtype, reference.flatten().tolist()
     except (TypeError, ValueError, RuntimeError):
         return None
@@ -507,11 +507,18 @@ def _made_by_ops(data, dtype: torch.dtype | None, device) -> torch.Tensor | None
     return torch.stack([torch.full((), value, dtype=dtype, device=device) for value in values]).reshape(shape)
 
 
+_SEQUENCE_AS_TUPLE_BELOW = 32  # torch's treatSequenceAsTuple: a shorter list holding sequences is a tuple
+
+
 def _index_as_ops(index, device):
     """An index with its lists of numbers (advanced indexing: `x[..., [0, 2]]`)
     made by ops, as `_made_by_ops` makes them; a list of booleans, a mask of
     known values, as the positions it selects (what torch indexes by, and
     a shape known before the data)."""
+    if isinstance(index, list) and 0 < len(index) < _SEQUENCE_AS_TUPLE_BELOW and any(
+            isinstance(item, (list, tuple, slice, torch.Tensor)) or item is None or item is Ellipsis
+            for item in index):
+        return _index_as_ops(tuple(index), device)  # torch reads such a list as a tuple of indices
     if isinstance(index, list) and index and all(type(item) is bool for item in index):
         index = [position for position, selected in enumerate(index) if selected]
         if not index:
@@ -874,7 +881,7 @@ class ForwardTrace:
                           repr(node.meta.get("nn_module_stack")), (node.meta.get("custom") or {}).get(REGION_KEY)))
         parts.append(cache.source_digests(match.group(1) for node in nodes
                                     for match in _FRAME_RE.finditer(node.meta.get("stack_trace") or "")))
-        parts.append(cache.source_digests(functions.source_files(self.applied)))
+        parts.append(functions.code_key(self.applied))
         return hashlib.sha256(repr(parts).encode()).hexdigest()
 
     def joint(self) -> CapturedStep:

@@ -12,8 +12,11 @@ Function and its non-tensor arguments. The joint trace
 (`capture._Composites`) runs the Function itself there, with grad
 (`run_whole`): its forward's ops are traced where it is called, and
 autograd runs its `backward` in the joint trace, as eager would. The
-files defining the Functions key the program cache (`source_files`): their
-backward's code is in no trace of forward.
+files defining the Functions key the program cache (`code_key`): their
+backward's code is in no trace of forward; the call carries the
+Function's name and its non-tensor arguments (`_Call.signature`), so the
+graph and every key hold them. A Function's forward run outside a kept
+call (an `apply` bound before capture) is refused rather than inlined.
 
 torch's own Functions (checkpointing, its internals) trace as before.
 """
@@ -22,26 +25,48 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
+from fsdpc.cache import source_digests
+
+
+_TENSOR = object()  # a tensor's place among a call's arguments or results (None is a value of its own)
+_PLAIN = (bool, int, float, str, torch.dtype, torch.device)
+
 
 @dataclass
 class _Call:
     """One `Function.apply` call export met: the Function, its arguments
-    with the tensors taken out (None in their places), and, once its fake
-    kernel ran, the structure of what it returned with its non-tensors."""
+    with the tensors taken out (_TENSOR in their places), and, once its
+    fake kernel ran, the structure of what it returned with its non-tensors."""
     function: type
     arguments: list
     structure: TreeSpec
     returned: tuple[list, TreeSpec] | None = None
 
+    def signature(self) -> str:
+        """The Function and its non-tensor arguments, as the graph (and so
+        every key of the program) holds them: another value (a gradient
+        reversal's scale) is another step, never a stale program."""
+        def described(leaf) -> str:
+            if leaf is _TENSOR:
+                return "tensor"
+            if leaf is None or isinstance(leaf, _PLAIN):
+                return repr(leaf)
+            return f"{type(leaf).__qualname__} at {id(leaf):#x}"  # an object: this one, in this process
+
+        return (f"{self.function.__module__}.{self.function.__qualname__}"
+                f"({', '.join(described(leaf) for leaf in self.arguments)})")
+
 
 _TRACING: list[list[_Call]] = []  # the calls of the export tracing now (kept_whole), innermost last
 _ORIGINAL_APPLY = torch.autograd.Function.__dict__["apply"]  # a classmethod: Python in older torch, C++ in newer
+_applying = threading.local()  # .depth: inside a kept call's fake kernel, where forward may run
 
 
 def _applied(function: type, *args, **kwargs):
@@ -52,27 +77,31 @@ def _applied(function: type, *args, **kwargs):
 def _arguments(call: _Call, tensors: list[torch.Tensor]) -> tuple[tuple, dict]:
     """The call's (args, kwargs), with `tensors` in the tensors' places."""
     remaining = iter(tensors)
-    leaves = [next(remaining) if leaf is None else leaf for leaf in call.arguments]
+    leaves = [next(remaining) if leaf is _TENSOR else leaf for leaf in call.arguments]
     return tree_unflatten(leaves, call.structure)
 
 
 def _tensors_of(call: _Call, returned) -> list[torch.Tensor]:
     leaves, structure = tree_flatten(returned)
-    call.returned = ([None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], structure)
+    call.returned = ([_TENSOR if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], structure)
     return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
 
 
 @torch.library.custom_op("fsdpc::autograd_function", mutates_args=())
-def _autograd_function(call_id: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+def _autograd_function(signature: str, call_id: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     raise RuntimeError("fsdpc::autograd_function only stands for a Function while export traces")
 
 
 @_autograd_function.register_fake
-def _(call_id: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+def _(signature: str, call_id: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     call = _TRACING[-1][call_id]
     args, kwargs = _arguments(call, tensors)
-    with torch.no_grad():
-        returned = _applied(call.function, *args, **kwargs)
+    _applying.depth = getattr(_applying, "depth", 0) + 1
+    try:
+        with torch.no_grad():
+            returned = _applied(call.function, *args, **kwargs)
+    finally:
+        _applying.depth -= 1
     # A custom operator's results may not alias its inputs (export checks): copies, of the same layout.
     return [tensor.clone() for tensor in _tensors_of(call, returned)]
 
@@ -81,37 +110,72 @@ def _traced_by_torch(function: type) -> bool:
     return function.__module__.split(".")[0] == "torch"
 
 
+def _user_functions() -> list[type]:
+    """Every Function subclass defined outside torch, loaded now."""
+    found, pending = [], [torch.autograd.Function]
+    while pending:
+        for subclass in pending.pop().__subclasses__():
+            pending.append(subclass)
+            if not _traced_by_torch(subclass):
+                found.append(subclass)
+    return found
+
+
+def _guarded(function: type, forward):
+    """`forward` of `function`, refusing to run outside a kept call: an
+    `apply` bound before capture (`reverse = Reverse.apply`) bypasses
+    kept_whole's, and export would inline the forward and lose the backward."""
+    def guarded_forward(*args, **kwargs):
+        if getattr(_applying, "depth", 0) == 0 and _TRACING:
+            raise RuntimeError(
+                f"{function.__qualname__}.forward ran without {function.__qualname__}.apply at the call (an apply "
+                f"saved before fsdpc.shard, `f = {function.__qualname__}.apply`?): fsdpc keeps a Function's own "
+                f"backward where the step calls {function.__qualname__}.apply(...) itself")
+        return forward(*args, **kwargs)
+    return guarded_forward
+
+
 @contextlib.contextmanager
 def kept_whole() -> Iterator[list[_Call]]:
-    """While export traces: each `apply` of a Function defined outside
-    torch is one `fsdpc::autograd_function` call; yields the trace's calls,
-    for `run_whole` and `source_files`."""
+    """While export traces (on this thread): each `apply` of a Function
+    defined outside torch is one `fsdpc::autograd_function` call; yields
+    the trace's calls, for `run_whole` and `code_key`."""
     calls: list[_Call] = []
+    owner = threading.get_ident()
 
     def apply(cls, *args, **kwargs):
-        if _traced_by_torch(cls):
+        if _traced_by_torch(cls) or threading.get_ident() != owner:
             return _applied(cls, *args, **kwargs)
         leaves, structure = tree_flatten((args, kwargs))
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
-        call = _Call(cls, [None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], structure)
+        call = _Call(cls, [_TENSOR if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], structure)
+        call_id = len(calls)
         calls.append(call)
-        results = iter(torch.ops.fsdpc.autograd_function(len(calls) - 1, tensors))
+        results = iter(torch.ops.fsdpc.autograd_function(call.signature(), call_id, tensors))
         kept, shape = call.returned
-        return tree_unflatten([next(results) if leaf is None else leaf for leaf in kept], shape)
+        return tree_unflatten([next(results) if leaf is _TENSOR else leaf for leaf in kept], shape)
 
+    previous = torch.autograd.Function.__dict__["apply"]
+    forwards = {function: function.__dict__["forward"] for function in _user_functions()
+                if isinstance(function.__dict__.get("forward"), staticmethod)}
     _TRACING.append(calls)
     torch.autograd.Function.apply = classmethod(apply)
+    for function, forward in forwards.items():
+        function.forward = staticmethod(_guarded(function, forward.__func__))
     try:
         yield calls
     finally:
-        torch.autograd.Function.apply = _ORIGINAL_APPLY
+        for function, forward in forwards.items():
+            function.forward = forward
+        torch.autograd.Function.apply = previous
         _TRACING.pop()
 
 
 OPAQUE = torch.ops.fsdpc.autograd_function.default
 
 
-def run_whole(calls: Sequence[_Call], call_id: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+def run_whole(calls: Sequence[_Call], signature: str, call_id: int,
+              tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """The Function the trace met as its call `call_id` (of `calls`),
     applied to `tensors` with grad (in the joint trace): its tensors
     returned, in order."""
@@ -120,12 +184,21 @@ def run_whole(calls: Sequence[_Call], call_id: int, tensors: list[torch.Tensor])
     return _tensors_of(call, _applied(call.function, *args, **kwargs))
 
 
-def source_files(calls: Sequence[_Call]) -> list[str]:
-    """The files that define the Functions of `calls`."""
-    files = set()
+def code_key(calls: Sequence[_Call]) -> list:
+    """What keys the program for the Functions of `calls` besides their
+    signatures: the contents of the files whose code each Function and the
+    classes it derives from outside torch define (its backward runs in no
+    trace of forward); a Function defined where no file holds its code (a
+    notebook cell) keys by its identity, so that no other process's
+    program serves it."""
+    files, unknown = set(), set()
     for call in calls:
-        try:
-            files.add(inspect.getsourcefile(call.function))
-        except TypeError:  # defined in C
-            continue
-    return sorted(file for file in files if file)
+        for cls in call.function.__mro__:
+            if cls is object or _traced_by_torch(cls):
+                continue
+            codes = [getattr(getattr(member, "__func__", member), "__code__", None) for member in vars(cls).values()]
+            named = {code.co_filename for code in codes if code is not None}
+            files |= {name for name in named if not name.startswith("<")}
+            if any(name.startswith("<") for name in named):
+                unknown.add(f"{cls.__qualname__} at {id(cls):#x}")
+    return [source_digests(sorted(files)), sorted(unknown)]

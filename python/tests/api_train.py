@@ -1184,8 +1184,11 @@ def hugging_face_models():
                                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
 
     def causal_batch():
+        # Every third row padded on the right after a length of its own, as a collator pads.
         tokens = torch.randint(0, vocab, (GLOBAL_BATCH, SEQ), generator=generator)
-        return {"input_ids": tokens, "labels": tokens}
+        lengths = torch.randint(SEQ // 2, SEQ, (GLOBAL_BATCH, 1), generator=generator)
+        real = (torch.arange(SEQ) < lengths) | (torch.arange(GLOBAL_BATCH)[:, None] % 3 != 0)
+        return {"input_ids": tokens, "attention_mask": real.long(), "labels": torch.where(real, tokens, -100)}
 
     def padded_batch():
         # Every row padded after a length of its own; labels on some real tokens only.

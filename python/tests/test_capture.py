@@ -20,7 +20,7 @@ from transformers.utils.generic import maybe_autocast
 from api_train import Checkpointed
 from fsdpc import run_fsdp_opt
 from fsdpc.capture import CaptureError
-from fsdpc.export import build, export_training_step, load_factory
+from fsdpc.export import build, export_training_step, load_factory, traced_forward
 from fsdpc.models import BUILTIN_MODELS
 
 # The large Llama configurations capture as the small `llama` does (one
@@ -641,7 +641,8 @@ def test_tensors_made_from_python_numbers_keep_their_values_on_meta():
 class PythonLists(nn.Module):
     """Tensors made from lists of Python numbers inside forward: a vector
     of scales, an index list (`y[..., [2, 0]]`, as Falcon's attention picks
-    its key and value heads), a boolean list as a mask, `new_tensor`, and
+    its key and value heads), a boolean list as a mask, a list of lists
+    (which torch reads as a tuple of indices), `new_tensor`, and
     a cache that starts as `torch.tensor([])` (Hugging Face's key/value
     cache, made by default in training too)."""
 
@@ -652,8 +653,11 @@ class PythonLists(nn.Module):
     def forward(self, x):
         y = self.linear(x) * torch.tensor([1.0, 2.0, 0.5, -1.0], device=x.device)
         picked = y[..., [2, 0]] + y[:, [True, False, True, False]]
+        with warnings.catch_warnings():  # torch's deprecation of the form; still a tuple of indices in 2.15
+            warnings.simplefilter("ignore")
+            pairs = y[[[0, 2], [1, 3]]]  # a list holding lists: torch reads a tuple, elements (0, 1) and (2, 3)
         cache = torch.tensor([], dtype=x.dtype, device=x.device)
-        return torch.cat([cache, picked.flatten() * y.new_tensor([[3.0]]).flatten()])
+        return torch.cat([cache, picked.flatten() * y.new_tensor([[3.0]]).flatten(), pairs])
 
 
 def test_tensors_made_from_python_lists_keep_their_values_on_meta():
@@ -678,15 +682,15 @@ class ReversedGradient(torch.autograd.Function):
     no gradient (a second, non-differentiable output)."""
 
     @staticmethod
-    def forward(ctx, x, scale):
+    def forward(ctx, x, scale, shift):
         ctx.scale = scale
         norm = x.detach().square().sum()
         ctx.mark_non_differentiable(norm)
-        return x.view_as(x), norm
+        return (x.view_as(x) if shift is None else x + shift), norm, None
 
     @staticmethod
-    def backward(ctx, grad, _):
-        return -ctx.scale * grad, None
+    def backward(ctx, grad, _norm, _none):
+        return -ctx.scale * grad, None, None
 
 
 class RoundedStraightThrough(torch.autograd.Function):
@@ -703,13 +707,22 @@ class RoundedStraightThrough(torch.autograd.Function):
 
 
 class CustomGradients(nn.Module):
-    def __init__(self):
+    def __init__(self, scale=0.5):
         super().__init__()
+        self.scale = scale
         self.first, self.second = nn.Linear(4, 8), nn.Linear(8, 4)
 
     def forward(self, x):
-        reversed_, norm = ReversedGradient.apply(self.first(x), 0.5)
+        reversed_, norm, _ = ReversedGradient.apply(self.first(x), self.scale, None)
         return self.second(RoundedStraightThrough.apply(reversed_)).square().mean() + 1e-3 * norm
+
+
+REVERSE = ReversedGradient.apply  # bound before capture, as some libraries do
+
+
+class BoundEarly(CustomGradients):
+    def forward(self, x):
+        return REVERSE(self.first(x), 0.5, None)[0].square().mean()
 
 
 def test_a_custom_autograd_function_keeps_its_own_backward():
@@ -717,7 +730,9 @@ def test_a_custom_autograd_function_keeps_its_own_backward():
     derivative of its forward's ops (before 2026-11-28 export's inlining
     made a gradient reversal's gradient +grad and a straight-through
     rounding's zero, silently): loss and gradients equal eager's, to the
-    bit, captured on meta."""
+    bit, captured on meta, with a None argument and a None output; its
+    non-tensor arguments key the program; an `apply` bound before capture
+    is refused at its line."""
     torch.manual_seed(0)
     model, batch = CustomGradients(), (torch.randn(3, 4),)
 
@@ -727,6 +742,17 @@ def test_a_custom_autograd_function_keeps_its_own_backward():
     result = export_training_step(*on_meta(model, batch), loss_fn)
     assert "autograd_function" not in result.mlir
     equal_to_eager(result, model, batch, loss_fn(model, *batch))
+    # Its non-tensor arguments are in what keys the program: another scale, another step.
+    fingerprints = []
+    for scale in (0.5, 0.25):
+        with traced_forward(*on_meta(CustomGradients(scale), batch), loss_fn) as stage:
+            fingerprints.append(stage.fingerprint())
+    assert fingerprints[0] != fingerprints[1]
+    # An apply bound before capture would bypass fsdpc's: refused at its line, never inlined.
+    line = f"{__file__}:{inspect.getsourcelines(BoundEarly.forward)[1] + 1}"
+    with pytest.raises(CaptureError, match=re.escape(line) + r": .*ReversedGradient.forward ran without "
+                                           r"ReversedGradient.apply at the call"):
+        export_training_step(*on_meta(BoundEarly(), batch), loss_fn)
 
 
 class CountedBackward(torch.autograd.Function):

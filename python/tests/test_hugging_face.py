@@ -23,19 +23,21 @@ def results(tmp_path_factory) -> dict:
     return json.loads(out.read_text())
 
 
-# Before this transformers, some architectures' code reads tensors' values in
-# Python (OPT's and BART's LayerDrop compare a random draw even when layerdrop
-# is 0; the MoE grouped-matmul fallback's backward loops over token counts):
-# there fsdpc refuses them at that line, which is the right answer.
+# Before this transformers (5.17 seen, 5.24 not), these architectures' code
+# reads tensors' values in Python on a CPU: OPT's and BART's LayerDrop compare
+# a random draw even when layerdrop is 0, and the fp32 MoE grouped-matmul
+# fallback's backward loops over token counts. fsdpc refuses them at that
+# line there, which is the right answer; anything else refused fails.
 DATA_DEPENDENT_BEFORE = (5, 24)
+DATA_DEPENDENT_ON_CPU = {"opt", "bart", "mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "deepseek-v3", "gpt-oss"}
 
 
-def result_of(results: dict, key: str) -> dict:
-    result = results[key]
+def result_of(results: dict, name: str, check: str) -> dict:
+    result = results[f"{name} on {check}"]
     if "missing" in result:
         pytest.skip(result["missing"])
-    if "refused" in result and tuple(int(part) for part in transformers.__version__.split(".")[:2]) \
-            < DATA_DEPENDENT_BEFORE:
+    older = tuple(int(part) for part in transformers.__version__.split(".")[:2]) < DATA_DEPENDENT_BEFORE
+    if "refused" in result and older and check == "cpu" and name in DATA_DEPENDENT_ON_CPU:
         pytest.skip(f"transformers {transformers.__version__}: {result['refused']}")
     assert "refused" not in result and "error" not in result, result
     return result
@@ -44,11 +46,14 @@ def result_of(results: dict, key: str) -> dict:
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_trains_as_in_eager(name, results):
     """The first training call's loss and gradients equal eager's on the
-    same batch, padded for decoders (fp32: to 1e-5; the step's math
-    attention sums in another order than eager's CPU flash attention)."""
-    result = result_of(results, f"{name} on cpu")
+    same batch, padded for decoders: the loss to 1e-5, each parameter's
+    gradient to 1e-3 of its own largest element (or of a thousandth of the
+    step's largest: a key bias's gradient is zero in exact arithmetic, so
+    noise); fp32, the step's math attention summing in another order than
+    eager's CPU flash attention."""
+    result = result_of(results, name, "cpu")
     assert result["loss"] == pytest.approx(result["eager"], rel=1e-5), result
-    assert result["gradient error"] < 1e-5, result
+    assert result["gradient error"] < 1e-3, result
 
 
 # Falcon's one key/value head for four query heads, without enable_gqa: eager's
@@ -63,7 +68,7 @@ def test_lowers_for_a_cuda_target(name, results):
     attention kernel and its backward (the others write attention out:
     BLOOM's alibi, GPT-OSS's sinks, Mamba has none). Before 2026-11-28
     BLOOM's crashed fsdp-opt and per-head norms failed capture."""
-    result = result_of(results, f"{name} on cuda")
+    result = result_of(results, name, "cuda")
     assert result["device"] == "cuda"
     if result["attention implementation"] == "sdpa" and name not in MATH_ATTENTION_ON_GPUS:
         assert any(kernel.endswith("_backward") for kernel in result["attention"]), result
