@@ -520,9 +520,8 @@ def _index_as_ops(index, device):
             for item in index):
         return _index_as_ops(tuple(index), device)  # torch reads such a list as a tuple of indices
     if isinstance(index, list) and index and all(type(item) is bool for item in index):
-        index = [position for position, selected in enumerate(index) if selected]
-        if not index:
-            return torch.empty(0, dtype=torch.int64, device=device)
+        made = _made_by_ops([position for position, selected in enumerate(index) if selected], torch.int64, device)
+        return index if made is None else made
     if isinstance(index, list) and index and _numbers_only(index):
         made = _made_by_ops(index, None, device)
         return index if made is None else made
