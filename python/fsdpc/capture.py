@@ -377,10 +377,12 @@ def _mixed_precision_casts(model: nn.Module, units: dict[str, nn.Module], policy
     """FSDP2's MixedPrecisionPolicy while export traces, each wrap unit's
     own (`units`: the unit modules by FQN, "" the model): parameters in
     their unit's compute dtype (parametrizations), and casts of each unit's
-    floating inputs and outputs (forward hooks). Undone afterwards."""
+    floating inputs and outputs (forward hooks). Undone afterwards. Yields
+    the compute dtype of each parameter cast, by its identity."""
     from torch.nn.utils import parametrize
 
     handles, parametrized = [], []
+    cast: dict[int, torch.dtype] = {}
     if policy is not None:
         plan = UnitPlan([Unit(ROOT_UNIT, "", is_root=True)] + [Unit(fqn, "") for fqn in units if fqn])
         names: dict[int, list[str]] = {}
@@ -395,6 +397,7 @@ def _mixed_precision_casts(model: nn.Module, units: dict[str, nn.Module], policy
                 if dtype is not None and param.dtype != dtype:
                     parametrize.register_parametrization(module, name, _CastTo(dtype), unsafe=True)
                     parametrized.append((module, name))
+                    cast[id(param)] = dtype
         for fqn, module in units.items():
             own = policy.of_unit(fqn)
             if own.cast_forward_inputs and own.param_dtype is not None:
@@ -406,7 +409,7 @@ def _mixed_precision_casts(model: nn.Module, units: dict[str, nn.Module], policy
                 handles.append(module.register_forward_hook(
                     lambda _, args, output, dtype=own.output_dtype: _cast_floats(output, dtype)))
     try:
-        yield
+        yield cast
     finally:
         for handle in handles:
             handle.remove()
@@ -817,6 +820,7 @@ class Observed:
     attribute_reads: set[tuple[str, str]]
     ignored_hooks: list[str]
     applied: list  # the custom autograd Functions' calls (functions.kept_whole)
+    cast: dict[int, torch.dtype]  # parameters cast by the policy, by identity: see _mixed_precision_casts
 
 
 @contextlib.contextmanager
@@ -828,12 +832,12 @@ def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision
     of module attributes read, and autocast regions recorded
     (fsdpc.autocast)."""
     # The model's own modules are named before the casts add theirs.
-    with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision),
+    with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision) as cast,
           FusedAttentionFor(device), FusedRmsNormFor(device), _PythonDataAsOps(),
           checkpoint_regions() as regions, recording_regions(device), _refusing_untraceable_autocast(device),
           _refusing_inner_backward(), _refusing_host_random(), functions.kept_whole() as applied,
           _saved_tensors_hooks_entered() as hooks):
-        yield Observed(regions, reads, hooks, applied)
+        yield Observed(regions, reads, hooks, applied, cast)
 
 
 @dataclass
@@ -855,6 +859,7 @@ class ForwardTrace:
     structure: str  # the batch's (batch_leaves); `batch` holds its tensors
     scaled_loss: bool = False  # backward seeded by a loss scale, the step's last input: see _joint_step
     applied: list = field(default_factory=list)  # custom autograd Functions' calls: see functions.kept_whole
+    cast: dict[int, torch.dtype] = field(default_factory=dict)  # see Observed
 
     def fingerprint(self) -> str:
         """Everything the joint trace and the IR are made from: every op of
@@ -885,7 +890,8 @@ class ForwardTrace:
 
     def joint(self) -> CapturedStep:
         return _joint_step(self.program, self.step, self.batch, self.aliases, self.real_fqn, self.loss_fn,
-                           self.mixed_precision, self.device, self.saved, self.aux, self.scaled_loss, self.applied)
+                           self.mixed_precision, self.device, self.saved, self.aux, self.scaled_loss, self.applied,
+                           self.cast)
 
 
 @contextlib.contextmanager
@@ -926,7 +932,7 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
             say_ignored_hooks(observed.ignored_hooks)
             yield ForwardTrace(program, step, tuple(batch_leaves(traced)[0]), aliases, real_fqn, loss_fn,
                                mixed_precision, device, observed.regions.saved, observed.attribute_reads, aux,
-                               str(structure), scaled_loss, observed.applied)
+                               str(structure), scaled_loss, observed.applied, observed.cast)
             return
 
 
@@ -958,9 +964,11 @@ def _on_fake_device(model: nn.Module, batch: tuple, device: str) -> Iterator[tup
 
 
 def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device,
-                saved: set[SavedCall], aux: dict | None, scaled_loss: bool, applied: list) -> CapturedStep:
+                saved: set[SavedCall], aux: dict | None, scaled_loss: bool, applied: list,
+                cast: dict[int, torch.dtype]) -> CapturedStep:
     """The joint forward + backward graph of an exported step (`applied`:
-    the custom autograd Functions it calls); with
+    the custom autograd Functions it calls; `cast`: the compute dtypes of
+    the parameters the policy casts, by identity); with
     `scaled_loss`, its last input is the loss scale backward starts from
     (what `GradScaler.scale(loss).backward()` starts from)."""
 
@@ -973,6 +981,7 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
     # so autograd sums the gradient over all its uses.
     export_to_joint: list[int] = []
     joint_index_of_param: dict[int, int] = {}
+    joint_index_of_buffer: dict[int, int] = {}
     user_index = 0
     for spec in program.graph_signature.input_specs:
         if spec.kind == InputKind.PARAMETER:
@@ -994,6 +1003,7 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
         if spec.kind == InputKind.BUFFER:
             tensor = state[spec.target]
             fqn = real_fqn.get(_strip_model_prefix(spec.target), _strip_model_prefix(spec.target))
+            joint_index_of_buffer[id(getattr_path(step, spec.target))] = len(inputs)
             buffers.append(BufferInfo(fqn, tuple(tensor.shape), tensor.dtype))
             inputs.append(("buffer", fqn))
             flat_args.append(tensor.detach())
@@ -1032,9 +1042,16 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
             flat_args = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
                          .requires_grad_(t.requires_grad) for t in flat_args]
         on_device = flat_args[0].device  # with its index, as fake tensors have it
+    # A custom Function may read the model's tensors it is not passed
+    # (checkpointing Functions run the module they close over): there it
+    # reads the joint trace's, cast as export's were.
+    joint_index = {**joint_index_of_param, **joint_index_of_buffer} if applied else {}
+    model_slots = [(table, name, joint_index[id(tensor)], cast.get(id(tensor))) for module in step.modules()
+                   for table in (module._parameters, module._buffers) for name, tensor in table.items()
+                   if tensor is not None and id(tensor) in joint_index]
     with recording_regions(device):
         joint, updated = _trace_joint(program.graph_module, flat_args, input_names, trainable, export_to_joint,
-                                      saved, returned, updatable, device, on_device, seed, applied)
+                                      saved, returned, updatable, device, on_device, seed, applied, model_slots)
     placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
     output = next(n for n in joint.graph.nodes if n.op == "output")
     results = list(output.args[0])
@@ -1161,14 +1178,18 @@ def _for_target(target: str, op, args: tuple) -> Callable | None:
 def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_names: list[str],
                  trainable: list[int], export_to_joint: list[int], saved: set[SavedCall],
                  returned: int, updatable: set[int], target: str, on_device: torch.device | None,
-                 seed: int | None, applied: list) -> tuple[fx.GraphModule, list[int]]:
+                 seed: int | None, applied: list,
+                 model_slots: list[tuple[dict, str, int, torch.dtype | None]]) -> tuple[fx.GraphModule, list[int]]:
     """The joint graph of `forward`, whose first `returned` outputs are the
     loss and what loss_fn returned beside it: its outputs are those, then
     the gradients of the `trainable` inputs, then the new values of the
     inputs among `updatable` (buffers) that the step updated in place, whose
     indices come with it. `on_device`: the device of `flat_args` where it
     is not meta (_Composites). `seed`: the input backward starts from,
-    where not 1."""
+    where not 1. `model_slots`: (table, name, input index, compute dtype or
+    None) of the model's tensors that custom Functions (`applied`) may read
+    without being passed them; they hold the joint trace's inputs while it
+    runs."""
     # AOTAutograd's helper that stamps backward nodes with the sequence number of
     # the forward op they differentiate (the same one torch.compile relies on).
     from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
@@ -1176,7 +1197,8 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
     saving = SavingSelectively(saved)
 
     def joint(*args):
-        with torch.enable_grad(), preserve_node_meta():
+        read_directly = _read_directly(model_slots, args)
+        with torch.enable_grad(), preserve_node_meta(), _holding(model_slots, read_directly):
             with saving if saved else contextlib.nullcontext():
                 loss, *aux = _Composites(forward, target, applied, on_device).run(
                     *(args[i] for i in export_to_joint))
@@ -1197,6 +1219,8 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
                 where = user_frame(traceback.extract_tb(error.__traceback__))
                 raise CaptureError(f"{where or 'the backward'}: cannot capture the backward"
                                    f"{f' `{where.code}`' if where else ''}: {_DATA_DEPENDENT}") from error
+            if read_directly:
+                grads = _with_accumulated(grads, [read_directly.get(i) for i in trainable])
         return (loss, *aux, *grads)
 
     updated: list[int] = []
@@ -1246,6 +1270,45 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
 
 
 _STATIC_ASSERTIONS = {torch.ops.aten._assert_tensor_metadata.default}
+
+
+def _read_directly(model_slots: list[tuple[dict, str, int, torch.dtype | None]],
+                   args: Sequence[torch.Tensor]) -> dict[int, torch.Tensor]:
+    """What a custom Function reads of the model's tensors without being
+    passed them, by input index: the input itself for a buffer, and for a
+    parameter a leaf of its value, into whose `.grad` a backward that
+    back-propagates by itself accumulates (a checkpointing Function's
+    recomputes the module it closes over), as eager's does into
+    `param.grad` (inside forward, which runs without grad, it has no other
+    way to the parameter)."""
+    return {index: args[index].detach().requires_grad_() if args[index].requires_grad else args[index]
+            for _, _, index, _ in model_slots}
+
+
+@contextlib.contextmanager
+def _holding(model_slots: list[tuple[dict, str, int, torch.dtype | None]],
+             read_directly: dict[int, torch.Tensor]) -> Iterator[None]:
+    """The model's parameter and buffer slots hold `read_directly`'s
+    tensors (cast to the compute dtype where the policy casts) meanwhile."""
+    held = [(table, name, table[name]) for table, name, _, _ in model_slots]
+    try:
+        for table, name, index, dtype in model_slots:
+            tensor = read_directly[index]
+            table[name] = tensor if dtype is None else tensor.to(dtype)
+        yield
+    finally:
+        for table, name, tensor in held:
+            table[name] = tensor
+
+
+def _with_accumulated(grads: Sequence[torch.Tensor | None], leaves: Sequence[torch.Tensor | None]) -> list:
+    """`grads` plus what backward accumulated into the `.grad` of each
+    trainable input's leaf that custom Functions read (`_read_directly`)."""
+    summed = []
+    for grad, leaf in zip(grads, leaves):
+        accumulated = None if leaf is None else leaf.grad
+        summed.append(grad if accumulated is None else accumulated if grad is None else grad + accumulated)
+    return summed
 
 
 def _copy_handed_out(graph: fx.Graph, indices: Sequence[int]) -> None:

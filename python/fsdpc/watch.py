@@ -122,6 +122,12 @@ def _user_function(value) -> bool:
     return not (machinery_file(path) or os.path.abspath(path).startswith(_LIBRARY_DIRS))
 
 
+def _user_autograd_function(value) -> bool:
+    """A custom torch.autograd.Function class of the user's."""
+    return (isinstance(value, type) and issubclass(value, torch.autograd.Function)
+            and _user_function(getattr(value, "forward", None)))
+
+
 def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
     """`code` and the code of the functions, lambdas and comprehensions in it."""
     yield code
@@ -248,6 +254,8 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
             value = namespace[name]
             if _user_function(value):
                 yield from visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
+            elif _user_autograd_function(value):
+                yield from visit_function_class(value, described, depth)
             else:
                 yield (f"{described}'s global '{name}'", lambda name=name: namespace.get(name, _ABSENT_NAME),
                        set(reads.attributes_of.get(name, ())), f"{where}:{line}")
@@ -257,9 +265,17 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
             value = _cell_value(cell)
             if _user_function(value):
                 yield from visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
+            elif _user_autograd_function(value):
+                yield from visit_function_class(value, described, depth)
             else:
                 yield (f"{described}'s closure variable '{name}'", lambda cell=cell: _cell_value(cell),
                        set(reads.attributes_of.get(name, ())), f"{where}:{reads.closure[name]}")
+
+    def visit_function_class(function: type, described: str, depth: int):
+        # A custom autograd Function's forward and backward run in the step as the code calling it does.
+        for method in ("forward", "backward"):
+            found = getattr(function, method, None)
+            yield from visit(found, f"{function.__qualname__}.{method} (called by {described})", depth + 1)
 
     yield from visit(loss_fn, "loss_fn", 0)
     for kind in dict.fromkeys(type(module) for module in model.modules()):

@@ -1828,11 +1828,33 @@ def scenario_cuda_graph(args):
           rtol=1e-6)
 
 
+class RecomputingCheckpoint(torch.autograd.Function):
+    """Activation checkpointing as DeepSpeed's and Megatron's Functions do
+    it: forward runs without grad; backward recomputes the function it is
+    handed, which reads the model's parameters it is not passed, and
+    back-propagates into them by itself."""
+
+    @staticmethod
+    def forward(ctx, run, x):
+        ctx.run = run
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return run(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        x = x.detach().requires_grad_()
+        with torch.enable_grad():
+            torch.autograd.backward(ctx.run(x), grad)
+        return None, x.grad
+
+
 class Checkpointed(nn.Module):
     """`inner` under torch.utils.checkpoint: its activations are recomputed in
-    backward instead of kept. `how`: "non-reentrant", "reentrant", or
+    backward instead of kept. `how`: "non-reentrant", "reentrant",
     "selective" (a policy saving matrix products: mm, and addmm, a linear
-    with a bias)."""
+    with a bias), or "function" (a checkpointing Function of the user's)."""
 
     def __init__(self, inner: nn.Module, how: str):
         super().__init__()
@@ -1844,16 +1866,18 @@ class Checkpointed(nn.Module):
             policy = functools.partial(torch.utils.checkpoint.create_selective_checkpoint_contexts,
                                        [torch.ops.aten.mm.default, torch.ops.aten.addmm.default])
             return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False, context_fn=policy)
+        if self.how == "function":
+            return RecomputingCheckpoint.apply(self.inner, x)
         return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=self.how == "reentrant")
 
 
-def checkpointed_model() -> GPT:
+def checkpointed_model(mlp_of_block_1: str = "reentrant") -> GPT:
     """The GPT with each block's MLP checkpointed (a region inside its wrap
-    unit), block 1's the reentrant way, and block 0's attention under a
-    selective policy saving its matrix products."""
+    unit), block 1's the `mlp_of_block_1` way, and block 0's attention under
+    a selective policy saving its matrix products."""
     model = reference_model()
     for index, block in enumerate(model.blocks):
-        block.mlp = Checkpointed(block.mlp, "reentrant" if index == 1 else "non-reentrant")
+        block.mlp = Checkpointed(block.mlp, mlp_of_block_1 if index == 1 else "non-reentrant")
     model.blocks[0].attn = Checkpointed(model.blocks[0].attn, "selective")
     return model
 
@@ -1894,6 +1918,10 @@ def scenario_checkpointed(args):
     with torch.no_grad():
         close(torch.tensor(mean_over_ranks(sharded(*mine(data[0])))),
               torch.tensor(float(next_token_loss(reference, *data[0]))), "checkpointed eval loss")
+    # A checkpointing Function of the user's (DeepSpeed's, Megatron's) closes over the module it recomputes.
+    by_function = functools.partial(checkpointed_model, "function")
+    train_like_eager(fsdpc.shard(by_function(), mine(data[0]), next_token_loss), data, "checkpointed by a Function: ",
+                     reference_from=by_function)
 
 
 def scenario_freezing(args):
@@ -2625,11 +2653,14 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown scenarios {unknown}; known: {', '.join(sorted(SCENARIOS))}")
     for name in names:  # one job for several scenarios saves a start-up each
+        started = time.perf_counter()
         try:
             SCENARIOS[name](args)
         except Exception as error:
             raise RuntimeError(f"scenario '{name}' failed: {error}") from error
         dist.barrier()
+        if dist.get_rank() == 0:  # where a job's time goes, for keeping CI within its budget
+            print(f"scenario {name}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     dist.destroy_process_group()
 
 

@@ -17,7 +17,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from transformers.utils.generic import maybe_autocast
 
-from api_train import Checkpointed
+from api_train import Checkpointed, RecomputingCheckpoint
 from fsdpc import run_fsdp_opt
 from fsdpc.capture import CaptureError
 from fsdpc.export import build, export_training_step, load_factory, traced_forward
@@ -275,10 +275,13 @@ def on_meta(model, batch):
 
 
 def equal_to_eager(result, model, batch, eager_loss):
-    """The captured joint graph's loss and gradients equal eager's, to the bit."""
+    """The captured joint graph's loss and gradients equal eager's, to the
+    bit; the parameters with a gradient are eager's."""
     eager_loss.backward()
     loss, grads = run_joint(result, model, batch)
     torch.testing.assert_close(loss, eager_loss, rtol=0, atol=0)
+    assert ({fqn for fqn, grad in grads.items() if grad is not None}
+            == {fqn for fqn, param in model.named_parameters() if param.grad is not None})
     for fqn, grad in grads.items():
         torch.testing.assert_close(grad, model.get_parameter(fqn).grad, rtol=0, atol=0,
                                    msg=lambda m: f"gradient of {fqn}: {m}")
@@ -753,6 +756,91 @@ def test_a_custom_autograd_function_keeps_its_own_backward():
     with pytest.raises(CaptureError, match=re.escape(line) + r": .*ReversedGradient.forward ran without "
                                            r"ReversedGradient.apply at the call"):
         export_training_step(*on_meta(BoundEarly(), batch), loss_fn)
+
+
+FUNCTION_SCALE = 3.0  # a global of the Function below, as a model file may keep one
+TABLE = torch.arange(8.0)
+
+
+class ScaledByBuffer(torch.autograd.Function):
+    """Scales by a buffer of the module it is handed (not passed as a
+    tensor) and by a global; its backward is not its forward's derivative."""
+
+    @staticmethod
+    def forward(ctx, x, module):
+        return x * module.factor * FUNCTION_SCALE
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2, None
+
+
+class ScaledByTable(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * TABLE
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class ClosingOver(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre, self.inner, self.post = nn.Linear(4, 4), nn.Linear(4, 8), nn.Linear(8, 4)
+        self.register_buffer("factor", torch.tensor(0.5))
+        self.checkpointed = True
+
+    def forward(self, x):
+        def run(h):
+            return torch.relu(self.inner(h))
+
+        h = self.pre(x)
+        h = RecomputingCheckpoint.apply(run, h) if self.checkpointed else run(h)
+        return self.post(ScaledByBuffer.apply(h, self)).square().mean()
+
+
+class ReadsATable(nn.Linear):
+    def forward(self, x):
+        return ScaledByTable.apply(super().forward(x)).square().mean()
+
+
+def test_a_custom_function_reads_the_models_tensors_it_is_not_passed():
+    """A checkpointing Function closes over the module it runs and
+    back-propagates into its parameters in its backward; another reads a
+    buffer of the module it is handed: both equal eager to the bit (before
+    2026-11-28 the joint trace failed on the model's own tensors), and
+    under a bf16 policy the checkpointed model equals the same model without
+    the checkpoint. A global the Function reads keys the program; a tensor
+    that is not the model's is named."""
+    from fsdpc.capture import MixedPrecision
+    from fsdpc.watch import free_variable_reads
+
+    torch.manual_seed(0)
+    model, batch = ClosingOver(), (torch.randn(3, 4),)
+
+    def loss_fn(m, x):
+        return m(x)
+
+    equal_to_eager(export_training_step(*on_meta(model, batch), loss_fn), model, batch, loss_fn(model, *batch))
+    assert model.inner.weight.grad is not None  # reached by the checkpoint's backward alone
+    policy = MixedPrecision(param_dtype=torch.bfloat16)
+    plain = copy.deepcopy(model)
+    plain.checkpointed = False
+    (loss, grads), (plain_loss, plain_grads) = (
+        run_joint(export_training_step(*on_meta(m, batch), loss_fn, mixed_precision=policy), m, batch)
+        for m in (model, plain))
+    torch.testing.assert_close(loss, plain_loss, rtol=0, atol=0)
+    assert set(grads) == set(plain_grads)
+    for fqn, grad in grads.items():
+        torch.testing.assert_close(grad, plain_grads[fqn], rtol=0, atol=0, msg=lambda m: f"gradient of {fqn}: {m}")
+    assert dict((described, read()) for described, read in free_variable_reads(loss_fn, model))[
+        "ScaledByBuffer.forward (called by ClosingOver.forward)'s global 'FUNCTION_SCALE'"] == 3.0
+    line = f"{__file__}:{inspect.getsourcelines(ScaledByTable.forward)[1] + 2}"
+    with pytest.raises(CaptureError, match=re.escape(line) + r": ScaledByTable.forward \(called by "
+                                           r"ReadsATable.forward\)'s global 'TABLE' is a tensor \(8, .*register_buffer"):
+        export_training_step(*on_meta(ReadsATable(4, 8), batch), loss_fn)
 
 
 class CountedBackward(torch.autograd.Function):
