@@ -17,6 +17,11 @@ backward's code is in no trace of forward; the call carries the
 Function's name and its non-tensor arguments (`_Call.signature`), so the
 graph and every key hold them. A Function's forward run outside a kept
 call (an `apply` bound before capture) is refused rather than inlined.
+A Function may read the model's tensors it is not passed (a checkpointing
+Function recomputes the module it closes over): in the joint trace the
+model's slots hold the trace's tensors (`capture._holding`), and what its
+backward accumulates into a parameter's `.grad` by itself is that
+parameter's gradient too.
 
 torch's own Functions (checkpointing, its internals) trace as before.
 """
