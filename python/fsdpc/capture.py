@@ -513,24 +513,47 @@ def _made_by_ops(data, dtype: torch.dtype | None, device) -> torch.Tensor | None
 _SEQUENCE_AS_TUPLE_BELOW = 32  # torch's treatSequenceAsTuple: a shorter list holding sequences is a tuple
 
 
-def _index_as_ops(index, device):
-    """An index with its lists of numbers (advanced indexing: `x[..., [0, 2]]`)
-    made by ops, as `_made_by_ops` makes them; a list of booleans, a mask of
-    known values, as the positions it selects (what torch indexes by, and
-    a shape known before the data)."""
+def _index_as_ops(index, device, shape: Sequence[int], dim: int = 0):
+    """An index (of a tensor of `shape`, its `dim`) with its lists of
+    numbers (advanced indexing: `x[..., [0, 2]]`) made by ops, as
+    `_made_by_ops` makes them; a list of booleans, a mask of known values,
+    as the positions it selects (what torch indexes by, and a shape known
+    before the data), once its length is checked as torch checks a mask's."""
     if isinstance(index, list) and 0 < len(index) < _SEQUENCE_AS_TUPLE_BELOW and any(
             isinstance(item, (list, tuple, slice, torch.Tensor)) or item is None or item is Ellipsis
             for item in index):
-        return _index_as_ops(tuple(index), device)  # torch reads such a list as a tuple of indices
+        return _index_as_ops(tuple(index), device, shape)  # torch reads such a list as a tuple of indices
     if isinstance(index, list) and index and all(type(item) is bool for item in index):
+        if dim < len(shape) and len(index) != shape[dim]:
+            raise IndexError(f"the mask [{', '.join(map(str, index))}] has {len(index)} entries and indexes "
+                             f"dimension {dim} of a tensor of shape {list(shape)}, of size {shape[dim]}")
         made = _made_by_ops([position for position, selected in enumerate(index) if selected], torch.int64, device)
         return index if made is None else made
     if isinstance(index, list) and index and _numbers_only(index):
         made = _made_by_ops(index, None, device)
         return index if made is None else made
     if isinstance(index, tuple):
-        return tuple(_index_as_ops(item, device) for item in index)
+        return tuple(_index_as_ops(item, device, shape, at) for item, at in zip(index, _dims_indexed(index, shape)))
     return index
+
+
+def _dims_indexed(items: tuple, shape: Sequence[int]) -> list[int]:
+    """The dimension of a tensor of `shape` that each item of an index
+    tuple starts at (None and a boolean add one, `...` spans those the
+    other items leave, a boolean tensor indexes as many as it has)."""
+    def spanned(item) -> int:
+        if item is None or item is Ellipsis or type(item) is bool:
+            return 0
+        if isinstance(item, torch.Tensor) and item.dtype == torch.bool:
+            return item.dim()
+        return 1
+
+    left = len(shape) - sum(spanned(item) for item in items)
+    dims, dim = [], 0
+    for item in items:
+        dims.append(dim)
+        dim += left if item is Ellipsis else spanned(item)
+    return dims
 
 
 class _PythonDataAsOps(torch.overrides.TorchFunctionMode):
@@ -555,7 +578,7 @@ class _PythonDataAsOps(torch.overrides.TorchFunctionMode):
                                                                                         "requires_grad"}:
             made = _made_by_ops(args[1], kwargs.get("dtype") or args[0].dtype, kwargs.get("device") or args[0].device)
         elif func in self._INDEXING and len(args) >= 2 and isinstance(args[0], torch.Tensor):
-            args = (args[0], _index_as_ops(args[1], args[0].device), *args[2:])
+            args = (args[0], _index_as_ops(args[1], args[0].device, args[0].shape), *args[2:])
         if made is not None:
             return made.requires_grad_(True) if kwargs.get("requires_grad") else made
         return func(*args, **kwargs)

@@ -655,7 +655,7 @@ class PythonLists(nn.Module):
 
     def forward(self, x):
         y = self.linear(x) * torch.tensor([1.0, 2.0, 0.5, -1.0], device=x.device)
-        picked = y[..., [2, 0]] + y[:, [True, False, True, False]]
+        picked = y[..., [2, 0]] + y[:, [True, False, True, False]] + y[None, ..., [False, True, True, False]][0]
         with warnings.catch_warnings():  # torch's deprecation of the form; still a tuple of indices in 2.15
             warnings.simplefilter("ignore")
             pairs = y[[[0, 2], [1, 3]]]  # a list holding lists: torch reads a tuple, elements (0, 1) and (2, 3)
@@ -677,6 +677,18 @@ def test_tensors_made_from_python_lists_keep_their_values_on_meta():
     for number in (r"-1\.0*e\+00", r"5\.0*e-01", r"3\.0*e\+00"):
         assert re.search(rf'"aten::full" \(\) args \[\[\], {number}', result.mlir), f"{number} was lost"
     equal_to_eager(export_training_step(model, batch, loss_fn), model, batch, loss_fn(model, *batch))
+    # A mask of the wrong length: eager raises IndexError; its positions alone would select silently.
+    with pytest.raises(IndexError):
+        loss_fn(MaskedWrongly(4, 4), *batch)
+    line = f"{__file__}:{inspect.getsourcelines(MaskedWrongly.forward)[1] + 1}"
+    with pytest.raises(CaptureError, match=re.escape(line) + r": .*the mask \[True, False, True\] has 3 entries "
+                                           r"and indexes dimension 1 of a tensor of shape \[3, 4\], of size 4"):
+        export_training_step(*on_meta(MaskedWrongly(4, 4), batch), loss_fn)
+
+
+class MaskedWrongly(nn.Linear):
+    def forward(self, x):
+        return super().forward(x)[..., [True, False, True]]
 
 
 class ReversedGradient(torch.autograd.Function):
