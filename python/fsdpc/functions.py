@@ -29,8 +29,8 @@ torch's own Functions (checkpointing, its internals) trace as before.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import threading
+import types
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -38,6 +38,7 @@ import torch
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from fsdpc.cache import source_digests
+from fsdpc.watch import machinery_file, nested_codes
 
 
 _TENSOR = object()  # a tensor's place among a call's arguments or results (None is a value of its own)
@@ -189,21 +190,46 @@ def run_whole(calls: Sequence[_Call], signature: str, call_id: int,
     return _tensors_of(call, _applied(call.function, *args, **kwargs))
 
 
+_CALLED_DEPTH = 3  # how deep code_key follows the functions a Function's methods call by name
+
+
+def _called_files(function: types.FunctionType, files: set[str], seen: set[int], depth: int = 0) -> None:
+    """Adds to `files` those of the code `function` calls by name (a helper
+    in another file, a module's function), and of what that calls, outside
+    torch, Python and fsdpc (`seen`: the functions followed so far)."""
+    seen.add(id(function))
+    for code in nested_codes(function.__code__):
+        for name in code.co_names:
+            value = function.__globals__.get(name)
+            if isinstance(value, types.ModuleType):  # `helpers.fused_backward(...)`: the module's file
+                path = getattr(value, "__file__", None)
+                if path and not machinery_file(path):
+                    files.add(path)
+            elif (isinstance(value, types.FunctionType) and id(value) not in seen
+                  and not machinery_file(value.__code__.co_filename)):
+                files.add(value.__code__.co_filename)
+                if depth < _CALLED_DEPTH:
+                    _called_files(value, files, seen, depth + 1)
+
+
 def code_key(calls: Sequence[_Call]) -> list:
     """What keys the program for the Functions of `calls` besides their
     signatures: the contents of the files whose code each Function and the
-    classes it derives from outside torch define (its backward runs in no
-    trace of forward); a Function defined where no file holds its code (a
-    notebook cell) keys by its identity, so that no other process's
-    program serves it."""
-    files, unknown = set(), set()
+    classes it derives from outside torch define, and of the code they call
+    by name (its backward runs in no trace of forward); a Function defined
+    where no file holds its code (a notebook cell) keys by its identity, so
+    that no other process's program serves it."""
+    files, unknown, seen = set(), set(), set()
     for call in calls:
         for cls in call.function.__mro__:
             if cls is object or _traced_by_torch(cls):
                 continue
-            codes = [getattr(getattr(member, "__func__", member), "__code__", None) for member in vars(cls).values()]
-            named = {code.co_filename for code in codes if code is not None}
+            methods = [getattr(member, "__func__", member) for member in vars(cls).values()]
+            methods = [method for method in methods if isinstance(method, types.FunctionType)]
+            named = {method.__code__.co_filename for method in methods}
             files |= {name for name in named if not name.startswith("<")}
             if any(name.startswith("<") for name in named):
                 unknown.add(f"{cls.__qualname__} at {id(cls):#x}")
-    return [source_digests(sorted(files)), sorted(unknown)]
+            for method in methods:
+                _called_files(method, files, seen)
+    return [source_digests(sorted(name for name in files if not name.startswith("<"))), sorted(unknown)]

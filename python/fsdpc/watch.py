@@ -128,12 +128,12 @@ def _user_autograd_function(value) -> bool:
             and _user_function(getattr(value, "forward", None)))
 
 
-def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
+def nested_codes(code: types.CodeType) -> Iterator[types.CodeType]:
     """`code` and the code of the functions, lambdas and comprehensions in it."""
     yield code
     for constant in code.co_consts:
         if isinstance(constant, types.CodeType):
-            yield from _codes(constant)
+            yield from nested_codes(constant)
 
 
 # Instructions that push a named variable, after which a LOAD_ATTR reads an attribute of it.
@@ -167,7 +167,7 @@ def _code_reads(function: types.FunctionType) -> _CodeReads:
     assigns: dict[tuple[str, str], int] = {}
     first = function.__code__.co_varnames[0] if function.__code__.co_argcount else None
     line = function.__code__.co_firstlineno
-    for code in _codes(function.__code__):
+    for code in nested_codes(function.__code__):
         chain = None  # the variable or attribute chain the last instructions pushed
         for instruction in dis.get_instructions(code):
             line = getattr(instruction.positions, "lineno", None) or line

@@ -1,11 +1,12 @@
 """One rank of a job whose step reads a setting that is not in the model's
 structure or the code (launched twice by test_cache.py with another
-SETTING). Five ways a step can read it: a module global in the loss, a
+SETTING). Six ways a step can read it: a module global in the loss, a
 default argument, a closure over a non-plain object, a non-plain
-attribute of the model read in forward, and the backward of a custom
+attribute of the model read in forward, the backward of a custom
 autograd Function in a module of its own (FUNCTION_DIR's reversal.py,
 which test_cache.py writes with the setting in it: code that runs only
-in backward). Each must give eager's loss (the Function: eager's
+in backward), and a helper in another module (negation.py, with the
+setting) that a Function's backward calls (by_helper.py, unchanged). Each must give eager's loss (the Function: eager's
 gradient), and rank 0 prints whether compiling stopped at a cache hit
 before export."""
 
@@ -62,6 +63,12 @@ def reversed_loss(model, x, y):
     return F.cross_entropy(Reversal.apply(model(x)), y)
 
 
+def helper_loss(model, x, y):
+    from by_helper import ReversalByHelper  # FUNCTION_DIR's
+
+    return F.cross_entropy(ReversalByHelper.apply(model(x)), y)
+
+
 def main():
     sys.path.insert(0, os.environ["FUNCTION_DIR"])
     dist.init_process_group("gloo")
@@ -73,6 +80,7 @@ def main():
         "closure": (lambda: Net(), closure_loss(Settings(1.0 + value))),
         "attribute": (lambda: Net(types.SimpleNamespace(scale=1.0 + value)), plain_loss),
         "function": (lambda: Net(), reversed_loss),
+        "helper": (lambda: Net(), helper_loss),
     }
     generator = torch.Generator().manual_seed(0)
     x, y = torch.randn(4 * world, 8, generator=generator), torch.randint(0, 5, (4 * world,), generator=generator)

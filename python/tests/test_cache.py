@@ -88,13 +88,35 @@ class Reversal(torch.autograd.Function):
         return -{scale} * grad
 """
 
+NEGATION = """def negated(grad):
+    return -{scale} * grad
+"""
+
+REVERSAL_BY_HELPER = """import torch
+
+import negation
+
+
+class ReversalByHelper(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return negation.negated(grad)
+"""
+
 
 def job(setting: str, cache_dir: Path) -> dict[str, str]:
-    """Runs stale_worker.py on 2 ranks, its Function's backward scaled by
-    1 + the setting; what rank 0 says of each case."""
-    functions = cache_dir.parent / "function"  # one file, edited between jobs as a user edits it
+    """Runs stale_worker.py on 2 ranks, its Functions' backward scaled by
+    1 + the setting (one's in its own file, the other's in a helper's
+    file); what rank 0 says of each case."""
+    functions = cache_dir.parent / "function"  # files edited between jobs as a user edits them
     functions.mkdir(exist_ok=True)
     (functions / "reversal.py").write_text(REVERSAL.format(scale=1.0 + float(setting)))
+    (functions / "negation.py").write_text(NEGATION.format(scale=1.0 + float(setting)))
+    (functions / "by_helper.py").write_text(REVERSAL_BY_HELPER)
     # No bytecode: an edit within the second of the last one keeps the size, which Python's check reads.
     env = environment(SETTING=setting, FSDPC_CACHE=str(cache_dir), FUNCTION_DIR=str(functions),
                       PYTHONDONTWRITEBYTECODE="1")
@@ -106,17 +128,18 @@ def job(setting: str, cache_dir: Path) -> dict[str, str]:
 def test_a_value_read_while_tracing_is_never_served_from_a_stale_program(tmp_path):
     """The same code in three jobs: a global, a default argument, a closure
     over an object, a model attribute (none of them plain data in the
-    model's structure) and a custom Function's backward in a module of its
-    own change between the first two. The second job must compile anew and
+    model's structure), a custom Function's backward in a module of its
+    own, and a helper another Function's backward calls, in a file of its
+    own, change between the first two. The second job must compile anew and
     match eager (the worker checks); the third, with the second's setting,
     takes every program from the cache."""
     first = job("0.0", tmp_path / "cache")
     second = job("0.3", tmp_path / "cache")
     third = job("0.3", tmp_path / "cache")
-    cases = ["global", "default", "closure", "attribute", "function"]
+    cases = ["global", "default", "closure", "attribute", "function", "helper"]
     assert sorted(first) == sorted(second) == sorted(third) == sorted(cases)
     for case in cases:
         assert first[case].startswith("compiled") and second[case].startswith("compiled"), (case, first, second)
-        if case != "function":  # its backward changed, not its loss
+        if case not in ("function", "helper"):  # their backward changed, not their loss
             assert first[case].split()[1] != second[case].split()[1], (case, first, second)
         assert third[case] == second[case].replace("compiled", "cache hit"), (case, second, third)
