@@ -75,36 +75,21 @@ def test_the_cache_can_be_turned_off(monkeypatch):
     assert cache.load("k" * 64) is None
 
 
-REVERSAL = """import torch
+FUNCTION = """import torch
+{imports}
 
-
-class Reversal(torch.autograd.Function):
+class {name}(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return -{scale} * grad
+        return {backward}
 """
 
 NEGATION = """def negated(grad):
     return -{scale} * grad
-"""
-
-REVERSAL_BY_HELPER = """import torch
-
-import negation
-
-
-class ReversalByHelper(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return negation.negated(grad)
 """
 
 
@@ -114,9 +99,11 @@ def job(setting: str, cache_dir: Path) -> dict[str, str]:
     file); what rank 0 says of each case."""
     functions = cache_dir.parent / "function"  # files edited between jobs as a user edits them
     functions.mkdir(exist_ok=True)
-    (functions / "reversal.py").write_text(REVERSAL.format(scale=1.0 + float(setting)))
-    (functions / "negation.py").write_text(NEGATION.format(scale=1.0 + float(setting)))
-    (functions / "by_helper.py").write_text(REVERSAL_BY_HELPER)
+    scale = 1.0 + float(setting)
+    (functions / "reversal.py").write_text(FUNCTION.format(imports="", name="Reversal", backward=f"-{scale} * grad"))
+    (functions / "negation.py").write_text(NEGATION.format(scale=scale))
+    (functions / "by_helper.py").write_text(FUNCTION.format(imports="\nimport negation\n", name="ReversalByHelper",
+                                                            backward="negation.negated(grad)"))
     # No bytecode: an edit within the second of the last one keeps the size, which Python's check reads.
     env = environment(SETTING=setting, FSDPC_CACHE=str(cache_dir), FUNCTION_DIR=str(functions),
                       PYTHONDONTWRITEBYTECODE="1")
