@@ -684,7 +684,8 @@ def outside_tensor(loss_fn: Callable, model: nn.Module) -> str | None:
 
 
 # What meeting a tensor from outside the model looks like to capture.
-_OUTSIDE_TENSOR_SIGNS = ("FakeTensorDeviceMismatchError", "neither the model's parameter or buffer nor a batch item")
+_OUTSIDE_TENSOR_SIGNS = ("FakeTensorDeviceMismatchError", "neither the model's parameter or buffer nor a batch item",
+                         "Unhandled FakeTensor Device Propagation")  # torch 2.11's words for it in a Function's forward
 
 
 @contextlib.contextmanager
