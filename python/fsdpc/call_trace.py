@@ -57,7 +57,7 @@ from torch.overrides import TorchFunctionMode
 from fsdpc import functions
 from fsdpc.autocast import ambient_autocast
 from fsdpc.cache import source_digests
-from fsdpc.capture import (CaptureError, MixedPrecision, _definition_of, _TrainingStep, _unparametrized, batch_leaves,
+from fsdpc.capture import (CaptureError, MixedPrecision, _definition_of, _TrainingStep, batch_leaves,
                            capture_modes, say_ignored_hooks)
 
 _FORMAT = "fsdpc call trace 2"
@@ -281,8 +281,7 @@ def trace_calls(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callab
                 warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with capture_modes(model, units, mixed_precision, device) as observed:
-                # Named under the casts, which move each parameter to its parametrization.
-                recorder.name_tensors({f"parameter {_unparametrized(name)}": p
+                recorder.name_tensors({f"parameter {name}": p
                                        for name, p in step.named_parameters(remove_duplicate=False)})
                 recorder.name_tensors({f"buffer {name}": b for name, b in step.named_buffers(remove_duplicate=False)})
                 recorder.name_tensors({f"batch item {i}": t for i, t in enumerate(leaves)})

@@ -297,7 +297,7 @@ def _alias_groups(model: nn.Module) -> dict[int, list[str]]:
     """Every FQN of every parameter, grouped by tensor identity."""
     groups: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), []).append(_unparametrized(name))
+        groups.setdefault(id(param), []).append(name)
     return groups
 
 
@@ -350,38 +350,44 @@ def _cast_floats(value, dtype: torch.dtype):
         lambda v: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v, value)
 
 
-class _CastTo(nn.Module):
-    """A parametrization: the module sees its parameter in the compute dtype.
-    Each access casts, so the cast lands where the parameter is used."""
+def _reading_cast(module: nn.Module, dtypes: dict[str, torch.dtype]) -> type:
+    """Makes `module` read each parameter named in `dtypes` cast to its
+    dtype (an instance of a subclass of its class, of the same name, with a
+    property per name): each read casts, so the cast lands where the
+    parameter is used, and the parameter stays where it was, under its own
+    name (a parametrization's would move it). Returns the class to restore."""
+    def read(name: str, dtype: torch.dtype) -> property:
+        return property(lambda self: self._parameters[name].to(dtype))
 
-    def __init__(self, dtype: torch.dtype):
-        super().__init__()
-        self.dtype = dtype
+    original = type(module)
+    module.__class__ = type(original.__name__, (original,), {
+        "__qualname__": original.__qualname__, "__module__": original.__module__,
+        **{name: read(name, dtype) for name, dtype in dtypes.items()}})
+    return original
 
-    def forward(self, parameter: torch.Tensor) -> torch.Tensor:
-        return parameter.to(self.dtype)
 
-
-_PARAMETRIZED = re.compile(r"(^|\.)parametrizations\.([^.]+)(\.original|\.\d+)?")
+_PARAMETRIZATION_MODULE = re.compile(r"(^|\.)parametrizations\.[^.]+\.\d+$")
 
 
 def _unparametrized(path: str) -> str:
-    """`fc1.parametrizations.weight.original` -> `fc1.weight`; the cast module
-    `fc1.parametrizations.weight.0` -> `fc1` (the module using the weight);
-    the root's own `parametrizations.scale.original` -> `scale`."""
-    return _PARAMETRIZED.sub(lambda m: m.group(1) + m.group(2) if m.group(3) == ".original" else "", path)
+    """A module of a parametrization of the user's (torch.nn.utils.parametrize:
+    weight norm, spectral norm) -> the module whose tensor it computes:
+    `fc1.parametrizations.weight.0` -> `fc1`, the root's `parametrizations.scale.0`
+    -> ``. Parameters and buffers keep their names (`fc1.parametrizations.weight.original0`),
+    as named_parameters and state_dict name them."""
+    return _PARAMETRIZATION_MODULE.sub("", path)
 
 
 @contextlib.contextmanager
 def _mixed_precision_casts(model: nn.Module, units: dict[str, nn.Module], policy: MixedPrecision | None):
     """FSDP2's MixedPrecisionPolicy while export traces, each wrap unit's
-    own (`units`: the unit modules by FQN, "" the model): parameters in
-    their unit's compute dtype (parametrizations), and casts of each unit's
-    floating inputs and outputs (forward hooks). Undone afterwards. Yields
-    the compute dtype of each parameter cast, by its identity."""
-    from torch.nn.utils import parametrize
-
-    handles, parametrized = [], []
+    own (`units`: the unit modules by FQN, "" the model): parameters read in
+    their unit's compute dtype (`_reading_cast`; a parametrization of the
+    user's computes from its originals cast, as FSDP2 gathers them), and
+    casts of each unit's floating inputs and outputs (forward hooks). Undone
+    afterwards. Yields the compute dtype of each parameter cast, by its
+    identity."""
+    handles, classes = [], []
     cast: dict[int, torch.dtype] = {}
     if policy is not None:
         plan = UnitPlan([Unit(ROOT_UNIT, "", is_root=True)] + [Unit(fqn, "") for fqn in units if fqn])
@@ -389,15 +395,16 @@ def _mixed_precision_casts(model: nn.Module, units: dict[str, nn.Module], policy
         for fqn, param in model.named_parameters(remove_duplicate=False):
             names.setdefault(id(param), []).append(fqn)
         for module in list(model.modules()):
+            dtypes = {}
             for name, param in list(module._parameters.items()):
                 if param is None or not param.is_floating_point() or set(names[id(param)]) & set(policy.uncast):
                     continue
                 unit = plan.owner(names[id(param)])  # tied across units: the root's, as FSDP2 rules
                 dtype = policy.of_unit("" if unit == ROOT_UNIT else unit).param_dtype
                 if dtype is not None and param.dtype != dtype:
-                    parametrize.register_parametrization(module, name, _CastTo(dtype), unsafe=True)
-                    parametrized.append((module, name))
-                    cast[id(param)] = dtype
+                    dtypes[name] = cast[id(param)] = dtype
+            if dtypes:
+                classes.append((module, _reading_cast(module, dtypes)))
         for fqn, module in units.items():
             own = policy.of_unit(fqn)
             if own.cast_forward_inputs and own.param_dtype is not None:
@@ -413,8 +420,8 @@ def _mixed_precision_casts(model: nn.Module, units: dict[str, nn.Module], policy
     finally:
         for handle in handles:
             handle.remove()
-        for module, name in parametrized:
-            parametrize.remove_parametrizations(module, name, leave_parametrized=False)
+        for module, original in classes:
+            module.__class__ = original
 
 
 class _AliasedNames(dict):
@@ -1009,7 +1016,7 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
     user_index = 0
     for spec in program.graph_signature.input_specs:
         if spec.kind == InputKind.PARAMETER:
-            identity = id(getattr_path(step, _unparametrized(spec.target)))
+            identity = id(getattr_path(step, spec.target))
             if identity in joint_index_of_param:
                 export_to_joint.append(joint_index_of_param[identity])
                 continue

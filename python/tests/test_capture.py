@@ -596,6 +596,76 @@ def test_mixed_precision_capture_matches_eager_under_the_same_policy(name):
         assert re.search(rf"= fsdp.cast {value} : tensor<[0-9x]+f32> to tensor<[0-9x]+bf16>", result.mlir)
 
 
+class Parametrized(nn.Module):
+    """Parametrizations of the user's: weight norm (audio models), spectral
+    norm (GANs; its power iteration updates buffers in training forward),
+    orthogonal, and the legacy hook-based weight norm."""
+
+    def __init__(self, with_buffers: bool = True):
+        from torch.nn.utils import parametrizations
+
+        super().__init__()
+        self.normed = parametrizations.weight_norm(nn.Linear(4, 8))
+        self.spectral = parametrizations.spectral_norm(nn.Linear(8, 8)) if with_buffers else nn.Identity()
+        self.orthogonal = parametrizations.orthogonal(nn.Linear(8, 8)) if with_buffers else nn.Identity()
+        self.legacy = nn.utils.weight_norm(nn.Linear(8, 3))
+
+    def forward(self, x):
+        return self.legacy(self.orthogonal(torch.tanh(self.spectral(torch.tanh(self.normed(x)))))).square().mean()
+
+
+def test_parametrizations_of_the_users_capture_under_their_names():
+    """Their originals are the parameters, by the names named_parameters and
+    state_dict give them; the step equals eager's (within rounding: the
+    joint trace decomposes weight norm's and the orthogonal map's kernels),
+    the spectral norm's vectors updated as eager updates them; under a bf16
+    policy it computes from the originals cast, as FSDP2 gathers them
+    (before 2026-11-28 fsdpc's own casts, parametrizations too, took their
+    names for its own: a KeyError or an AttributeError). The spectral norm
+    and the orthogonal map are left out in bf16: their fp32 buffers meet the
+    bf16 weight in a product, which eager refuses, and so does capture."""
+    from fsdpc.capture import MixedPrecision, _mixed_precision_casts
+
+    def built(with_buffers: bool) -> Parametrized:
+        torch.manual_seed(0)
+        return Parametrized(with_buffers)
+
+    def loss_fn(m, x):
+        return m(x)
+
+    def compared(policy, rtol, atol):
+        model, eager = built(policy is None), built(policy is None)
+        batch = (torch.randn(5, 4, generator=torch.Generator().manual_seed(1)),)
+        result = export_training_step(model, batch, loss_fn, mixed_precision=policy)
+        assert [p.fqn for p in result.step.params] == [name for name, _ in model.named_parameters()]
+        loss, grads = run_joint(result, model, batch)
+        with _mixed_precision_casts(eager, {"": eager}, policy):
+            expected = loss_fn(eager, *batch)
+            expected.backward()
+        torch.testing.assert_close(loss, expected, rtol=rtol, atol=atol)
+        assert {fqn for fqn, grad in grads.items() if grad is not None} == {
+            fqn for fqn, param in eager.named_parameters() if param.grad is not None}
+        for fqn, grad in grads.items():
+            torch.testing.assert_close(grad, eager.get_parameter(fqn).grad, rtol=rtol, atol=atol,
+                                       msg=lambda m: f"gradient of {fqn}: {m}")
+        return result, model, eager, batch
+
+    result, model, eager, batch = compared(None, 1e-6, 1e-7)
+    assert "normed.parametrizations.weight.original1" in [p.fqn for p in result.step.params]
+    values = [model.get_parameter(fqn).detach() if kind == "param" else model.get_buffer(fqn) if kind == "buffer"
+              else batch[fqn] for kind, fqn in result.step.inputs]
+    updates = fx.GraphModule(nn.Module(), result.step.graph)(*values)[1 + len(result.step.gradients):]
+    assert [name for name, _ in result.step.buffer_updates] == ["spectral.parametrizations.weight.0._u",
+                                                               "spectral.parametrizations.weight.0._v"]
+    for (name, _), value in zip(result.step.buffer_updates, updates):
+        torch.testing.assert_close(value, eager.get_buffer(name), rtol=1e-6, atol=1e-7, msg=lambda m: f"{name}: {m}")
+    mixed, *_ = compared(MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32), 2e-2, 2e-3)
+    for name in ("original0", "original1"):  # weight norm's magnitude and direction, each cast as it is read
+        read = re.search(rf'(%v\d+) = fsdp.get_param @"normed.parametrizations.weight.{name}" : tensor<[0-9x]+f32>',
+                         mixed.mlir)
+        assert read and re.search(rf"= fsdp.cast {read[1]} : tensor<[0-9x]+f32> to tensor<[0-9x]+bf16>", mixed.mlir)
+
+
 class MaskedLinear(nn.Module):
     """Makes tensors from Python numbers inside forward, as Hugging Face's
     masks do (`torch.tensor(0.0, device=...)`)."""
