@@ -385,10 +385,8 @@ def _mixed_precision_casts(model: nn.Module, units: dict[str, nn.Module], policy
     their unit's compute dtype (`_reading_cast`; a parametrization of the
     user's computes from its originals cast, as FSDP2 gathers them), and
     casts of each unit's floating inputs and outputs (forward hooks). Undone
-    afterwards. Yields the compute dtype of each parameter cast, by its
-    identity."""
+    afterwards."""
     handles, classes = [], []
-    cast: dict[int, torch.dtype] = {}
     if policy is not None:
         plan = UnitPlan([Unit(ROOT_UNIT, "", is_root=True)] + [Unit(fqn, "") for fqn in units if fqn])
         names: dict[int, list[str]] = {}
@@ -402,7 +400,7 @@ def _mixed_precision_casts(model: nn.Module, units: dict[str, nn.Module], policy
                 unit = plan.owner(names[id(param)])  # tied across units: the root's, as FSDP2 rules
                 dtype = policy.of_unit("" if unit == ROOT_UNIT else unit).param_dtype
                 if dtype is not None and param.dtype != dtype:
-                    dtypes[name] = cast[id(param)] = dtype
+                    dtypes[name] = dtype
             if dtypes:
                 classes.append((module, _reading_cast(module, dtypes)))
         for fqn, module in units.items():
@@ -416,7 +414,7 @@ def _mixed_precision_casts(model: nn.Module, units: dict[str, nn.Module], policy
                 handles.append(module.register_forward_hook(
                     lambda _, args, output, dtype=own.output_dtype: _cast_floats(output, dtype)))
     try:
-        yield cast
+        yield
     finally:
         for handle in handles:
             handle.remove()
@@ -851,7 +849,6 @@ class Observed:
     attribute_reads: set[tuple[str, str]]
     ignored_hooks: list[str]
     applied: list  # the custom autograd Functions' calls (functions.kept_whole)
-    cast: dict[int, torch.dtype]  # parameters cast by the policy, by identity: see _mixed_precision_casts
 
 
 @contextlib.contextmanager
@@ -863,12 +860,12 @@ def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision
     of module attributes read, and autocast regions recorded
     (fsdpc.autocast)."""
     # The model's own modules are named before the casts add theirs.
-    with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision) as cast,
+    with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision),
           FusedAttentionFor(device), FusedRmsNormFor(device), _PythonDataAsOps(),
           checkpoint_regions() as regions, recording_regions(device), _refusing_untraceable_autocast(device),
           _refusing_inner_backward(), _refusing_host_random(), functions.kept_whole() as applied,
           _saved_tensors_hooks_entered() as hooks):
-        yield Observed(regions, reads, hooks, applied, cast)
+        yield Observed(regions, reads, hooks, applied)
 
 
 @dataclass
@@ -890,7 +887,7 @@ class ForwardTrace:
     structure: str  # the batch's (batch_leaves); `batch` holds its tensors
     scaled_loss: bool = False  # backward seeded by a loss scale, the step's last input: see _joint_step
     applied: list = field(default_factory=list)  # custom autograd Functions' calls: see functions.kept_whole
-    cast: dict[int, torch.dtype] = field(default_factory=dict)  # see Observed
+    units: dict[str, nn.Module] = field(default_factory=dict)  # the wrap units' modules, by FQN ("" the model)
 
     def fingerprint(self) -> str:
         """Everything the joint trace and the IR are made from: every op of
@@ -922,7 +919,7 @@ class ForwardTrace:
     def joint(self) -> CapturedStep:
         return _joint_step(self.program, self.step, self.batch, self.aliases, self.real_fqn, self.loss_fn,
                            self.mixed_precision, self.device, self.saved, self.aux, self.scaled_loss, self.applied,
-                           self.cast)
+                           self.units)
 
 
 @contextlib.contextmanager
@@ -963,7 +960,7 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
             say_ignored_hooks(observed.ignored_hooks)
             yield ForwardTrace(program, step, tuple(batch_leaves(traced)[0]), aliases, real_fqn, loss_fn,
                                mixed_precision, device, observed.regions.saved, observed.attribute_reads, aux,
-                               str(structure), scaled_loss, observed.applied, observed.cast)
+                               str(structure), scaled_loss, observed.applied, units)
             return
 
 
@@ -996,10 +993,10 @@ def _on_fake_device(model: nn.Module, batch: tuple, device: str) -> Iterator[tup
 
 def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device,
                 saved: set[SavedCall], aux: dict | None, scaled_loss: bool, applied: list,
-                cast: dict[int, torch.dtype]) -> CapturedStep:
+                units: dict[str, nn.Module]) -> CapturedStep:
     """The joint forward + backward graph of an exported step (`applied`:
-    the custom autograd Functions it calls; `cast`: the compute dtypes of
-    the parameters the policy casts, by identity); with
+    the custom autograd Functions it calls; `units`: the wrap units'
+    modules, where the policy casts); with
     `scaled_loss`, its last input is the loss scale backward starts from
     (what `GradScaler.scale(loss).backward()` starts from)."""
 
@@ -1074,13 +1071,14 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
                          .requires_grad_(t.requires_grad) for t in flat_args]
         on_device = flat_args[0].device  # with its index, as fake tensors have it
     # A custom Function may read the model's tensors it is not passed
-    # (checkpointing Functions run the module they close over): there it
-    # reads the joint trace's, cast as export's were.
+    # (checkpointing Functions run the module they close over, a unit among
+    # them): there it reads the joint trace's, cast and hooked as export's.
     joint_index = {**joint_index_of_param, **joint_index_of_buffer} if applied else {}
-    model_slots = [(table, name, joint_index[id(tensor)], cast.get(id(tensor))) for module in step.modules()
+    model_slots = [(table, name, joint_index[id(tensor)]) for module in step.modules()
                    for table in (module._parameters, module._buffers) for name, tensor in table.items()
                    if tensor is not None and id(tensor) in joint_index]
-    with recording_regions(device):
+    with recording_regions(device), (_mixed_precision_casts(getattr(step, _MODEL_ATTR), units, mixed_precision)
+                                     if applied else contextlib.nullcontext()):
         joint, updated = _trace_joint(program.graph_module, flat_args, input_names, trainable, export_to_joint,
                                       saved, returned, updatable, device, on_device, seed, applied, model_slots)
     placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
@@ -1166,7 +1164,7 @@ class _Composites(fx.Interpreter):
             args, kwargs = tree_map_only(torch.device, lambda d: self.device if d.type == "meta" else d,
                                          (args, kwargs))
         if target is functions.OPAQUE:  # a custom autograd.Function: applied, its own backward recorded
-            return functions.run_whole(self.applied, *args)
+            return functions.run_whole(self.applied, lambda: _python_rewrites(self.target), *args)
         if target is torch.ops.higher_order.wrap_with_autocast:
             device_type, dtype, enabled, cache_enabled, body, *inputs = args
             with torch.autocast(device_type, dtype, enabled, cache_enabled):
@@ -1210,17 +1208,19 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
                  trainable: list[int], export_to_joint: list[int], saved: set[SavedCall],
                  returned: int, updatable: set[int], target: str, on_device: torch.device | None,
                  seed: int | None, applied: list,
-                 model_slots: list[tuple[dict, str, int, torch.dtype | None]]) -> tuple[fx.GraphModule, list[int]]:
+                 model_slots: list[tuple[dict, str, int]]) -> tuple[fx.GraphModule, list[int]]:
     """The joint graph of `forward`, whose first `returned` outputs are the
     loss and what loss_fn returned beside it: its outputs are those, then
     the gradients of the `trainable` inputs, then the new values of the
     inputs among `updatable` (buffers) that the step updated in place, whose
     indices come with it. `on_device`: the device of `flat_args` where it
     is not meta (_Composites). `seed`: the input backward starts from,
-    where not 1. `model_slots`: (table, name, input index, compute dtype or
-    None) of the model's tensors that custom Functions (`applied`) may read
-    without being passed them; they hold the joint trace's inputs while it
-    runs."""
+    where not 1. `model_slots`: (table, name, input index) of the model's
+    tensors that custom Functions (`applied`) may read without being passed
+    them; they hold the joint trace's inputs while it runs. With custom
+    Functions, backward runs as `loss.backward()` runs in eager, into the
+    trainable inputs' `.grad` (checkpointing Functions refuse `.grad()`, and
+    back-propagate into the parameters they recompute by themselves)."""
     # AOTAutograd's helper that stamps backward nodes with the sequence number of
     # the forward op they differentiate (the same one torch.compile relies on).
     from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
@@ -1228,8 +1228,10 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
     saving = SavingSelectively(saved)
 
     def joint(*args):
-        read_directly = _read_directly(model_slots, args)
-        with torch.enable_grad(), preserve_node_meta(), _holding(model_slots, read_directly):
+        if applied:  # leaves, as the model's parameters are in eager, for backward to accumulate into
+            args = [arg.detach().requires_grad_() if i in trainable else arg for i, arg in enumerate(args)]
+        with torch.enable_grad(), preserve_node_meta(), _holding(model_slots, args), \
+                functions.backward_in_capture(applied, lambda: _python_rewrites(target)):
             with saving if saved else contextlib.nullcontext():
                 loss, *aux = _Composites(forward, target, applied, on_device).run(
                     *(args[i] for i in export_to_joint))
@@ -1243,15 +1245,20 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
                 raise CaptureError("the loss does not depend on any trainable parameter")
             setup_stacktrace_preservation_hooks([loss.grad_fn])
             try:
-                grads = torch.autograd.grad(loss, wrt, None if seed is None else args[seed], allow_unused=True)
+                if applied:
+                    torch.autograd.backward(loss, None if seed is None else args[seed])
+                    grads = [arg.grad for arg in wrt]
+                else:
+                    grads = torch.autograd.grad(loss, wrt, None if seed is None else args[seed], allow_unused=True)
+            except functions.RandomInBackward as error:
+                where = user_frame(traceback.extract_tb(error.__traceback__))
+                raise CaptureError(f"{where or 'the backward'}: {error}") from None
             except RuntimeError as error:  # a backward of the user's or a library's, run in Python
                 if _DATA_DEPENDENT_SIGN not in str(error):
                     raise
                 where = user_frame(traceback.extract_tb(error.__traceback__))
                 raise CaptureError(f"{where or 'the backward'}: cannot capture the backward"
                                    f"{f' `{where.code}`' if where else ''}: {_DATA_DEPENDENT}") from error
-            if read_directly:
-                grads = _with_accumulated(grads, [read_directly.get(i) for i in trainable])
         return (loss, *aux, *grads)
 
     updated: list[int] = []
@@ -1303,43 +1310,27 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
 _STATIC_ASSERTIONS = {torch.ops.aten._assert_tensor_metadata.default}
 
 
-def _read_directly(model_slots: list[tuple[dict, str, int, torch.dtype | None]],
-                   args: Sequence[torch.Tensor]) -> dict[int, torch.Tensor]:
-    """What a custom Function reads of the model's tensors without being
-    passed them, by input index: the input itself for a buffer, and for a
-    parameter a leaf of its value, into whose `.grad` a backward that
-    back-propagates by itself accumulates (a checkpointing Function's
-    recomputes the module it closes over), as eager's does into
-    `param.grad` (inside forward, which runs without grad, it has no other
-    way to the parameter)."""
-    return {index: args[index].detach().requires_grad_() if args[index].requires_grad else args[index]
-            for _, _, index, _ in model_slots}
-
-
 @contextlib.contextmanager
-def _holding(model_slots: list[tuple[dict, str, int, torch.dtype | None]],
-             read_directly: dict[int, torch.Tensor]) -> Iterator[None]:
-    """The model's parameter and buffer slots hold `read_directly`'s
-    tensors (cast to the compute dtype where the policy casts) meanwhile."""
-    held = [(table, name, table[name]) for table, name, _, _ in model_slots]
+def _holding(model_slots: list[tuple[dict, str, int]], args: Sequence[torch.Tensor]) -> Iterator[None]:
+    """The model's parameter and buffer slots hold the joint trace's inputs
+    (`args[index]`) meanwhile."""
+    held = [(table, name, table[name]) for table, name, _ in model_slots]
     try:
-        for table, name, index, dtype in model_slots:
-            tensor = read_directly[index]
-            table[name] = tensor if dtype is None else tensor.to(dtype)
+        for table, name, index in model_slots:
+            table[name] = args[index]
         yield
     finally:
         for table, name, tensor in held:
             table[name] = tensor
 
 
-def _with_accumulated(grads: Sequence[torch.Tensor | None], leaves: Sequence[torch.Tensor | None]) -> list:
-    """`grads` plus what backward accumulated into the `.grad` of each
-    trainable input's leaf that custom Functions read (`_read_directly`)."""
-    summed = []
-    for grad, leaf in zip(grads, leaves):
-        accumulated = None if leaf is None else leaf.grad
-        summed.append(grad if accumulated is None else accumulated if grad is None else grad + accumulated)
-    return summed
+@contextlib.contextmanager
+def _python_rewrites(target: str) -> Iterator[None]:
+    """Capture's rewrites of what Python code calls (fused attention and
+    RMSNorm for `target`, tensors made from Python data as ops), for the
+    code of custom Functions the joint trace runs."""
+    with FusedAttentionFor(target), FusedRmsNormFor(target), _PythonDataAsOps():
+        yield
 
 
 def _copy_handed_out(graph: fx.Graph, indices: Sequence[int]) -> None:

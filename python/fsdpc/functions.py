@@ -32,9 +32,10 @@ import contextlib
 import threading
 import types
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, ContextManager, Iterator, Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from fsdpc.cache import source_digests
@@ -180,14 +181,63 @@ def kept_whole() -> Iterator[list[_Call]]:
 OPAQUE = torch.ops.fsdpc.autograd_function.default
 
 
-def run_whole(calls: Sequence[_Call], signature: str, call_id: int,
+def run_whole(calls: Sequence[_Call], rewrites: Callable[[], ContextManager], signature: str, call_id: int,
               tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """The Function the trace met as its call `call_id` (of `calls`),
-    applied to `tensors` with grad (in the joint trace): its tensors
-    returned, in order."""
+    applied to `tensors` with grad (in the joint trace), its forward under
+    capture's `rewrites` of Python calls: its tensors returned, in order."""
     call = calls[call_id]
     args, kwargs = _arguments(call, tensors)
-    return _tensors_of(call, _applied(call.function, *args, **kwargs))
+    with rewrites():
+        return _tensors_of(call, _applied(call.function, *args, **kwargs))
+
+
+class RandomInBackward(RuntimeError):
+    """A custom Function's backward drew random numbers in the joint trace."""
+
+
+class _RefusingRandom(TorchDispatchMode):
+    """Refuses random draws in a custom Function's backward (`function`)."""
+
+    def __init__(self, function: type):
+        super().__init__()
+        self.function = function
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            name = self.function.__qualname__
+            raise RandomInBackward(
+                f"{name}.backward draws random numbers ({func.name()}): the step traces a custom Function's backward "
+                f"apart from its forward and cannot give it the forward's draws (a checkpointing Function recomputing "
+                "dropout would get another mask); checkpoint with torch.utils.checkpoint, whose regions fsdpc "
+                "recomputes with the forward's draws, or turn the dropout off")
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def backward_in_capture(calls: Sequence[_Call], rewrites: Callable[[], ContextManager]) -> Iterator[None]:
+    """While the joint trace runs: the backward of each Function `calls`
+    applied runs under capture's `rewrites` of Python calls (a
+    checkpointing Function's recomputes forward), and refuses random draws
+    (see _RefusingRandom)."""
+    patched = []
+    for function in dict.fromkeys(call.function for call in calls):
+        backward = function.backward
+
+        def watched(ctx, *grads, backward=backward, function=function):
+            with rewrites(), _RefusingRandom(function):
+                return backward(ctx, *grads)
+
+        patched.append((function, function.__dict__.get("backward")))
+        function.backward = staticmethod(watched)
+    try:
+        yield
+    finally:
+        for function, own in reversed(patched):
+            if own is None:
+                del function.backward  # inherited
+            else:
+                function.backward = own
 
 
 _CALLED_DEPTH = 3  # how deep code_key follows the functions a Function's methods call by name

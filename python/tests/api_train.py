@@ -1874,6 +1874,8 @@ class RecomputingCheckpoint(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        if not torch.autograd._is_checkpoint_valid():  # their first line
+            raise RuntimeError("Checkpointing is not compatible with .grad(), please use .backward() if possible")
         (x,) = ctx.saved_tensors
         x = x.detach().requires_grad_()
         with torch.enable_grad():

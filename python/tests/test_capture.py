@@ -872,11 +872,11 @@ class ClosingOver(nn.Module):
         super().__init__()
         self.pre, self.inner, self.post = nn.Linear(4, 4), nn.Linear(4, 8), nn.Linear(8, 4)
         self.register_buffer("factor", torch.tensor(0.5))
-        self.checkpointed = True
+        self.checkpointed, self.dropout = True, 0.0
 
     def forward(self, x):
-        def run(h):
-            return torch.relu(self.inner(h))
+        def run(h):  # Python data in it too, made by ops as in forward
+            return nn.functional.dropout(torch.relu(self.inner(h)), self.dropout) * torch.tensor([1.0, 2.0] * 4, device=h.device)
 
         h = self.pre(x)
         h = RecomputingCheckpoint.apply(run, h) if self.checkpointed else run(h)
@@ -889,13 +889,17 @@ class ReadsATable(nn.Linear):
 
 
 def test_a_custom_function_reads_the_models_tensors_it_is_not_passed():
-    """A checkpointing Function closes over the module it runs and
-    back-propagates into its parameters in its backward; another reads a
-    buffer of the module it is handed: both equal eager to the bit (before
-    2026-11-28 the joint trace failed on the model's own tensors), and
-    under a bf16 policy the checkpointed model equals the same model without
-    the checkpoint. A global the Function reads keys the program; a tensor
-    that is not the model's is named."""
+    """A checkpointing Function (checking that backward runs as
+    `.backward()`, as DeepSpeed's and Megatron's do) closes over the module
+    it runs and back-propagates into its parameters in its backward; another
+    reads a buffer of the module it is handed: both equal eager to the bit
+    (before 2026-11-28 the joint trace failed on the model's own tensors),
+    and under a bf16 policy whose inner unit's outputs are fp32 (the next
+    unit casts its inputs) the checkpointed model equals the same model
+    without the checkpoint. A
+    global the Function reads keys the program; a tensor that is not the
+    model's is named; dropout recomputed in a backward, which would draw
+    another mask, is refused at its line."""
     from fsdpc.capture import MixedPrecision
     from fsdpc.watch import free_variable_reads
 
@@ -905,13 +909,15 @@ def test_a_custom_function_reads_the_models_tensors_it_is_not_passed():
     def loss_fn(m, x):
         return m(x)
 
-    equal_to_eager(export_training_step(*on_meta(model, batch), loss_fn), model, batch, loss_fn(model, *batch))
+    equal_to_eager(export_training_step(model, batch, loss_fn), model, batch, loss_fn(model, *batch))
     assert model.inner.weight.grad is not None  # reached by the checkpoint's backward alone
-    policy = MixedPrecision(param_dtype=torch.bfloat16)
+    policy = MixedPrecision(param_dtype=torch.bfloat16, units=(
+        ("inner", MixedPrecision(param_dtype=torch.bfloat16, output_dtype=torch.float32)),))
     plain = copy.deepcopy(model)
     plain.checkpointed = False
     (loss, grads), (plain_loss, plain_grads) = (
-        run_joint(export_training_step(*on_meta(m, batch), loss_fn, mixed_precision=policy), m, batch)
+        run_joint(export_training_step(m, batch, loss_fn, mixed_precision=policy,
+                                       wrap=lambda name, _: name in ("inner", "post")), m, batch)
         for m in (model, plain))
     torch.testing.assert_close(loss, plain_loss, rtol=0, atol=0)
     assert set(grads) == set(plain_grads)
@@ -923,6 +929,10 @@ def test_a_custom_function_reads_the_models_tensors_it_is_not_passed():
     with pytest.raises(CaptureError, match=re.escape(line) + r": ScaledByTable.forward \(called by "
                                            r"ReadsATable.forward\)'s global 'TABLE' is a tensor \(8, .*register_buffer"):
         export_training_step(*on_meta(ReadsATable(4, 8), batch), loss_fn)
+    model.dropout = 0.5
+    line = f"{__file__}:{inspect.getsourcelines(ClosingOver.forward)[1] + 2}"
+    with pytest.raises(CaptureError, match=re.escape(line) + r": RecomputingCheckpoint.backward draws random numbers"):
+        export_training_step(*on_meta(model, batch), loss_fn)
 
 
 class CountedBackward(torch.autograd.Function):
