@@ -518,40 +518,86 @@ def _made_by_ops(data, dtype: torch.dtype | None, device) -> torch.Tensor | None
 _SEQUENCE_AS_TUPLE_BELOW = 32  # torch's treatSequenceAsTuple: a shorter list holding sequences is a tuple
 
 
-def _index_as_ops(index, device, shape: Sequence[int], dim: int = 0):
-    """An index (of a tensor of `shape`, its `dim`) with its lists of
-    numbers (advanced indexing: `x[..., [0, 2]]`) made by ops, as
-    `_made_by_ops` makes them; a list of booleans, a mask of known values,
-    as the positions it selects (what torch indexes by, and a shape known
-    before the data), once its length is checked as torch checks a mask's."""
+def _index_as_ops(index, device, shape: Sequence[int]):
+    """An index of a tensor of `shape` with its lists of numbers (advanced
+    indexing: `x[..., [0, 2]]`) made by ops, as `_made_by_ops` makes them,
+    and its lists of booleans, masks of known values, as the positions they
+    select (`_mask_positions`: what torch indexes by, and a shape known
+    before the data). A short list holding sequences, slices or None is a
+    tuple of indices, as torch reads it at the top (treatSequenceAsTuple);
+    inside a tuple a list is data."""
     if isinstance(index, list) and 0 < len(index) < _SEQUENCE_AS_TUPLE_BELOW and any(
             isinstance(item, (list, tuple, slice, torch.Tensor)) or item is None or item is Ellipsis
             for item in index):
-        return _index_as_ops(tuple(index), device, shape)  # torch reads such a list as a tuple of indices
-    if isinstance(index, list) and index and all(type(item) is bool for item in index):
-        if dim < len(shape) and len(index) != shape[dim]:
-            raise IndexError(f"the mask [{', '.join(map(str, index))}] has {len(index)} entries and indexes "
-                             f"dimension {dim} of a tensor of shape {list(shape)}, of size {shape[dim]}")
-        made = _made_by_ops([position for position, selected in enumerate(index) if selected], torch.int64, device)
-        return index if made is None else made
-    if isinstance(index, list) and index and _numbers_only(index):
-        made = _made_by_ops(index, None, device)
-        return index if made is None else made
-    if isinstance(index, tuple):
-        return tuple(_index_as_ops(item, device, shape, at) for item, at in zip(index, _dims_indexed(index, shape)))
-    return index
+        index = tuple(index)
+    items = list(index) if isinstance(index, tuple) else [index]
+    made = []
+    for item, dim in zip(items, _dims_indexed(items, shape)):
+        depth = _mask_depth(item)
+        if depth:
+            made.extend(_mask_positions(item, depth, device, shape, dim))
+        elif isinstance(item, list) and item and _numbers_only(item):
+            made.append(_made_by_ops(item, None, device))
+            made[-1] = item if made[-1] is None else made[-1]
+        else:
+            made.append(item)
+    return tuple(made) if isinstance(index, tuple) or len(made) != 1 else made[0]
 
 
-def _dims_indexed(items: tuple, shape: Sequence[int]) -> list[int]:
+def _mask_depth(item) -> int | None:
+    """How many dimensions a (nested, rectangular) list of booleans indexes;
+    None for anything else."""
+    if not isinstance(item, list) or not item:
+        return None
+    if all(type(entry) is bool for entry in item):
+        return 1
+    inner = [_mask_depth(entry) for entry in item]
+    return inner[0] + 1 if inner[0] and all(depth == inner[0] for depth in inner) else None
+
+
+def _mask_positions(mask: list, depth: int, device, shape: Sequence[int], dim: int) -> list:
+    """The positions a mask of `depth` dimensions selects from dimensions
+    `dim`... of a tensor of `shape`, one index made by ops per dimension,
+    as torch turns a mask into indices; a mask of other sizes is refused as
+    torch refuses it."""
+    sizes, level = [], mask
+    for _ in range(depth):
+        sizes.append(len(level))
+        level = level[0]
+    wanted = list(shape[dim:dim + depth])
+    if sizes != wanted:
+        raise IndexError(f"the mask {mask} has {sizes[0]} entries and indexes dimension {dim} of a tensor of shape "
+                         f"{list(shape)}, of size {wanted[0] if wanted else 0}" if depth == 1 else
+                         f"the mask {mask} has shape {sizes} and indexes dimensions {dim} to {dim + depth - 1} of a "
+                         f"tensor of shape {list(shape)}, sized {wanted} there")
+    coordinates: list[tuple[int, ...]] = []
+
+    def walk(level, at: tuple[int, ...]) -> None:
+        if len(at) == depth:
+            if level:
+                coordinates.append(at)
+            return
+        if len(level) != sizes[len(at)]:
+            raise IndexError(f"the mask {mask} is ragged")
+        for i, entry in enumerate(level):
+            walk(entry, (*at, i))
+
+    walk(mask, ())
+    made = [_made_by_ops([at[axis] for at in coordinates], torch.int64, device) for axis in range(depth)]
+    return made if all(index is not None for index in made) else [mask]
+
+
+def _dims_indexed(items: Sequence, shape: Sequence[int]) -> list[int]:
     """The dimension of a tensor of `shape` that each item of an index
-    tuple starts at (None and a boolean add one, `...` spans those the
-    other items leave, a boolean tensor indexes as many as it has)."""
+    starts at (None and a boolean add one, `...` spans those the other items
+    leave, a mask, a boolean or uint8 tensor or a list of booleans, indexes
+    as many as it has)."""
     def spanned(item) -> int:
         if item is None or item is Ellipsis or type(item) is bool:
             return 0
-        if isinstance(item, torch.Tensor) and item.dtype == torch.bool:
+        if isinstance(item, torch.Tensor) and item.dtype in (torch.bool, torch.uint8):
             return item.dim()
-        return 1
+        return _mask_depth(item) or 1
 
     left = len(shape) - sum(spanned(item) for item in items)
     dims, dim = [], 0

@@ -714,10 +714,11 @@ def test_tensors_made_from_python_numbers_keep_their_values_on_meta():
 class PythonLists(nn.Module):
     """Tensors made from lists of Python numbers inside forward: a vector
     of scales, an index list (`y[..., [2, 0]]`, as Falcon's attention picks
-    its key and value heads), a boolean list as a mask, a list of lists
-    (which torch reads as a tuple of indices), `new_tensor`, and
-    a cache that starts as `torch.tensor([])` (Hugging Face's key/value
-    cache, made by default in training too)."""
+    its key and value heads), a boolean list as a mask (of one dimension or
+    two), a list of lists (which torch reads as a tuple of indices at the
+    top, and as data inside a tuple), `new_tensor`, and a cache that starts
+    as `torch.tensor([])` (Hugging Face's key/value cache, made by default
+    in training too)."""
 
     def __init__(self):
         super().__init__()
@@ -730,7 +731,9 @@ class PythonLists(nn.Module):
             warnings.simplefilter("ignore")
             pairs = y[[[0, 2], [1, 3]]]  # a list holding lists: torch reads a tuple, elements (0, 1) and (2, 3)
         cache = torch.tensor([], dtype=x.dtype, device=x.device)
-        return torch.cat([cache, picked.flatten() * y.new_tensor([[3.0]]).flatten(), pairs])
+        masked = y[([[True, False, True, False], [False, True, True, False], [True, True, False, False]],)]
+        columns = y[:, [[0], [2]]].flatten()  # a list of lists inside a tuple: a (2, 1) index
+        return torch.cat([cache, picked.flatten() * y.new_tensor([[3.0]]).flatten(), pairs, masked, columns])
 
 
 def test_tensors_made_from_python_lists_keep_their_values_on_meta():
