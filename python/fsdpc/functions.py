@@ -29,6 +29,8 @@ torch's own Functions (checkpointing, its internals) trace as before.
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 import threading
 import types
 from dataclasses import dataclass
@@ -39,7 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from fsdpc.cache import source_digests
-from fsdpc.watch import machinery_file, nested_codes
+from fsdpc.watch import machinery_file, nested_codes, user_function
 
 
 _TENSOR = object()  # a tensor's place among a call's arguments or results (None is a value of its own)
@@ -240,26 +242,56 @@ def backward_in_capture(calls: Sequence[_Call], rewrites: Callable[[], ContextMa
                 function.backward = own
 
 
-_CALLED_DEPTH = 3  # how deep code_key follows the functions a Function's methods call by name
+_CALLED_DEPTH = 3  # how deep code_key follows the user's functions a Function's methods call by name
+
+
+def _unwrapped(value) -> list:
+    """`value` and what it calls in turn: a partial's function, a decorated
+    or cached function's own (`__wrapped__`), innermost last."""
+    chain = [value]
+    for _ in range(8):
+        if isinstance(value, functools.partial):
+            value = value.func
+        elif callable(value) and hasattr(value, "__wrapped__"):
+            value = value.__wrapped__
+        else:
+            break
+        chain.append(value)
+    return chain
+
+
+def _source_file(path: str | None) -> str | None:
+    """`path` where it is Python source outside torch, Python and fsdpc (a
+    compiled extension's file is not read: its version keys the cache)."""
+    return path if path and path.endswith(".py") and not machinery_file(path) else None
 
 
 def _called_files(function: types.FunctionType, files: set[str], seen: set[int], depth: int = 0) -> None:
     """Adds to `files` those of the code `function` calls by name (a helper
-    in another file, a module's function), and of what that calls, outside
-    torch, Python and fsdpc (`seen`: the functions followed so far)."""
+    function, class or module in another file, `pkg.sub.helper(...)`), and
+    of what the user's helpers call in turn (`seen`: the functions followed
+    so far)."""
     seen.add(id(function))
-    for code in nested_codes(function.__code__):
-        for name in code.co_names:
-            value = function.__globals__.get(name)
-            if isinstance(value, types.ModuleType):  # `helpers.fused_backward(...)`: the module's file
-                path = getattr(value, "__file__", None)
-                if path and not machinery_file(path):
+    names = {name for code in nested_codes(function.__code__) for name in code.co_names}
+    for name in names:
+        *wrappers, value = _unwrapped(function.__globals__.get(name))
+        for wrapper in wrappers:  # a decorator's wrapper runs too
+            if isinstance(wrapper, types.FunctionType) and (path := _source_file(wrapper.__code__.co_filename)):
+                files.add(path)
+        if isinstance(value, types.ModuleType):  # `helpers.fused_backward(...)`, `pkg.sub.f(...)`
+            for module in (value, *(getattr(value, attribute, None) for attribute in names)):
+                if isinstance(module, types.ModuleType) and (path := _source_file(getattr(module, "__file__", None))):
                     files.add(path)
-            elif (isinstance(value, types.FunctionType) and id(value) not in seen
-                  and not machinery_file(value.__code__.co_filename)):
-                files.add(value.__code__.co_filename)
-                if depth < _CALLED_DEPTH:
-                    _called_files(value, files, seen, depth + 1)
+            continue
+        if isinstance(value, type) and (module := sys.modules.get(value.__module__)) is not None:
+            if path := _source_file(getattr(module, "__file__", None)):  # `Helper.grad(...)`
+                files.add(path)
+            continue
+        if isinstance(value, types.FunctionType) and id(value) not in seen:
+            if path := _source_file(value.__code__.co_filename):
+                files.add(path)
+            if depth < _CALLED_DEPTH and user_function(value):
+                _called_files(value, files, seen, depth + 1)
 
 
 def code_key(calls: Sequence[_Call]) -> list:

@@ -113,7 +113,7 @@ def machinery_file(path: str) -> bool:
             or path.startswith(_STANDARD_DIR))
 
 
-def _user_function(value) -> bool:
+def user_function(value) -> bool:
     """A Python function of the user's (not an installed library's nor the
     machinery's): its globals and closure are the user's too."""
     if not isinstance(value, types.FunctionType):
@@ -125,7 +125,7 @@ def _user_function(value) -> bool:
 def _user_autograd_function(value) -> bool:
     """A custom torch.autograd.Function class of the user's."""
     return (isinstance(value, type) and issubclass(value, torch.autograd.Function)
-            and _user_function(getattr(value, "forward", None)))
+            and user_function(getattr(value, "forward", None)))
 
 
 def nested_codes(code: types.CodeType) -> Iterator[types.CodeType]:
@@ -216,7 +216,7 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
         seen.add(id(function))
         if isinstance(function, functools.partial):
             inner = function.func
-            reads = _code_reads(inner) if _user_function(inner) else _CodeReads({}, {}, {})
+            reads = _code_reads(inner) if user_function(inner) else _CodeReads({}, {}, {})
             parameters = inner.__code__.co_varnames if isinstance(inner, types.FunctionType) else ()
             where = (f"{inner.__code__.co_filename}:{inner.__code__.co_firstlineno}"
                      if isinstance(inner, types.FunctionType) else "functools.partial")
@@ -233,7 +233,7 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
         elif not isinstance(function, types.FunctionType):  # a callable object (a module: its forward)
             owner, function = function, getattr(type(function), "forward" if isinstance(function, nn.Module)
                                                 else "__call__", None)
-        if not _user_function(function):
+        if not user_function(function):
             return
         reads = _code_reads(function)
         where = function.__code__.co_filename
@@ -252,7 +252,7 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
             if name not in namespace:  # a builtin
                 continue
             value = namespace[name]
-            if _user_function(value):
+            if user_function(value):
                 yield from visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
             elif _user_autograd_function(value):
                 yield from visit_function_class(value, described, depth)
@@ -263,7 +263,7 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
             if name not in reads.closure:  # only assigned (a nonlocal counter)
                 continue
             value = _cell_value(cell)
-            if _user_function(value):
+            if user_function(value):
                 yield from visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
             elif _user_autograd_function(value):
                 yield from visit_function_class(value, described, depth)

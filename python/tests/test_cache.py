@@ -130,3 +130,61 @@ def test_a_value_read_while_tracing_is_never_served_from_a_stale_program(tmp_pat
         if case not in ("function", "helper"):  # their backward changed, not their loss
             assert first[case].split()[1] != second[case].split()[1], (case, first, second)
         assert third[case] == second[case].replace("compiled", "cache hit"), (case, second, third)
+
+
+HELPERS = {
+    "helpers.py": "import functools\n\n\nclass Scale:\n    @staticmethod\n    def grad(g):\n        return g * 2\n\n\n"
+                  "@functools.lru_cache(None)\ndef factor():\n    return 2.0\n",
+    "wrapping.py": "import functools\n\n\ndef logged(f):\n    @functools.wraps(f)\n    def wrapper(*args):\n"
+                   "        return f(*args)\n    return wrapper\n",
+    "pkg/__init__.py": "",
+    "pkg/sub.py": "def scaled(g):\n    return g * 2\n",
+    "deeper.py": "def inner(g):\n    return g * 2\n",
+    "functions_file.py": """import functools
+
+import torch
+
+import pkg.sub
+from deeper import inner
+from helpers import Scale, factor
+from wrapping import logged
+
+
+@logged
+def decorated(g):
+    return inner(g)
+
+
+halved = functools.partial(decorated)
+
+
+class Backward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return Scale.grad(g) * factor() + pkg.sub.scaled(g) + halved(g)
+""",
+}
+
+
+def test_a_functions_key_holds_the_files_of_the_code_its_methods_call(tmp_path, monkeypatch):
+    """A helper class's method, a cached function, a decorated one (its
+    wrapper's file and its own), a partial, `pkg.sub.f(...)`, and what the
+    helpers call in turn: each of their files keys the program, as the
+    Function's own does."""
+    from types import SimpleNamespace
+
+    from fsdpc import functions
+
+    for name, text in HELPERS.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import functions_file
+
+    digests, unknown = functions.code_key([SimpleNamespace(function=functions_file.Backward)])
+    assert sorted(os.path.relpath(path, tmp_path) for path, _ in digests) == sorted(HELPERS)
+    assert unknown == []
