@@ -414,6 +414,13 @@ class ShardedModule(nn.Module):
             raise StepError(f"{_modules_named(synced)} SyncBatchNorm, which "
                             "all-reduces batch statistics inside forward: a collective the compiled step does not "
                             "hold; use nn.BatchNorm* (each rank's own statistics, as DDP and FSDP2 keep them)")
+        renormed = [name for name, module in model.named_modules()
+                    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.max_norm is not None]
+        if renormed:  # capture would refuse the in-place update of a parameter, without saying whose
+            raise StepError(f"{_modules_named(renormed)} an embedding with max_norm, which renormalizes the rows it "
+                            "looks up in place in every forward: a change of a parameter outside the optimizer step, "
+                            "which the compiled step does not make; set max_norm=None and renormalize after "
+                            "optimizer.step() under torch.no_grad()")
         super().__init__()
         world = dist.get_world_size()
 

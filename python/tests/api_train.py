@@ -631,6 +631,8 @@ def scenario_misuse(args):
          "called with keyword arguments 'targets', 'tokens'; it takes the batch as fsdpc.shard's example batch"),
         (lambda: fsdpc.shard(nn.Sequential(nn.Linear(4, 4), nn.SyncBatchNorm(4)), (torch.randn(2, 4, device=DEVICE),),
                              lambda m, x: m(x).sum()), "module '1' is SyncBatchNorm, which all-reduces batch statistics"),
+        (lambda: fsdpc.shard(nn.Embedding(8, 4, max_norm=1.0), (torch.zeros(2, dtype=torch.long, device=DEVICE),),
+                             lambda m, x: m(x).sum()), "the model is an embedding with max_norm, which renormalizes"),
         (lambda: fsdpc.shard(nn.parallel.DistributedDataParallel(reference_model().to(DEVICE)), mine(data[0]),
                              next_token_loss), "handed a DistributedDataParallel: fsdpc replaces it; hand fsdpc.shard"),
         (lambda: fsdpc.shard(torch.distributed.fsdp.fully_shard(reference_model().to(DEVICE)), mine(data[0]),
