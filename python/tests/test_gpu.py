@@ -36,7 +36,7 @@ def run(ranks: int, scenario: str, *extra, device: str = "cuda", backend: str | 
 @pytest.mark.parametrize("scenario", ["train", "accumulate", "shapes", "misuse", "scalar", "fsdp2", "meta",
                                       "offload", "llama", "llama_torch_norms", "into_results", "cuda_graph",
                                       "uncapturable", "checkpointed", "divide_factor", "attributes", "aux",
-                                      "unsharded", "batch_norm", "hugging_face"])
+                                      "unsharded", "batch_norm", "hugging_face", "parametrized"])
 def test_one_rank_on_nccl(scenario, tmp_path):
     run(1, scenario, "--save", tmp_path)
 
@@ -46,7 +46,7 @@ def test_one_rank_on_nccl(scenario, tmp_path):
     ("offload", 2), ("llama", 2), ("llama_torch_norms", 2), ("into_results", 2), ("cuda_graph", 2),
     ("divide_factor", 2), ("freezing", 2), ("hooks", 2), ("attributes", 2), ("aux", 2), ("modes", 2),
     ("named_batch", 2), ("reshard_setter", 2), ("unsharded", 2), ("async_checkpoint", 2), ("uneven_batches", 2),
-    ("ignored_params", 2), ("hugging_face", 2),
+    ("ignored_params", 2), ("hugging_face", 2), ("parametrized", 2),
 ])
 def test_ranks_sharing_the_gpu_over_gloo(scenario, ranks, tmp_path):
     run(ranks, scenario, "--save", tmp_path)
