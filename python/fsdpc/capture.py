@@ -350,6 +350,9 @@ def _cast_floats(value, dtype: torch.dtype):
         lambda v: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v, value)
 
 
+_READING_CAST: dict[tuple[type, tuple], type] = {}  # made once per class and casts: see _reading_cast
+
+
 def _reading_cast(module: nn.Module, dtypes: dict[str, torch.dtype]) -> type:
     """Makes `module` read each parameter named in `dtypes` cast to its
     dtype (an instance of a subclass of its class, of the same name, with a
@@ -360,9 +363,17 @@ def _reading_cast(module: nn.Module, dtypes: dict[str, torch.dtype]) -> type:
         return property(lambda self: self._parameters[name].to(dtype))
 
     original = type(module)
-    module.__class__ = type(original.__name__, (original,), {
-        "__qualname__": original.__qualname__, "__module__": original.__module__,
-        **{name: read(name, dtype) for name, dtype in dtypes.items()}})
+    key = (original, tuple(sorted(dtypes.items(), key=lambda item: item[0])))
+    if key not in _READING_CAST:
+        try:
+            _READING_CAST[key] = type(original.__name__, (original,), {
+                "__qualname__": original.__qualname__, "__module__": original.__module__,
+                **{name: read(name, dtype) for name, dtype in dtypes.items()}})
+        except Exception as error:  # a metaclass or __init_subclass__ of the user's that refuses subclasses
+            raise CaptureError(f"mp_policy casts the parameters of {original.__qualname__} where they are read, "
+                               f"through a subclass of it, and {original.__qualname__} refuses one: "
+                               f"{type(error).__name__}: {error}") from error
+    module.__class__ = _READING_CAST[key]
     return original
 
 
@@ -387,39 +398,47 @@ def _mixed_precision_casts(model: nn.Module, units: dict[str, nn.Module], policy
     casts of each unit's floating inputs and outputs (forward hooks). Undone
     afterwards."""
     handles, classes = [], []
-    if policy is not None:
-        plan = UnitPlan([Unit(ROOT_UNIT, "", is_root=True)] + [Unit(fqn, "") for fqn in units if fqn])
-        names: dict[int, list[str]] = {}
-        for fqn, param in model.named_parameters(remove_duplicate=False):
-            names.setdefault(id(param), []).append(fqn)
-        for module in list(model.modules()):
-            dtypes = {}
-            for name, param in list(module._parameters.items()):
-                if param is None or not param.is_floating_point() or set(names[id(param)]) & set(policy.uncast):
-                    continue
-                unit = plan.owner(names[id(param)])  # tied across units: the root's, as FSDP2 rules
-                dtype = policy.of_unit("" if unit == ROOT_UNIT else unit).param_dtype
-                if dtype is not None and param.dtype != dtype:
-                    dtypes[name] = dtype
-            if dtypes:
-                classes.append((module, _reading_cast(module, dtypes)))
-        for fqn, module in units.items():
-            own = policy.of_unit(fqn)
-            if own.cast_forward_inputs and own.param_dtype is not None:
-                handles.append(module.register_forward_pre_hook(
-                    lambda _, args, kwargs, dtype=own.param_dtype: (_cast_floats(args, dtype),
-                                                                    _cast_floats(kwargs, dtype)),
-                    with_kwargs=True))
-            if own.output_dtype is not None:
-                handles.append(module.register_forward_hook(
-                    lambda _, args, output, dtype=own.output_dtype: _cast_floats(output, dtype)))
     try:
+        if policy is not None:
+            _cast_where_read(model, units, policy, handles, classes)
         yield
     finally:
         for handle in handles:
             handle.remove()
         for module, original in classes:
             module.__class__ = original
+
+
+def _cast_where_read(model: nn.Module, units: dict[str, nn.Module], policy: MixedPrecision, handles: list,
+                     classes: list) -> None:
+    """`_mixed_precision_casts`' casts, each recorded as it is made (its
+    hook's handle in `handles`, a module's own class in `classes`) for the
+    caller to undo, after an error too."""
+    plan = UnitPlan([Unit(ROOT_UNIT, "", is_root=True)] + [Unit(fqn, "") for fqn in units if fqn])
+    names: dict[int, list[str]] = {}
+    for fqn, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(fqn)
+    for module in list(model.modules()):
+        dtypes = {}
+        for name, param in list(module._parameters.items()):
+            if param is None or not param.is_floating_point() or set(names[id(param)]) & set(policy.uncast):
+                continue
+            unit = plan.owner(names[id(param)])  # tied across units: the root's, as FSDP2 rules
+            dtype = policy.of_unit("" if unit == ROOT_UNIT else unit).param_dtype
+            if dtype is not None and param.dtype != dtype:
+                dtypes[name] = dtype
+        if dtypes:
+            classes.append((module, _reading_cast(module, dtypes)))
+    for fqn, module in units.items():
+        own = policy.of_unit(fqn)
+        if own.cast_forward_inputs and own.param_dtype is not None:
+            handles.append(module.register_forward_pre_hook(
+                lambda _, args, kwargs, dtype=own.param_dtype: (_cast_floats(args, dtype),
+                                                                _cast_floats(kwargs, dtype)),
+                with_kwargs=True))
+        if own.output_dtype is not None:
+            handles.append(module.register_forward_hook(
+                lambda _, args, output, dtype=own.output_dtype: _cast_floats(output, dtype)))
 
 
 class _AliasedNames(dict):
@@ -599,7 +618,8 @@ def _dims_indexed(items: Sequence, shape: Sequence[int]) -> list[int]:
             return item.dim()
         return _mask_depth(item) or 1
 
-    left = len(shape) - sum(spanned(item) for item in items)
+    # torch counts a list as one dimension where it works out what `...` spans.
+    left = len(shape) - sum(1 if isinstance(item, list) else spanned(item) for item in items)
     dims, dim = [], 0
     for item in items:
         dims.append(dim)

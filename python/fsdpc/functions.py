@@ -41,7 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from fsdpc.cache import source_digests
-from fsdpc.watch import machinery_file, nested_codes, user_function
+from fsdpc.watch import cell_value, machinery_file, nested_codes, user_file, user_function
 
 
 _TENSOR = object()  # a tensor's place among a call's arguments or results (None is a value of its own)
@@ -224,22 +224,24 @@ def backward_in_capture(calls: Sequence[_Call], rewrites: Callable[[], ContextMa
     (see _RefusingRandom)."""
     patched = []
     for function in dict.fromkeys(call.function for call in calls):
-        backward = function.backward
+        # Its backward is `vjp` where it defines that instead (torch refuses both).
+        method = "vjp" if function.vjp is not torch.autograd.Function.vjp else "backward"
+        backward = getattr(function, method)
 
         def watched(ctx, *grads, backward=backward, function=function):
             with rewrites(), _RefusingRandom(function):
                 return backward(ctx, *grads)
 
-        patched.append((function, function.__dict__.get("backward")))
-        function.backward = staticmethod(watched)
+        patched.append((function, method, function.__dict__.get(method)))
+        setattr(function, method, staticmethod(watched))
     try:
         yield
     finally:
-        for function, own in reversed(patched):
+        for function, method, own in reversed(patched):
             if own is None:
-                del function.backward  # inherited
+                delattr(function, method)  # inherited
             else:
-                function.backward = own
+                setattr(function, method, own)
 
 
 _CALLED_DEPTH = 3  # how deep code_key follows the user's functions a Function's methods call by name
@@ -273,15 +275,24 @@ def _called_files(function: types.FunctionType, files: set[str], seen: set[int],
     so far)."""
     seen.add(id(function))
     names = {name for code in nested_codes(function.__code__) for name in code.co_names}
-    for name in names:
-        *wrappers, value = _unwrapped(function.__globals__.get(name))
+    # What it calls: globals by name, and helpers handed to it in a closure or as defaults.
+    called = [function.__globals__.get(name) for name in names]
+    called += [cell_value(cell) for cell in function.__closure__ or ()]
+    called += [*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
+    for found in called:
+        *wrappers, value = _unwrapped(found)
         for wrapper in wrappers:  # a decorator's wrapper runs too
             if isinstance(wrapper, types.FunctionType) and (path := _source_file(wrapper.__code__.co_filename)):
                 files.add(path)
         if isinstance(value, types.ModuleType):  # `helpers.fused_backward(...)`, `pkg.sub.f(...)`
-            for module in (value, *(getattr(value, attribute, None) for attribute in names)):
-                if isinstance(module, types.ModuleType) and (path := _source_file(getattr(module, "__file__", None))):
-                    files.add(path)
+            path = _source_file(getattr(value, "__file__", None))
+            if path:
+                files.add(path)
+            if path and user_file(path):  # a library's module may import as its attributes are read
+                for attribute in names:
+                    inner = getattr(value, attribute, None)
+                    if isinstance(inner, types.ModuleType) and (path := _source_file(getattr(inner, "__file__", None))):
+                        files.add(path)
             continue
         if isinstance(value, type) and (module := sys.modules.get(value.__module__)) is not None:
             if path := _source_file(getattr(module, "__file__", None)):  # `Helper.grad(...)`

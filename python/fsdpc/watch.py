@@ -113,13 +113,15 @@ def machinery_file(path: str) -> bool:
             or path.startswith(_STANDARD_DIR))
 
 
+def user_file(path: str) -> bool:
+    """A file of the user's: not an installed library's nor the machinery's."""
+    return not (machinery_file(path) or os.path.abspath(path).startswith(_LIBRARY_DIRS))
+
+
 def user_function(value) -> bool:
     """A Python function of the user's (not an installed library's nor the
     machinery's): its globals and closure are the user's too."""
-    if not isinstance(value, types.FunctionType):
-        return False
-    path = value.__code__.co_filename
-    return not (machinery_file(path) or os.path.abspath(path).startswith(_LIBRARY_DIRS))
+    return isinstance(value, types.FunctionType) and user_file(value.__code__.co_filename)
 
 
 def _user_autograd_function(value) -> bool:
@@ -262,13 +264,13 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
         for name, cell in zip(code.co_freevars, function.__closure__ or ()):
             if name not in reads.closure:  # only assigned (a nonlocal counter)
                 continue
-            value = _cell_value(cell)
+            value = cell_value(cell)
             if user_function(value):
                 yield from visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
             elif _user_autograd_function(value):
                 yield from visit_function_class(value, described, depth)
             else:
-                yield (f"{described}'s closure variable '{name}'", lambda cell=cell: _cell_value(cell),
+                yield (f"{described}'s closure variable '{name}'", lambda cell=cell: cell_value(cell),
                        set(reads.attributes_of.get(name, ())), f"{where}:{reads.closure[name]}")
 
     def visit_function_class(function: type, described: str, depth: int):
@@ -336,7 +338,7 @@ def _module_settings(module: nn.Module) -> tuple:
 _ABSENT_NAME = "<no longer defined>"
 
 
-def _cell_value(cell) -> object:
+def cell_value(cell) -> object:
     try:
         return cell.cell_contents
     except ValueError:  # deleted since

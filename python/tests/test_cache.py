@@ -140,12 +140,14 @@ HELPERS = {
     "pkg/__init__.py": "",
     "pkg/sub.py": "def scaled(g):\n    return g * 2\n",
     "deeper.py": "def inner(g):\n    return g * 2\n",
+    "defaults.py": "def doubled(g):\n    return g * 2\n",
     "functions_file.py": """import functools
 
 import torch
 
 import pkg.sub
 from deeper import inner
+from defaults import doubled
 from helpers import Scale, factor
 from wrapping import logged
 
@@ -164,17 +166,17 @@ class Backward(torch.autograd.Function):
         return x
 
     @staticmethod
-    def backward(ctx, g):
-        return Scale.grad(g) * factor() + pkg.sub.scaled(g) + halved(g)
+    def backward(ctx, g, twice=doubled):
+        return Scale.grad(g) * factor() + pkg.sub.scaled(g) + halved(g) + twice(g)
 """,
 }
 
 
 def test_a_functions_key_holds_the_files_of_the_code_its_methods_call(tmp_path, monkeypatch):
     """A helper class's method, a cached function, a decorated one (its
-    wrapper's file and its own), a partial, `pkg.sub.f(...)`, and what the
-    helpers call in turn: each of their files keys the program, as the
-    Function's own does."""
+    wrapper's file and its own), a partial, `pkg.sub.f(...)`, a default
+    argument, and what the helpers call in turn: each of their files keys
+    the program, as the Function's own does."""
     from types import SimpleNamespace
 
     from fsdpc import functions

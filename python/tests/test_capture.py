@@ -666,6 +666,29 @@ def test_parametrizations_of_the_users_capture_under_their_names():
         assert read and re.search(rf"= fsdp.cast {read[1]} : tensor<[0-9x]+f32> to tensor<[0-9x]+bf16>", mixed.mlir)
 
 
+class Registered(nn.Linear):
+    """A class whose subclasses must say their kind (a registry of the user's)."""
+
+    def __init_subclass__(cls, kind: str, **kwargs):
+        super().__init_subclass__(**kwargs)
+
+
+class Kind(Registered, kind="linear"):
+    pass
+
+
+def test_a_class_refusing_the_policys_cast_is_named_and_the_model_left_as_it_was():
+    from fsdpc.capture import MixedPrecision
+
+    model = nn.Sequential(nn.Linear(4, 4), Kind(4, 4))
+    with pytest.raises(CaptureError, match=r"mp_policy casts the parameters of Kind where they are read, through a "
+                                           r"subclass of it, and Kind refuses one: TypeError"):
+        export_training_step(model, (torch.randn(2, 4),), lambda m, x: m(x).sum(),
+                             mixed_precision=MixedPrecision(param_dtype=torch.bfloat16))
+    assert [type(module) for module in model] == [nn.Linear, Kind]
+    assert model[0].weight.dtype == torch.float32 and model(torch.randn(2, 4)).dtype == torch.float32
+
+
 class MaskedLinear(nn.Module):
     """Makes tensors from Python numbers inside forward, as Hugging Face's
     masks do (`torch.tensor(0.0, device=...)`)."""
@@ -936,6 +959,39 @@ def test_a_custom_function_reads_the_models_tensors_it_is_not_passed():
     line = f"{__file__}:{inspect.getsourcelines(ClosingOver.forward)[1] + 2}"
     with pytest.raises(CaptureError, match=re.escape(line) + r": RecomputingCheckpoint.backward draws random numbers"):
         export_training_step(*on_meta(model, batch), loss_fn)
+
+
+class MultipliedByVjp(torch.autograd.Function):
+    """torch's newer form: forward without ctx, setup_context, and vjp for
+    backward (here not the forward's derivative: a gradient scaled by 3)."""
+
+    @staticmethod
+    def forward(x, weight):
+        return x @ weight.t()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def vjp(ctx, grad):
+        x, weight = ctx.saved_tensors
+        return 3 * grad @ weight, 3 * grad.t() @ x
+
+
+class ByVjp(nn.Linear):
+    def forward(self, x):
+        return MultipliedByVjp.apply(x, self.weight).square().mean()
+
+
+def test_a_function_with_vjp_keeps_it():
+    torch.manual_seed(0)
+    model, batch = ByVjp(4, 3, bias=False), (torch.randn(5, 4),)
+
+    def loss_fn(m, x):
+        return m(x)
+
+    equal_to_eager(export_training_step(*on_meta(model, batch), loss_fn), model, batch, loss_fn(model, *batch))
 
 
 class CountedBackward(torch.autograd.Function):
