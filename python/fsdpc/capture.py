@@ -929,8 +929,8 @@ def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision
     with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision),
           FusedAttentionFor(device), FusedRmsNormFor(device), _PythonDataAsOps(),
           checkpoint_regions() as regions, recording_regions(device), _refusing_untraceable_autocast(device),
-          _refusing_inner_backward(), _refusing_host_random(), functions.kept_whole() as applied,
-          _saved_tensors_hooks_entered() as hooks):
+          _refusing_inner_backward(), _refusing_host_random(),
+          functions.kept_whole(lambda: _python_rewrites(device)) as applied, _saved_tensors_hooks_entered() as hooks):
         yield Observed(regions, reads, hooks, applied)
 
 

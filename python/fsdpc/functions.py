@@ -73,7 +73,8 @@ class _Call:
                 f"({', '.join(described(leaf) for leaf in self.arguments)})")
 
 
-_TRACING: list[list[_Call]] = []  # the calls of the export tracing now (kept_whole), innermost last
+# The calls of the export tracing now and capture's rewrites of Python calls (kept_whole), innermost last.
+_TRACING: list[tuple[list[_Call], Callable[[], ContextManager]]] = []
 _ORIGINAL_APPLY = torch.autograd.Function.__dict__["apply"]  # a classmethod: Python in older torch, C++ in newer
 _applying = threading.local()  # .depth: inside a kept call's fake kernel, where forward may run
 
@@ -103,11 +104,12 @@ def _autograd_function(signature: str, call_id: int, tensors: list[torch.Tensor]
 
 @_autograd_function.register_fake
 def _(signature: str, call_id: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    call = _TRACING[-1][call_id]
+    calls, rewrites = _TRACING[-1]
+    call = calls[call_id]
     args, kwargs = _arguments(call, tensors)
     _applying.depth = getattr(_applying, "depth", 0) + 1
     try:
-        with torch.no_grad():
+        with torch.no_grad(), rewrites():
             returned = _applied(call.function, *args, **kwargs)
     finally:
         _applying.depth -= 1
@@ -145,10 +147,12 @@ def _guarded(function: type, forward):
 
 
 @contextlib.contextmanager
-def kept_whole() -> Iterator[list[_Call]]:
+def kept_whole(rewrites: Callable[[], ContextManager]) -> Iterator[list[_Call]]:
     """While export traces (on this thread): each `apply` of a Function
-    defined outside torch is one `fsdpc::autograd_function` call; yields
-    the trace's calls, for `run_whole` and `code_key`."""
+    defined outside torch is one `fsdpc::autograd_function` call, whose fake
+    kernel runs the Function's forward under capture's `rewrites` of
+    Python calls (as export's trace runs forward); yields the trace's
+    calls, for `run_whole` and `code_key`."""
     calls: list[_Call] = []
     owner = threading.get_ident()
 
@@ -167,7 +171,7 @@ def kept_whole() -> Iterator[list[_Call]]:
     previous = torch.autograd.Function.__dict__["apply"]
     forwards = {function: function.__dict__["forward"] for function in _user_functions()
                 if isinstance(function.__dict__.get("forward"), staticmethod)}
-    _TRACING.append(calls)
+    _TRACING.append((calls, rewrites))
     torch.autograd.Function.apply = classmethod(apply)
     for function, forward in forwards.items():
         function.forward = staticmethod(_guarded(function, forward.__func__))
