@@ -556,8 +556,8 @@ def _index_as_ops(index, device, shape: Sequence[int]):
         if depth:
             made.extend(_mask_positions(item, depth, device, shape, dim))
         elif isinstance(item, list) and item and _numbers_only(item):
-            made.append(_made_by_ops(item, None, device))
-            made[-1] = item if made[-1] is None else made[-1]
+            values = _made_by_ops(item, None, device)
+            made.append(item if values is None else values)
         else:
             made.append(item)
     return tuple(made) if isinstance(index, tuple) or len(made) != 1 else made[0]

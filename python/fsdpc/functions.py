@@ -268,7 +268,8 @@ def _unwrapped(value) -> list:
 
 def _source_file(path: str | None) -> str | None:
     """`path` where it is Python source outside torch, Python and fsdpc (a
-    compiled extension's file is not read: its version keys the cache)."""
+    compiled extension's file is not: hashing one on every fingerprint
+    costs seconds)."""
     return path if path and path.endswith(".py") and not machinery_file(path) else None
 
 
