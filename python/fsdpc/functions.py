@@ -187,6 +187,9 @@ def kept_whole(rewrites: Callable[[], ContextManager]) -> Iterator[list[_Call]]:
 OPAQUE = torch.ops.fsdpc.autograd_function.default
 
 
+_DREW_IN_FORWARD: set[type] = set()  # the Functions whose forward drew random numbers in the joint trace now
+
+
 def run_whole(calls: Sequence[_Call], rewrites: Callable[[], ContextManager], signature: str, call_id: int,
               tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """The Function the trace met as its call `call_id` (of `calls`),
@@ -194,7 +197,7 @@ def run_whole(calls: Sequence[_Call], rewrites: Callable[[], ContextManager], si
     capture's `rewrites` of Python calls: its tensors returned, in order."""
     call = calls[call_id]
     args, kwargs = _arguments(call, tensors)
-    with rewrites():
+    with rewrites(), _Random(call.function, refuse=False):
         return _tensors_of(call, _applied(call.function, *args, **kwargs))
 
 
@@ -202,21 +205,29 @@ class RandomInBackward(RuntimeError):
     """A custom Function's backward drew random numbers in the joint trace."""
 
 
-class _RefusingRandom(TorchDispatchMode):
-    """Refuses random draws in a custom Function's backward (`function`)."""
+class _Random(TorchDispatchMode):
+    """Random draws of a custom Function (`function`): noted in its forward,
+    and in its backward refused where its forward drew too. Such a backward
+    recomputes the forward (a checkpointing Function, which restores the
+    generator's state to replay the forward's draws); the step cannot give
+    it the forward's draws. A backward drawing afresh (stochastic rounding)
+    draws as a step does, from the step's generator."""
 
-    def __init__(self, function: type):
+    def __init__(self, function: type, refuse: bool):
         super().__init__()
-        self.function = function
+        self.function, self.refuse = function, refuse
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if torch.Tag.nondeterministic_seeded in func.tags:
-            name = self.function.__qualname__
-            raise RandomInBackward(
-                f"{name}.backward draws random numbers ({func.name()}): the step traces a custom Function's backward "
-                f"apart from its forward and cannot give it the forward's draws (a checkpointing Function recomputing "
-                "dropout would get another mask); checkpoint with torch.utils.checkpoint, whose regions fsdpc "
-                "recomputes with the forward's draws, or turn the dropout off")
+            if not self.refuse:
+                _DREW_IN_FORWARD.add(self.function)
+            elif self.function in _DREW_IN_FORWARD:
+                name = self.function.__qualname__
+                raise RandomInBackward(
+                    f"{name}.backward draws random numbers ({func.name()}) as its forward did: a recomputation, "
+                    "which the step cannot give the forward's draws (a checkpointing Function recomputing dropout "
+                    "would get another mask); checkpoint with torch.utils.checkpoint, whose regions fsdpc "
+                    "recomputes with the forward's draws, or turn the dropout off")
         return func(*args, **(kwargs or {}))
 
 
@@ -225,7 +236,7 @@ def backward_in_capture(calls: Sequence[_Call], rewrites: Callable[[], ContextMa
     """While the joint trace runs: the backward of each Function `calls`
     applied runs under capture's `rewrites` of Python calls (a
     checkpointing Function's recomputes forward), and refuses random draws
-    (see _RefusingRandom)."""
+    that recompute the forward's (see _Random)."""
     patched = []
     for function in dict.fromkeys(call.function for call in calls):
         # Its backward is `vjp` where it defines that instead (torch refuses both).
@@ -233,7 +244,7 @@ def backward_in_capture(calls: Sequence[_Call], rewrites: Callable[[], ContextMa
         backward = getattr(function, method)
 
         def watched(ctx, *grads, backward=backward, function=function):
-            with rewrites(), _RefusingRandom(function):
+            with rewrites(), _Random(function, refuse=True):
                 return backward(ctx, *grads)
 
         patched.append((function, method, function.__dict__.get(method)))
@@ -241,6 +252,7 @@ def backward_in_capture(calls: Sequence[_Call], rewrites: Callable[[], ContextMa
     try:
         yield
     finally:
+        _DREW_IN_FORWARD.clear()
         for function, method, own in reversed(patched):
             if own is None:
                 delattr(function, method)  # inherited

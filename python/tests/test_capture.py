@@ -957,8 +957,36 @@ def test_a_custom_function_reads_the_models_tensors_it_is_not_passed():
         export_training_step(*on_meta(ReadsATable(4, 8), batch), loss_fn)
     model.dropout = 0.5
     line = f"{__file__}:{inspect.getsourcelines(ClosingOver.forward)[1] + 2}"
-    with pytest.raises(CaptureError, match=re.escape(line) + r": RecomputingCheckpoint.backward draws random numbers"):
+    with pytest.raises(CaptureError, match=re.escape(line) + r": RecomputingCheckpoint.backward draws random numbers "
+                                           r"\(aten::\w+[.\w]*\) as its forward did"):
         export_training_step(*on_meta(model, batch), loss_fn)
+
+
+class NoisyGradient(torch.autograd.Function):
+    """Draws in its backward only (as stochastic rounding of gradients
+    does): fresh draws, which the step makes from its own generator."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad + 0.0 * torch.rand_like(grad)
+
+
+class Noisy(nn.Linear):
+    def forward(self, x):
+        return NoisyGradient.apply(super().forward(x)).square().mean()
+
+
+def test_a_function_drawing_afresh_in_backward_keeps_its_draws():
+    torch.manual_seed(0)
+    model, batch = Noisy(4, 3), (torch.randn(5, 4),)
+    result = export_training_step(model, batch, lambda m, x: m(x))
+    assert any(node.op == "call_function" and torch.Tag.nondeterministic_seeded in node.target.tags
+               for node in result.step.graph.nodes if isinstance(node.target, torch._ops.OpOverload))
+    equal_to_eager(result, model, batch, model(*batch))
 
 
 class MultipliedByVjp(torch.autograd.Function):
