@@ -927,9 +927,8 @@ def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision
     (fsdpc.autocast)."""
     # The model's own modules are named before the casts add theirs.
     with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision),
-          FusedAttentionFor(device), FusedRmsNormFor(device), _PythonDataAsOps(),
-          checkpoint_regions() as regions, recording_regions(device), _refusing_untraceable_autocast(device),
-          _refusing_inner_backward(), _refusing_host_random(),
+          _python_rewrites(device), checkpoint_regions() as regions, recording_regions(device),
+          _refusing_untraceable_autocast(device), _refusing_inner_backward(), _refusing_host_random(),
           functions.kept_whole(lambda: _python_rewrites(device)) as applied, _saved_tensors_hooks_entered() as hooks):
         yield Observed(regions, reads, hooks, applied)
 
@@ -1045,16 +1044,11 @@ def _on_fake_device(model: nn.Module, batch: tuple, device: str) -> Iterator[tup
             fakes[id(tensor)] = nn.Parameter(made, requires_grad=tensor.requires_grad) if parameter else made
         return fakes[id(tensor)]
 
-    slots = [(table, name, tensor) for module in model.modules() for table in (module._parameters, module._buffers)
-             for name, tensor in table.items() if tensor is not None]
+    faked = [(table, name, fake(tensor, isinstance(tensor, nn.Parameter))) for module in model.modules()
+             for table in (module._parameters, module._buffers) for name, tensor in table.items() if tensor is not None]
     leaves, structure = batch_leaves(batch)
-    try:
-        for table, name, tensor in slots:
-            table[name] = fake(tensor, isinstance(tensor, nn.Parameter))
+    with _holding(faked):
         yield tree_unflatten([fake(leaf, False) for leaf in leaves], structure)
-    finally:
-        for table, name, tensor in slots:
-            table[name] = tensor
 
 
 def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precision, device,
@@ -1074,21 +1068,20 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
     # Export lists a tied parameter once per name; the joint graph takes it once,
     # so autograd sums the gradient over all its uses.
     export_to_joint: list[int] = []
-    joint_index_of_param: dict[int, int] = {}
-    joint_index_of_buffer: dict[int, int] = {}
+    joint_index: dict[int, int] = {}  # the model's parameters and buffers, by identity
     user_index = 0
     for spec in program.graph_signature.input_specs:
         if spec.kind == InputKind.PARAMETER:
             identity = id(getattr_path(step, spec.target))
-            if identity in joint_index_of_param:
-                export_to_joint.append(joint_index_of_param[identity])
+            if identity in joint_index:
+                export_to_joint.append(joint_index[identity])
                 continue
             tensor = state[spec.target]
             fqn = real_fqn.get(_strip_model_prefix(spec.target), _strip_model_prefix(spec.target))
             names = aliases.get(identity, [fqn])
             params.append(ParamInfo(fqn, tuple(tensor.shape), tensor.dtype, tensor.requires_grad,
                                     [n for n in names if n != fqn]))
-            joint_index_of_param[identity] = len(inputs)
+            joint_index[identity] = len(inputs)
             export_to_joint.append(len(inputs))
             inputs.append(("param", fqn))
             flat_args.append(tensor.detach().requires_grad_(tensor.requires_grad))
@@ -1097,7 +1090,7 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
         if spec.kind == InputKind.BUFFER:
             tensor = state[spec.target]
             fqn = real_fqn.get(_strip_model_prefix(spec.target), _strip_model_prefix(spec.target))
-            joint_index_of_buffer[id(getattr_path(step, spec.target))] = len(inputs)
+            joint_index[id(getattr_path(step, spec.target))] = len(inputs)
             buffers.append(BufferInfo(fqn, tuple(tensor.shape), tensor.dtype))
             inputs.append(("buffer", fqn))
             flat_args.append(tensor.detach())
@@ -1139,10 +1132,9 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
     # A custom Function may read the model's tensors it is not passed
     # (checkpointing Functions run the module they close over, a unit among
     # them): there it reads the joint trace's, cast and hooked as export's.
-    joint_index = {**joint_index_of_param, **joint_index_of_buffer} if applied else {}
     model_slots = [(table, name, joint_index[id(tensor)]) for module in step.modules()
                    for table in (module._parameters, module._buffers) for name, tensor in table.items()
-                   if tensor is not None and id(tensor) in joint_index]
+                   if tensor is not None and id(tensor) in joint_index] if applied else []
     with recording_regions(device), (_mixed_precision_casts(getattr(step, _MODEL_ATTR), units, mixed_precision)
                                      if applied else contextlib.nullcontext()):
         joint, updated = _trace_joint(program.graph_module, flat_args, input_names, trainable, export_to_joint,
@@ -1296,7 +1288,8 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
     def joint(*args):
         if applied:  # leaves, as the model's parameters are in eager, for backward to accumulate into
             args = [arg.detach().requires_grad_() if i in trainable else arg for i, arg in enumerate(args)]
-        with torch.enable_grad(), preserve_node_meta(), _holding(model_slots, args), \
+        with torch.enable_grad(), preserve_node_meta(), \
+                _holding([(table, name, args[index]) for table, name, index in model_slots]), \
                 functions.backward_in_capture(applied, lambda: _python_rewrites(target)):
             with saving if saved else contextlib.nullcontext():
                 loss, *aux = _Composites(forward, target, applied, on_device).run(
@@ -1377,13 +1370,13 @@ _STATIC_ASSERTIONS = {torch.ops.aten._assert_tensor_metadata.default}
 
 
 @contextlib.contextmanager
-def _holding(model_slots: list[tuple[dict, str, int]], args: Sequence[torch.Tensor]) -> Iterator[None]:
-    """The model's parameter and buffer slots hold the joint trace's inputs
-    (`args[index]`) meanwhile."""
-    held = [(table, name, table[name]) for table, name, _ in model_slots]
+def _holding(assignments: Sequence[tuple[dict, str, torch.Tensor]]) -> Iterator[None]:
+    """Each (table, name, tensor): that slot of a module's parameters or
+    buffers holds `tensor` meanwhile."""
+    held = [(table, name, table[name]) for table, name, _ in assignments]
     try:
-        for table, name, index in model_slots:
-            table[name] = args[index]
+        for table, name, tensor in assignments:
+            table[name] = tensor
         yield
     finally:
         for table, name, tensor in held:
@@ -1393,8 +1386,8 @@ def _holding(model_slots: list[tuple[dict, str, int]], args: Sequence[torch.Tens
 @contextlib.contextmanager
 def _python_rewrites(target: str) -> Iterator[None]:
     """Capture's rewrites of what Python code calls (fused attention and
-    RMSNorm for `target`, tensors made from Python data as ops), for the
-    code of custom Functions the joint trace runs."""
+    RMSNorm for `target`, tensors made from Python data as ops): forward's,
+    and the code of the custom Functions the joint trace runs."""
     with FusedAttentionFor(target), FusedRmsNormFor(target), _PythonDataAsOps():
         yield
 

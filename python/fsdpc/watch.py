@@ -254,10 +254,9 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
             if name not in namespace:  # a builtin
                 continue
             value = namespace[name]
-            if user_function(value):
-                yield from visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
-            elif _user_autograd_function(value):
-                yield from visit_function_class(value, described, depth)
+            called = reached(value, described, depth)
+            if called is not None:
+                yield from called
             else:
                 yield (f"{described}'s global '{name}'", lambda name=name: namespace.get(name, _ABSENT_NAME),
                        set(reads.attributes_of.get(name, ())), f"{where}:{line}")
@@ -265,19 +264,24 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
             if name not in reads.closure:  # only assigned (a nonlocal counter)
                 continue
             value = cell_value(cell)
-            if user_function(value):
-                yield from visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
-            elif _user_autograd_function(value):
-                yield from visit_function_class(value, described, depth)
+            called = reached(value, described, depth)
+            if called is not None:
+                yield from called
             else:
                 yield (f"{described}'s closure variable '{name}'", lambda cell=cell: cell_value(cell),
                        set(reads.attributes_of.get(name, ())), f"{where}:{reads.closure[name]}")
 
-    def visit_function_class(function: type, described: str, depth: int):
-        # A custom autograd Function's forward and backward run in the step as the code calling it does.
-        for method in ("forward", "backward"):
-            found = getattr(function, method, None)
-            yield from visit(found, f"{function.__qualname__}.{method} (called by {described})", depth + 1)
+    def reached(value, described: str, depth: int):
+        """The reads of `value` where the code calls it (a function of the
+        user's; a custom autograd Function's forward and backward, which run
+        in the step as the calling code does); None for any other value."""
+        if user_function(value):
+            return visit(value, f"{value.__qualname__} (called by {described})", depth + 1)
+        if _user_autograd_function(value):
+            return (read for method in ("forward", "backward")
+                    for read in visit(getattr(value, method, None),
+                                      f"{value.__qualname__}.{method} (called by {described})", depth + 1))
+        return None
 
     yield from visit(loss_fn, "loss_fn", 0)
     for kind in dict.fromkeys(type(module) for module in model.modules()):
