@@ -34,6 +34,7 @@ import sys
 import traceback
 import types
 import warnings
+from collections.abc import ItemsView, KeysView, ValuesView
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
@@ -162,10 +163,11 @@ class _TrainingStep(nn.Module):
         self._device, self._autocast = device, ambient_autocast(device)
 
     def forward(self, *batch):
-        if self._autocast is None:
-            return self._loss_fn(getattr(self, _MODEL_ATTR), *batch)
-        with torch.autocast(self._device, dtype=self._autocast):
-            return self._loss_fn(getattr(self, _MODEL_ATTR), *batch)
+        with _casting_reads():
+            if self._autocast is None:
+                return self._loss_fn(getattr(self, _MODEL_ATTR), *batch)
+            with torch.autocast(self._device, dtype=self._autocast):
+                return self._loss_fn(getattr(self, _MODEL_ATTR), *batch)
 
 
 def batch_leaves(batch: Sequence) -> tuple[list[torch.Tensor], TreeSpec]:
@@ -350,31 +352,74 @@ def _cast_floats(value, dtype: torch.dtype):
         lambda v: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v, value)
 
 
-_READING_CAST: dict[tuple[type, tuple], type] = {}  # made once per class and casts: see _reading_cast
+class _CastReads(dict):
+    """A module's `_parameters` under mp_policy: a view of the module's own
+    table (which keeps holding the parameters, under their own names), in
+    which each parameter named in `dtypes` reads cast to its dtype while
+    the traced step runs (`_casting_reads`), as FSDP2's unsharded
+    parameters are during forward: read by attribute (`self.weight`),
+    as `self._parameters["weight"]`, or through `parameters()` (Hugging
+    Face's `self.dtype`). The module's class stays its own. Outside the
+    step (export's and fsdpc's own bookkeeping) it reads the parameters
+    themselves. Each read casts, so the cast lands where the parameter is
+    used."""
+
+    def __init__(self, entries: dict, dtypes: dict[str, torch.dtype], everywhere: bool):
+        super().__init__()
+        self.entries, self.dtypes, self.everywhere = entries, dtypes, everywhere
+
+    def __getitem__(self, name):
+        value = self.entries[name]
+        dtype = self.dtypes.get(name)
+        if value is None or dtype is None or not (self.everywhere or _CASTING_READS[0]):
+            return value
+        return value.to(dtype)
+
+    def get(self, name, default=None):
+        return self[name] if name in self.entries else default
+
+    def __contains__(self, name):
+        return name in self.entries
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __len__(self):
+        return len(self.entries)
+
+    def __setitem__(self, name, value):
+        self.entries[name] = value
+
+    def __delitem__(self, name):
+        del self.entries[name]
+
+    def pop(self, name, *default):
+        return self.entries.pop(name, *default)
+
+    def keys(self):
+        return KeysView(self)
+
+    def values(self):
+        return ValuesView(self)
+
+    def items(self):
+        return ItemsView(self)
+
+    def __repr__(self):
+        return repr(self.entries)
 
 
-def _reading_cast(module: nn.Module, dtypes: dict[str, torch.dtype]) -> type:
-    """Makes `module` read each parameter named in `dtypes` cast to its
-    dtype (an instance of a subclass of its class, of the same name, with a
-    property per name): each read casts, so the cast lands where the
-    parameter is used, and the parameter stays where it was, under its own
-    name (a parametrization's would move it). Returns the class to restore."""
-    def read(name: str, dtype: torch.dtype) -> property:
-        return property(lambda self: self._parameters[name].to(dtype))
+_CASTING_READS = [0]  # how many traced steps are running: see _CastReads
 
-    original = type(module)
-    key = (original, tuple(sorted(dtypes.items(), key=lambda item: item[0])))
-    if key not in _READING_CAST:
-        try:
-            _READING_CAST[key] = type(original.__name__, (original,), {
-                "__qualname__": original.__qualname__, "__module__": original.__module__,
-                **{name: read(name, dtype) for name, dtype in dtypes.items()}})
-        except Exception as error:  # a metaclass or __init_subclass__ of the user's that refuses subclasses
-            raise CaptureError(f"mp_policy casts the parameters of {original.__qualname__} where they are read, "
-                               f"through a subclass of it, and {original.__qualname__} refuses one: "
-                               f"{type(error).__name__}: {error}") from error
-    module.__class__ = _READING_CAST[key]
-    return original
+
+@contextlib.contextmanager
+def _casting_reads() -> Iterator[None]:
+    """mp_policy's casts read where the step's code reads parameters (the traced step runs)."""
+    _CASTING_READS[0] += 1
+    try:
+        yield
+    finally:
+        _CASTING_READS[0] -= 1
 
 
 _PARAMETRIZATION_MODULE = re.compile(r"(^|\.)parametrizations\.[^.]+\.\d+$")
@@ -390,30 +435,32 @@ def _unparametrized(path: str) -> str:
 
 
 @contextlib.contextmanager
-def _mixed_precision_casts(model: nn.Module, units: dict[str, nn.Module], policy: MixedPrecision | None):
+def _mixed_precision_casts(model: nn.Module, units: dict[str, nn.Module], policy: MixedPrecision | None, *,
+                           everywhere: bool = False):
     """FSDP2's MixedPrecisionPolicy while export traces, each wrap unit's
     own (`units`: the unit modules by FQN, "" the model): parameters read in
-    their unit's compute dtype (`_reading_cast`; a parametrization of the
-    user's computes from its originals cast, as FSDP2 gathers them), and
-    casts of each unit's floating inputs and outputs (forward hooks). Undone
-    afterwards."""
-    handles, classes = [], []
+    their unit's compute dtype inside the step (`_CastReads`; everywhere
+    inside the context with `everywhere`: an eager reference, the joint
+    trace's custom Functions; a parametrization of the user's computes
+    from its originals cast, as FSDP2 gathers them), and casts of each
+    unit's floating inputs and outputs (forward hooks). Undone afterwards."""
+    handles, tables = [], []
     try:
         if policy is not None:
-            _cast_where_read(model, units, policy, handles, classes)
+            _cast_where_read(model, units, policy, handles, tables, everywhere)
         yield
     finally:
         for handle in handles:
             handle.remove()
-        for module, original in classes:
-            module.__class__ = original
+        for module, table in reversed(tables):
+            module.__dict__["_parameters"] = table
 
 
 def _cast_where_read(model: nn.Module, units: dict[str, nn.Module], policy: MixedPrecision, handles: list,
-                     classes: list) -> None:
+                     tables: list, everywhere: bool) -> None:
     """`_mixed_precision_casts`' casts, each recorded as it is made (its
-    hook's handle in `handles`, a module's own class in `classes`) for the
-    caller to undo, after an error too."""
+    hook's handle in `handles`, a module's own parameter table in `tables`)
+    for the caller to undo, after an error too."""
     plan = UnitPlan([Unit(ROOT_UNIT, "", is_root=True)] + [Unit(fqn, "") for fqn in units if fqn])
     names: dict[int, list[str]] = {}
     for fqn, param in model.named_parameters(remove_duplicate=False):
@@ -428,7 +475,8 @@ def _cast_where_read(model: nn.Module, units: dict[str, nn.Module], policy: Mixe
             if dtype is not None and param.dtype != dtype:
                 dtypes[name] = dtype
         if dtypes:
-            classes.append((module, _reading_cast(module, dtypes)))
+            tables.append((module, module.__dict__["_parameters"]))
+            module.__dict__["_parameters"] = _CastReads(module.__dict__["_parameters"], dtypes, everywhere)
     for fqn, module in units.items():
         own = policy.of_unit(fqn)
         if own.cast_forward_inputs and own.param_dtype is not None:
@@ -1135,7 +1183,8 @@ def _joint_step(program, step, batch, aliases, real_fqn, loss_fn, mixed_precisio
     model_slots = [(table, name, joint_index[id(tensor)]) for module in step.modules()
                    for table in (module._parameters, module._buffers) for name, tensor in table.items()
                    if tensor is not None and id(tensor) in joint_index] if applied else []
-    with recording_regions(device), (_mixed_precision_casts(getattr(step, _MODEL_ATTR), units, mixed_precision)
+    with recording_regions(device), (_mixed_precision_casts(getattr(step, _MODEL_ATTR), units, mixed_precision,
+                                                            everywhere=True)
                                      if applied else contextlib.nullcontext()):
         joint, updated = _trace_joint(program.graph_module, flat_args, input_names, trainable, export_to_joint,
                                       saved, returned, updatable, device, on_device, seed, applied, model_slots)
@@ -1428,13 +1477,24 @@ _KEPT_WHOLE = ("nll_loss_forward", "nll_loss_backward", "_log_softmax_backward_d
 _DECOMPOSITION_INEXACT = ("_scaled_dot_product_flash_attention_for_cpu",)
 
 
-def _decompositions():
-    from torch._decomp import core_aten_decompositions
-    table = core_aten_decompositions()
-    for name in _KEPT_WHOLE + _DECOMPOSITION_INEXACT:
-        for overload in getattr(torch.ops.aten, name).overloads():
-            table.pop(getattr(getattr(torch.ops.aten, name), overload), None)
-    return table
+_DECOMPOSITIONS: dict[int, dict] = {}  # by the count of registered operators: see _decompositions
+
+
+def _decompositions() -> dict:
+    """Core ATen's decompositions less the kernels kept whole, as a plain
+    dict: torch's table gathers every namespace's composite kernels each
+    time it is read (0.1 s, a tenth of a small model's capture), so it is
+    built once per set of registered operators (a custom op registered
+    later makes another)."""
+    registered = len(torch._C._dispatch_get_all_op_names())
+    if registered not in _DECOMPOSITIONS:
+        from torch._decomp import core_aten_decompositions
+        table = core_aten_decompositions()
+        for name in _KEPT_WHOLE + _DECOMPOSITION_INEXACT:
+            for overload in getattr(torch.ops.aten, name).overloads():
+                table.pop(getattr(getattr(torch.ops.aten, name), overload), None)
+        _DECOMPOSITIONS[registered] = {op: table[op] for op in table}
+    return _DECOMPOSITIONS[registered]
 
 
 def _is_mutating(node: fx.Node) -> bool:

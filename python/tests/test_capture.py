@@ -579,7 +579,7 @@ def test_mixed_precision_capture_matches_eager_under_the_same_policy(name):
     loss, grads = run_joint(result, model, batch)
 
     units = {name: model.get_submodule(name) for name in ("" if u.is_root else u.name for u in result.plan.units)}
-    with _mixed_precision_casts(model, units, policy):
+    with _mixed_precision_casts(model, units, policy, everywhere=True):
         eager_loss = loss_fn(model, *batch)
         eager_loss.backward()
     # bf16 compute: the captured graph decomposes fused kernels (layer_norm's
@@ -639,7 +639,7 @@ def test_parametrizations_of_the_users_capture_under_their_names():
         result = export_training_step(model, batch, loss_fn, mixed_precision=policy)
         assert [p.fqn for p in result.step.params] == [name for name, _ in model.named_parameters()]
         loss, grads = run_joint(result, model, batch)
-        with _mixed_precision_casts(eager, {"": eager}, policy):
+        with _mixed_precision_casts(eager, {"": eager}, policy, everywhere=True):
             expected = loss_fn(eager, *batch)
             expected.backward()
         torch.testing.assert_close(loss, expected, rtol=rtol, atol=atol)
@@ -677,16 +677,50 @@ class Kind(Registered, kind="linear"):
     pass
 
 
-def test_a_class_refusing_the_policys_cast_is_named_and_the_model_left_as_it_was():
-    from fsdpc.capture import MixedPrecision
+READ_IN_FORWARD = []  # by ReadsItsParameters (export undoes changes to module attributes)
 
-    model = nn.Sequential(nn.Linear(4, 4), Kind(4, 4))
-    with pytest.raises(CaptureError, match=r"mp_policy casts the parameters of Kind where they are read, through a "
-                                           r"subclass of it, and Kind refuses one: TypeError"):
-        export_training_step(model, (torch.randn(2, 4),), lambda m, x: m(x).sum(),
-                             mixed_precision=MixedPrecision(param_dtype=torch.bfloat16))
-    assert [type(module) for module in model] == [nn.Linear, Kind]
-    assert model[0].weight.dtype == torch.float32 and model(torch.randn(2, 4)).dtype == torch.float32
+
+class ReadsItsParameters(nn.Module):
+    """Reads its parameters other than by attribute, as FSDP2's unsharded
+    ones read during forward: the dtype of `parameters()` (Hugging Face's
+    `self.dtype`), `_parameters` directly, and its modules' classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner, self.kind = nn.Linear(4, 4), Kind(4, 4)
+
+    def forward(self, x):
+        dtype = next(self.parameters()).dtype
+        READ_IN_FORWARD.append((dtype, self.kind._parameters["weight"].dtype, type(self.inner) is nn.Linear,
+                          type(self.kind) is Kind, sum(1 for _ in self.parameters())))
+        return self.kind(self.inner(x.to(dtype)) * torch.finfo(dtype).eps * 1e3)
+
+
+def test_the_policys_casts_read_as_fsdp2s_unsharded_parameters_and_leave_the_classes():
+    """Before 2026-11-28 a module's class was swapped for a subclass that
+    cast attribute reads only: `parameters()` gave fp32 inside forward
+    (this step mixed bf16 and fp32 and was refused), `type(m) is nn.Linear`
+    was False, and a class refusing subclasses was refused."""
+    from fsdpc.capture import MixedPrecision, _mixed_precision_casts
+
+    policy = MixedPrecision(param_dtype=torch.bfloat16)
+    model, x = ReadsItsParameters(), torch.randn(2, 4)
+    READ_IN_FORWARD.clear()
+    result = export_training_step(model, (x,), lambda m, x: m(x).float().sum(), mixed_precision=policy)
+    assert READ_IN_FORWARD and all(seen == (torch.bfloat16, torch.bfloat16, True, True, 4)
+                                   for seen in READ_IN_FORWARD), READ_IN_FORWARD
+    loss, grads = run_joint(result, model, (x,))
+    eager = copy.deepcopy(model)
+    with _mixed_precision_casts(eager, {"": eager}, policy, everywhere=True):
+        expected = eager(x).float().sum()
+    expected.backward()
+    torch.testing.assert_close(loss, expected)
+    for fqn, grad in grads.items():
+        torch.testing.assert_close(grad, eager.get_parameter(fqn).grad, msg=lambda m: f"gradient of {fqn}: {m}")
+    # Outside the step, and after it, the model holds its own parameters.
+    assert all(type(t) is nn.Parameter and t.dtype == torch.float32 for t in model.parameters())
+    assert type(model.__dict__["_parameters"]) is dict and type(model.kind.__dict__["_parameters"]) is dict
+    assert model(x).dtype == torch.float32
 
 
 class MaskedLinear(nn.Module):

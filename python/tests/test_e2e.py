@@ -39,7 +39,7 @@ def eager(name, *, world=1, accumulate=1, freeze="", mixed_precision=None):
                 from fsdpc.units import plan_units
                 units = {name: model.get_submodule(name)
                          for name in ("" if u.is_root else u.name for u in plan_units(model).units)}
-                with _mixed_precision_casts(model, units, mixed_precision):
+                with _mixed_precision_casts(model, units, mixed_precision, everywhere=True):
                     loss = loss_fn(model, *part)
             else:
                 loss = loss_fn(model, *part)
