@@ -31,6 +31,7 @@ import os
 import random
 import re
 import sys
+import threading
 import traceback
 import types
 import warnings
@@ -364,14 +365,14 @@ class _CastReads(dict):
     themselves. Each read casts, so the cast lands where the parameter is
     used."""
 
-    def __init__(self, entries: dict, dtypes: dict[str, torch.dtype], everywhere: bool):
+    def __init__(self, entries: dict, dtypes: dict[str, torch.dtype]):
         super().__init__()
-        self.entries, self.dtypes, self.everywhere = entries, dtypes, everywhere
+        self.entries, self.dtypes = entries, dtypes
 
     def __getitem__(self, name):
         value = self.entries[name]
         dtype = self.dtypes.get(name)
-        if value is None or dtype is None or not (self.everywhere or _CASTING_READS[0]):
+        if value is None or dtype is None or not _CASTING_READS.depth:
             return value
         return value.to(dtype)
 
@@ -409,17 +410,23 @@ class _CastReads(dict):
         return repr(self.entries)
 
 
-_CASTING_READS = [0]  # how many traced steps are running: see _CastReads
+class _StepsRunning(threading.local):
+    """How many traced steps this thread runs: see _CastReads (another
+    thread, an async checkpoint's, reads the parameters themselves)."""
+    depth = 0
+
+
+_CASTING_READS = _StepsRunning()
 
 
 @contextlib.contextmanager
 def _casting_reads() -> Iterator[None]:
     """mp_policy's casts read where the step's code reads parameters (the traced step runs)."""
-    _CASTING_READS[0] += 1
+    _CASTING_READS.depth += 1
     try:
         yield
     finally:
-        _CASTING_READS[0] -= 1
+        _CASTING_READS.depth -= 1
 
 
 _PARAMETRIZATION_MODULE = re.compile(r"(^|\.)parametrizations\.[^.]+\.\d+$")
@@ -439,16 +446,17 @@ def _mixed_precision_casts(model: nn.Module, units: dict[str, nn.Module], policy
                            everywhere: bool = False):
     """FSDP2's MixedPrecisionPolicy while export traces, each wrap unit's
     own (`units`: the unit modules by FQN, "" the model): parameters read in
-    their unit's compute dtype inside the step (`_CastReads`; everywhere
-    inside the context with `everywhere`: an eager reference, the joint
-    trace's custom Functions; a parametrization of the user's computes
+    their unit's compute dtype inside the step (`_CastReads`; with
+    `everywhere`, anywhere this thread reads them inside the context: an
+    eager reference, the joint trace's custom Functions; a parametrization of the user's computes
     from its originals cast, as FSDP2 gathers them), and casts of each
     unit's floating inputs and outputs (forward hooks). Undone afterwards."""
     handles, tables = [], []
     try:
         if policy is not None:
-            _cast_where_read(model, units, policy, handles, tables, everywhere)
-        yield
+            _cast_where_read(model, units, policy, handles, tables)
+        with _casting_reads() if everywhere else contextlib.nullcontext():
+            yield
     finally:
         for handle in handles:
             handle.remove()
@@ -457,7 +465,7 @@ def _mixed_precision_casts(model: nn.Module, units: dict[str, nn.Module], policy
 
 
 def _cast_where_read(model: nn.Module, units: dict[str, nn.Module], policy: MixedPrecision, handles: list,
-                     tables: list, everywhere: bool) -> None:
+                     tables: list) -> None:
     """`_mixed_precision_casts`' casts, each recorded as it is made (its
     hook's handle in `handles`, a module's own parameter table in `tables`)
     for the caller to undo, after an error too."""
@@ -476,7 +484,7 @@ def _cast_where_read(model: nn.Module, units: dict[str, nn.Module], policy: Mixe
                 dtypes[name] = dtype
         if dtypes:
             tables.append((module, module.__dict__["_parameters"]))
-            module.__dict__["_parameters"] = _CastReads(module.__dict__["_parameters"], dtypes, everywhere)
+            module.__dict__["_parameters"] = _CastReads(module.__dict__["_parameters"], dtypes)
     for fqn, module in units.items():
         own = policy.of_unit(fqn)
         if own.cast_forward_inputs and own.param_dtype is not None:
