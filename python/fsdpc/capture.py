@@ -35,6 +35,7 @@ import threading
 import traceback
 import types
 import warnings
+import weakref
 from collections.abc import ItemsView, KeysView, ValuesView
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -363,18 +364,27 @@ class _CastReads(dict):
     Face's `self.dtype`). The module's class stays its own. Outside the
     step (export's and fsdpc's own bookkeeping) it reads the parameters
     themselves. Each read casts, so the cast lands where the parameter is
-    used."""
+    used; a cast written back (`torch.func.functional_call` restoring what
+    it read) stores the parameter it was made from."""
 
     def __init__(self, entries: dict, dtypes: dict[str, torch.dtype]):
         super().__init__()
         self.entries, self.dtypes = entries, dtypes
+        self.made_from: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # id(cast) -> (the cast, its parameter)
 
     def __getitem__(self, name):
         value = self.entries[name]
-        dtype = self.dtypes.get(name)
+        # Under _AliasedNames the dtypes are keyed by its safe names.
+        dtype = self.dtypes.get(self.entries._key(name) if isinstance(self.entries, _AliasedNames) else name)
         if value is None or dtype is None or not _CASTING_READS.depth:
             return value
-        return value.to(dtype)
+        cast = value.to(dtype)
+        self.made_from[id(cast)] = (weakref.ref(cast), value)
+        return cast
+
+    def __setitem__(self, name, value):
+        made = self.made_from.get(id(value))
+        self.entries[name] = made[1] if made is not None and made[0]() is value else value
 
     def get(self, name, default=None):
         return self[name] if name in self.entries else default
@@ -385,17 +395,47 @@ class _CastReads(dict):
     def __iter__(self):
         return iter(self.entries)
 
+    def __reversed__(self):
+        return reversed(self.entries)
+
     def __len__(self):
         return len(self.entries)
-
-    def __setitem__(self, name, value):
-        self.entries[name] = value
 
     def __delitem__(self, name):
         del self.entries[name]
 
+    def __eq__(self, other):
+        return self.entries == (other.entries if isinstance(other, _CastReads) else other)
+
+    __hash__ = None
+
     def pop(self, name, *default):
         return self.entries.pop(name, *default)
+
+    def popitem(self):
+        return self.entries.popitem()
+
+    def setdefault(self, name, default=None):
+        if name not in self.entries:
+            self[name] = default
+        return self[name]
+
+    def update(self, *others, **entries):
+        for name, value in dict(*others, **entries).items():
+            self[name] = value
+
+    def clear(self):
+        self.entries.clear()
+
+    def copy(self):
+        return dict(self.items())
+
+    def __or__(self, other):
+        return dict(self.items()) | other
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
 
     def keys(self):
         return KeysView(self)
@@ -1404,7 +1444,10 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
                                        "nothing but gradients and buffers' values: update a copy")
         return tuple(r.from_functional() if isinstance(r, FunctionalTensor) else r for r in (*results, *updates))
 
-    with preserve_node_meta(), _quiet_torch_logs():
+    # Backward on this thread, as AOTAutograd traces it: autograd would run a
+    # CUDA target's on its device thread, outside this thread's state (the
+    # policy's casts for custom Functions' recomputes, the modes).
+    with preserve_node_meta(), _quiet_torch_logs(), torch.autograd.set_multithreading_enabled(False):
         traced = make_fx(functional_joint, tracing_mode="fake", decomposition_table=_decompositions())(*flat_args)
     if saving.unfound:
         unfound = ", ".join(f"{name} #{index} in checkpoint region {region}"

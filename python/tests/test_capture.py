@@ -688,26 +688,34 @@ class ReadsItsParameters(nn.Module):
     def __init__(self):
         super().__init__()
         self.inner, self.kind = nn.Linear(4, 4), Kind(4, 4)
+        self.register_parameter("my scale", nn.Parameter(torch.full((4,), 2.0)))
 
     def forward(self, x):
         dtype = next(self.parameters()).dtype
-        READ_IN_FORWARD.append((dtype, self.kind._parameters["weight"].dtype, type(self.inner) is nn.Linear,
-                          type(self.kind) is Kind, sum(1 for _ in self.parameters())))
-        return self.kind(self.inner(x.to(dtype)) * torch.finfo(dtype).eps * 1e3)
+        scale = getattr(self, "my scale")
+        READ_IN_FORWARD.append((dtype, self.kind._parameters["weight"].dtype, scale.dtype,
+                                type(self.inner) is nn.Linear, type(self.kind) is Kind,
+                                sum(1 for _ in self.parameters())))
+        h = self.inner(x.to(dtype)) * torch.finfo(dtype).eps * 1e3 * scale
+        # functional_call swaps the weight in and writes back what it read (the cast).
+        return torch.func.functional_call(self.kind, {"weight": self.kind.weight * 0.5}, (h,))
 
 
 def test_the_policys_casts_read_as_fsdp2s_unsharded_parameters_and_leave_the_classes():
     """Before 2026-11-28 a module's class was swapped for a subclass that
     cast attribute reads only: `parameters()` gave fp32 inside forward
     (this step mixed bf16 and fp32 and was refused), `type(m) is nn.Linear`
-    was False, and a class refusing subclasses was refused."""
+    was False, a class refusing subclasses was refused, and a parameter
+    whose name is not an identifier read fp32 by name. functional_call,
+    which writes back the cast it read, leaves the parameter in place."""
     from fsdpc.capture import MixedPrecision, _mixed_precision_casts
 
     policy = MixedPrecision(param_dtype=torch.bfloat16)
     model, x = ReadsItsParameters(), torch.randn(2, 4)
     READ_IN_FORWARD.clear()
     result = export_training_step(model, (x,), lambda m, x: m(x).float().sum(), mixed_precision=policy)
-    assert READ_IN_FORWARD and all(seen == (torch.bfloat16, torch.bfloat16, True, True, 4)
+    parameters = {name: param for name, param in model.named_parameters()}
+    assert READ_IN_FORWARD and all(seen == (torch.bfloat16, torch.bfloat16, torch.bfloat16, True, True, 5)
                                    for seen in READ_IN_FORWARD), READ_IN_FORWARD
     loss, grads = run_joint(result, model, (x,))
     eager = copy.deepcopy(model)
@@ -718,6 +726,7 @@ def test_the_policys_casts_read_as_fsdp2s_unsharded_parameters_and_leave_the_cla
     for fqn, grad in grads.items():
         torch.testing.assert_close(grad, eager.get_parameter(fqn).grad, msg=lambda m: f"gradient of {fqn}: {m}")
     # Outside the step, and after it, the model holds its own parameters.
+    assert all(model.get_parameter(name) is param for name, param in parameters.items())
     assert all(type(t) is nn.Parameter and t.dtype == torch.float32 for t in model.parameters())
     assert type(model.__dict__["_parameters"]) is dict and type(model.kind.__dict__["_parameters"]) is dict
     assert model(x).dtype == torch.float32
