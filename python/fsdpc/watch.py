@@ -286,6 +286,15 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
     yield from visit(loss_fn, "loss_fn", 0)
     for kind in dict.fromkeys(type(module) for module in model.modules()):
         yield from visit(getattr(kind, "forward", None), f"{kind.__name__}.forward", 0)
+    # A Function the model holds (`self.fn = MyFunction`, or as a class
+    # attribute) is called as `self.fn.apply(...)`, which the code does not name.
+    for module in model.modules():
+        held = {name: value for kind in reversed(type(module).__mro__[:-1]) if kind is not nn.Module
+                for name, value in vars(kind).items()}
+        held.update(vars(module))
+        for name, value in held.items():
+            if _user_autograd_function(value):
+                yield from reached(value, f"{type(module).__name__}.{name}", 0)
 
 
 def free_variable_reads(loss_fn: Callable, model: nn.Module) -> list[tuple[str, Callable[[], object]]]:

@@ -952,6 +952,18 @@ class ClosingOver(nn.Module):
         return self.post(ScaledByBuffer.apply(h, self)).square().mean()
 
 
+class HoldsItsFunction(nn.Linear):
+    """Calls a Function it holds, which its code does not name."""
+
+    def __init__(self):
+        super().__init__(4, 4)
+        self.scaled = ScaledByBuffer
+        self.register_buffer("factor", torch.tensor(0.5))
+
+    def forward(self, x):
+        return self.scaled.apply(super().forward(x), self).square().mean()
+
+
 class ReadsATable(nn.Linear):
     def forward(self, x):
         return ScaledByTable.apply(super().forward(x)).square().mean()
@@ -994,6 +1006,9 @@ def test_a_custom_function_reads_the_models_tensors_it_is_not_passed():
         torch.testing.assert_close(grad, plain_grads[fqn], rtol=0, atol=0, msg=lambda m: f"gradient of {fqn}: {m}")
     assert dict((described, read()) for described, read in free_variable_reads(loss_fn, model))[
         "ScaledByBuffer.forward (called by ClosingOver.forward)'s global 'FUNCTION_SCALE'"] == 3.0
+    # Held by the model and called as `self.scaled.apply`: keyed too (before 2026-11-28 it was not).
+    assert dict((described, read()) for described, read in free_variable_reads(loss_fn, HoldsItsFunction()))[
+        "ScaledByBuffer.forward (called by HoldsItsFunction.scaled)'s global 'FUNCTION_SCALE'"] == 3.0
     line = f"{__file__}:{inspect.getsourcelines(ScaledByTable.forward)[1] + 2}"
     with pytest.raises(CaptureError, match=re.escape(line) + r": ScaledByTable.forward \(called by "
                                            r"ReadsATable.forward\)'s global 'TABLE' is a tensor \(8, .*register_buffer"):
