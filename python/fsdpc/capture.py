@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import itertools
 import logging
 import os
 import random
@@ -856,18 +857,28 @@ _OUTSIDE_TENSOR_SIGNS = ("FakeTensorDeviceMismatchError", "neither the model's p
 
 
 @contextlib.contextmanager
-def _explaining_outside_tensors(loss_fn: Callable, model: nn.Module) -> Iterator[None]:
+def _explaining_outside_tensors(loss_fn: Callable, model: nn.Module, device: str) -> Iterator[None]:
     """A capture that failed on a tensor from outside the model says which
-    variable held it, and where (`outside_tensor`)."""
+    variable held it, and where (`outside_tensor`); one the step made on the
+    CPU for a GPU target says so."""
     try:
         yield
     except CaptureError as error:
-        if not any(sign in str(error) for sign in _OUTSIDE_TENSOR_SIGNS):
+        text = str(error)
+        if not any(sign in text for sign in _OUTSIDE_TENSOR_SIGNS):
             raise
         explained = outside_tensor(loss_fn, model)
-        if explained is None:
+        if explained is not None:
+            raise CaptureError(explained) from error
+        made_on_cpu = re.match(r"(.*): FakeTensorDeviceMismatchError: .*\bcpu\b", text, re.S)
+        if device == "cpu" or made_on_cpu is None:
             raise
-        raise CaptureError(explained) from error
+        raise CaptureError(
+            f"{made_on_cpu[1]}: a tensor made on the CPU (by a factory without device=, such as "
+            f"torch.arange(n) or torch.ones(n, n)) meets the model's, which are on {device}; eager PyTorch "
+            "refuses it there too: make it with device= of a tensor the step has (torch.arange(n, "
+            f"device=x.device)), or make {device} the default device "
+            f"(torch.set_default_device(\"{device}\"))") from error
 
 
 # Python's and NumPy's functions that draw random numbers from their global generators.
@@ -1013,6 +1024,19 @@ class Observed:
     applied: list  # the custom autograd Functions' calls (functions.kept_whole)
 
 
+def _factories_on_the_models_device(model: nn.Module, device: str):
+    """A tensor the step makes without a device (`torch.arange(T)`,
+    `torch.ones(T, T)`) is made on the device the model is captured on
+    (meta) where eager would make it on the target's: the default device is
+    the target's (a CPU job; a GPU job that set `torch.set_default_device`).
+    Elsewhere eager's tensor would be on another device than the model's,
+    and capture says so as eager would."""
+    held = next(itertools.chain(model.parameters(), model.buffers()), None)
+    if held is None or held.device.type == device or torch.get_default_device().type != device:
+        return contextlib.nullcontext()
+    return held.device
+
+
 @contextlib.contextmanager
 def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision: MixedPrecision | None,
                   device: str) -> Iterator[Observed]:
@@ -1022,7 +1046,8 @@ def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision
     of module attributes read, and autocast regions recorded
     (fsdpc.autocast)."""
     # The model's own modules are named before the casts add theirs.
-    with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision),
+    with (_factories_on_the_models_device(model, device), _attribute_reads(model) as reads,
+          _mixed_precision_casts(model, units, mixed_precision),
           _python_rewrites(device), checkpoint_regions() as regions, recording_regions(device),
           _refusing_untraceable_autocast(device), _refusing_inner_backward(), _refusing_host_random(),
           functions.kept_whole(lambda: _python_rewrites(device)) as applied, _saved_tensors_hooks_entered() as hooks):
@@ -1103,7 +1128,7 @@ def traced_forward(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Cal
     while True:
         with contextlib.ExitStack() as stack:
             traced = stack.enter_context(_on_fake_device(model, batch, device)) if on_device else batch
-            stack.enter_context(_explaining_outside_tensors(loss_fn, model))
+            stack.enter_context(_explaining_outside_tensors(loss_fn, model, device))
             real_fqn = stack.enter_context(_tracing_safe_names(model))
             with capture_modes(model, units, mixed_precision, device) as observed:
                 program = _export(step, traced)

@@ -1505,3 +1505,36 @@ def test_autocast_switched_on_by_function_in_the_step_is_refused_by_line():
     with pytest.raises(CaptureError, match=re.escape(line) + r": torch.set_autocast_enabled\(\.\.\.\) inside"):
         export_training_step(model, batch, switched_on)
     assert not torch.is_autocast_enabled("cpu")
+
+
+class MakesTensorsWithoutADevice(nn.Module):
+    """Positions and a mask made without device=, as CPU code often makes them."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(16, 8), nn.Linear(8, 16)
+
+    def forward(self, tokens):
+        length = tokens.shape[1]
+        mask = torch.tril(torch.ones(length, length))
+        h = self.emb(tokens) + torch.arange(length).unsqueeze(-1) * 0.1
+        return self.head((mask @ h) / mask.sum(-1, keepdim=True))
+
+
+def test_tensors_made_without_a_device_are_on_the_models_as_in_eager():
+    """On a CPU target they are made where capture holds the model (meta)
+    and the step equals eager's; before 2026-11-28 capture on meta refused
+    them ('found at least two devices, cpu and meta'). For a CUDA target,
+    where eager would make them on the CPU, capture refuses as eager would."""
+    torch.manual_seed(0)
+    model, tokens = MakesTensorsWithoutADevice(), torch.randint(0, 16, (2, 8))
+
+    def loss_fn(m, t):
+        return m(t).square().mean()
+
+    result = export_training_step(model, (tokens,), loss_fn)
+    equal_to_eager(result, model, (tokens,), loss_fn(model, tokens))
+    assert export_training_step(*on_meta(model, (tokens,)), loss_fn).mlir == result.mlir
+    with pytest.raises(CaptureError, match=r"test_capture.py:\d+: cannot capture `h = .*`: a tensor made on the CPU "
+                                           r"\(by a factory without device=.* which are on cuda"):
+        export_training_step(*on_meta(model, (tokens,)), loss_fn, device="cuda")
