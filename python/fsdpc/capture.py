@@ -52,6 +52,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.utils import checkpoint as torch_checkpoint
 from torch.utils._pytree import TreeSpec, keystr, tree_flatten_with_path, tree_map_only, tree_unflatten
+from torch.utils._device import DeviceContext
 from torch.utils._python_dispatch import _disable_current_modes
 
 from fsdpc import cache, functions
@@ -1024,17 +1025,17 @@ class Observed:
     applied: list  # the custom autograd Functions' calls (functions.kept_whole)
 
 
-def _factories_on_the_models_device(model: nn.Module, device: str):
-    """A tensor the step makes without a device (`torch.arange(T)`,
-    `torch.ones(T, T)`) is made on the device the model is captured on
-    (meta) where eager would make it on the target's: the default device is
-    the target's (a CPU job; a GPU job that set `torch.set_default_device`).
-    Elsewhere eager's tensor would be on another device than the model's,
-    and capture says so as eager would."""
-    held = next(itertools.chain(model.parameters(), model.buffers()), None)
-    if held is None or held.device.type == device or torch.get_default_device().type != device:
-        return contextlib.nullcontext()
-    return held.device
+def _factory_device(holding: torch.device, target: str) -> torch.device | None:
+    """Where a tensor the step makes without device= (`torch.arange(T)`,
+    `torch.ones(T, T)`) goes while capture holds the step's tensors on
+    `holding` (meta): there, where eager would make it beside the model's,
+    on the target's (the default device is the target's: a CPU job; a GPU
+    job that set `torch.set_default_device`). None where it stays the
+    default: eager's would be on another device than the model's, and
+    capture says so as eager would."""
+    if holding.type == target or torch.get_default_device().type != target:
+        return None
+    return holding
 
 
 @contextlib.contextmanager
@@ -1045,12 +1046,14 @@ def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision
     on the model's own checkpoint regions (fsdpc.checkpointing), the record
     of module attributes read, and autocast regions recorded
     (fsdpc.autocast)."""
+    held = next(itertools.chain(model.parameters(), model.buffers()), None)
+    factories = _factory_device(held.device, device) if held is not None else None
     # The model's own modules are named before the casts add theirs.
-    with (_factories_on_the_models_device(model, device), _attribute_reads(model) as reads,
-          _mixed_precision_casts(model, units, mixed_precision),
-          _python_rewrites(device), checkpoint_regions() as regions, recording_regions(device),
+    with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision),
+          _python_rewrites(device, factories), checkpoint_regions() as regions, recording_regions(device),
           _refusing_untraceable_autocast(device), _refusing_inner_backward(), _refusing_host_random(),
-          functions.kept_whole(lambda: _python_rewrites(device)) as applied, _saved_tensors_hooks_entered() as hooks):
+          functions.kept_whole(lambda: _python_rewrites(device, factories)) as applied,
+          _saved_tensors_hooks_entered() as hooks):
         yield Observed(regions, reads, hooks, applied)
 
 
@@ -1316,11 +1319,14 @@ class _Composites(fx.Interpreter):
     on meta, where export ran, are created there instead. An op the
     `target` device's kernels lack for the dtype export traced on meta
     (where code that reads `x.device.type` took another device's branch)
-    runs as a call that target has (`_for_target`)."""
+    runs as a call that target has (`_for_target`). `factories`: where the
+    custom Functions (`applied`) make tensors without a device
+    (`_factory_device`)."""
 
-    def __init__(self, graph_module: fx.GraphModule, target: str, applied: list, device: torch.device | None = None):
+    def __init__(self, graph_module: fx.GraphModule, target: str, applied: list, device: torch.device | None = None,
+                 factories: torch.device | None = None):
         super().__init__(graph_module)
-        self.target, self.applied, self.device = target, applied, device
+        self.target, self.applied, self.device, self.factories = target, applied, device, factories
 
     def run_node(self, node: fx.Node):
         """An op that fails here (a check export's kernels skip: a dtype
@@ -1344,15 +1350,15 @@ class _Composites(fx.Interpreter):
             args, kwargs = tree_map_only(torch.device, lambda d: self.device if d.type == "meta" else d,
                                          (args, kwargs))
         if target is functions.OPAQUE:  # a custom autograd.Function: applied, its own backward recorded
-            return functions.run_whole(self.applied, lambda: _python_rewrites(self.target), *args)
+            return functions.run_whole(self.applied, lambda: _python_rewrites(self.target, self.factories), *args)
         if target is torch.ops.higher_order.wrap_with_autocast:
             device_type, dtype, enabled, cache_enabled, body, *inputs = args
             with torch.autocast(device_type, dtype, enabled, cache_enabled):
-                return _Composites(body, self.target, self.applied, self.device).run(*inputs)
+                return _Composites(body, self.target, self.applied, self.device, self.factories).run(*inputs)
         if target is torch.ops.higher_order.wrap_with_set_grad_enabled:
             enabled, body, *inputs = args
             with torch.set_grad_enabled(enabled):
-                return _Composites(body, self.target, self.applied, self.device).run(*inputs)
+                return _Composites(body, self.target, self.applied, self.device, self.factories).run(*inputs)
         on_target = _for_target(self.target, target, args)
         if on_target is not None:
             return on_target(*args, **kwargs)
@@ -1406,15 +1412,17 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
     from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
 
     saving = SavingSelectively(saved)
+    # The Functions' tensors made without a device go where the trace's are (meta, or the real model's device).
+    factories = _factory_device(flat_args[0].device, target) if flat_args else None
 
     def joint(*args):
         if applied:  # leaves, as the model's parameters are in eager, for backward to accumulate into
             args = [arg.detach().requires_grad_() if i in trainable else arg for i, arg in enumerate(args)]
         with torch.enable_grad(), preserve_node_meta(), \
                 _holding([(table, name, args[index]) for table, name, index in model_slots]), \
-                functions.backward_in_capture(applied, lambda: _python_rewrites(target)):
+                functions.backward_in_capture(applied, lambda: _python_rewrites(target, factories)):
             with saving if saved else contextlib.nullcontext():
-                loss, *aux = _Composites(forward, target, applied, on_device).run(
+                loss, *aux = _Composites(forward, target, applied, on_device, factories).run(
                     *(args[i] for i in export_to_joint))
             if loss.dim() != 0 or not loss.is_floating_point():
                 raise CaptureError(
@@ -1509,11 +1517,13 @@ def _holding(assignments: Sequence[tuple[dict, str, torch.Tensor]]) -> Iterator[
 
 
 @contextlib.contextmanager
-def _python_rewrites(target: str) -> Iterator[None]:
+def _python_rewrites(target: str, factories: torch.device | None) -> Iterator[None]:
     """Capture's rewrites of what Python code calls (fused attention and
-    RMSNorm for `target`, tensors made from Python data as ops): forward's,
-    and the code of the custom Functions the joint trace runs."""
-    with FusedAttentionFor(target), FusedRmsNormFor(target), _PythonDataAsOps():
+    RMSNorm for `target`, tensors made from Python data as ops, made
+    without a device on `factories` where not None: `_factory_device`):
+    forward's, and the code of the custom Functions the joint trace runs."""
+    with FusedAttentionFor(target), FusedRmsNormFor(target), _PythonDataAsOps(), \
+            (DeviceContext(factories) if factories is not None else contextlib.nullcontext()):
         yield
 
 

@@ -212,7 +212,9 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
     added to `assignments`, said as "file:line: who assigns what"."""
     seen: set[int] = set()
 
-    def visit(function, described: str, depth: int):
+    def visit(function, described: str, depth: int, on_context: bool = False):
+        """`on_context`: a custom Function's forward or backward, whose first
+        argument is its `ctx` (what it sets there is its own, for backward)."""
         if id(function) in seen or depth > 3:
             return
         seen.add(id(function))
@@ -242,7 +244,8 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
         code = function.__code__
         if assignments is not None:
             assignments.extend(f"{where}:{line}: {described} assigns the {kind} '{name}'"
-                               for (kind, name), line in reads.assigns.items())
+                               for (kind, name), line in reads.assigns.items()
+                               if not (on_context and kind == "attribute"))
         if owner is not None and code.co_argcount:
             itself = code.co_varnames[0]  # `self`
             for name, line in sorted(reads.attributes_of.get(itself, {}).items()):
@@ -280,7 +283,8 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
         if _user_autograd_function(value):
             return (read for method in ("forward", "backward")
                     for read in visit(getattr(value, method, None),
-                                      f"{value.__qualname__}.{method} (called by {described})", depth + 1))
+                                      f"{value.__qualname__}.{method} (called by {described})", depth + 1,
+                                      on_context=True))
         return None
 
     yield from visit(loss_fn, "loss_fn", 0)

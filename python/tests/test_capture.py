@@ -1391,6 +1391,24 @@ class _Remembering(nn.Linear):
         return super().forward(x)
 
 
+class SavesOnContext(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.scale = 2.0
+        return x * ctx.scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale
+
+
+class HoldsASavingFunction(nn.Linear):
+    scaled = SavesOnContext
+
+    def forward(self, x):
+        return self.scaled.apply(super().forward(x))
+
+
 def test_what_the_step_assigns_outside_itself_is_said_to_run_once():
     """A counter loss_fn keeps in a global, or an attribute a forward sets
     on its module, is assigned once, at capture: fsdpc.shard says so with
@@ -1410,10 +1428,14 @@ def test_what_the_step_assigns_outside_itself_is_said_to_run_once():
             say_outside_assignments(loss_fn, model)
         assert [str(w.message) for w in caught if said in str(w.message) and "runs this Python once" in
                 str(w.message) and "test_capture.py:" in str(w.message)], [str(w.message) for w in caught]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        say_outside_assignments(lambda m, x: m(x).sum(), nn.Linear(2, 2))
-    assert not caught, [str(w.message) for w in caught]
+    # A custom Function's `ctx.scale = ...` is its own (before 2026-11-28 it was warned about).
+    for loss_fn, model in [(lambda m, x: m(x).sum(), nn.Linear(2, 2)),
+                           (lambda m, x: SavesOnContext.apply(m(x)).sum(), nn.Linear(2, 2)),
+                           (lambda m, x: m(x).sum(), HoldsASavingFunction(2, 2))]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            say_outside_assignments(loss_fn, model)
+        assert not caught, [str(w.message) for w in caught]
 
 
 class FixedPointAngles(nn.Module):
@@ -1521,10 +1543,39 @@ class MakesTensorsWithoutADevice(nn.Module):
         return self.head((mask @ h) / mask.sum(-1, keepdim=True))
 
 
+class OnesInForward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * torch.ones(x.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class FullInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * torch.full((grad.shape[-1],), 2.0)
+
+
+class AppliesIts(nn.Linear):
+    def __init__(self, function):
+        super().__init__(8, 8)
+        self.function = function
+
+    def forward(self, x):
+        return self.function.apply(super().forward(x))
+
+
 def test_tensors_made_without_a_device_are_on_the_models_as_in_eager():
-    """On a CPU target they are made where capture holds the model (meta)
-    and the step equals eager's; before 2026-11-28 capture on meta refused
-    them ('found at least two devices, cpu and meta'). For a CUDA target,
+    """On a CPU target they are made where capture holds the model (meta),
+    in custom Functions too, and the step equals eager's; before 2026-11-28
+    capture on meta refused them ('found at least two devices, cpu and meta'). For a CUDA target,
     where eager would make them on the CPU, capture refuses as eager would."""
     torch.manual_seed(0)
     model, tokens = MakesTensorsWithoutADevice(), torch.randint(0, 16, (2, 8))
@@ -1535,6 +1586,13 @@ def test_tensors_made_without_a_device_are_on_the_models_as_in_eager():
     result = export_training_step(model, (tokens,), loss_fn)
     equal_to_eager(result, model, (tokens,), loss_fn(model, tokens))
     assert export_training_step(*on_meta(model, (tokens,)), loss_fn).mlir == result.mlir
+    # In a custom Function's forward and backward too.
+    x = torch.randn(4, 8)
+    for function in (OnesInForward, FullInBackward):
+        applying = AppliesIts(function)
+        real = export_training_step(applying, (x,), loss_fn)
+        equal_to_eager(real, applying, (x,), loss_fn(applying, x))
+        assert export_training_step(*on_meta(applying, (x,)), loss_fn).mlir == real.mlir, function.__name__
     with pytest.raises(CaptureError, match=r"test_capture.py:\d+: cannot capture `h = .*`: a tensor made on the CPU "
                                            r"\(by a factory without device=.* which are on cuda"):
         export_training_step(*on_meta(model, (tokens,)), loss_fn, device="cuda")
