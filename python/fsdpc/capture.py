@@ -871,7 +871,8 @@ def _explaining_outside_tensors(loss_fn: Callable, model: nn.Module, device: str
         explained = outside_tensor(loss_fn, model)
         if explained is not None:
             raise CaptureError(explained) from error
-        made_on_cpu = re.match(r"(.*): FakeTensorDeviceMismatchError: .*\bcpu\b", text, re.S)
+        made_on_cpu = re.match(r"(.*?): (?:FakeTensorDeviceMismatchError|RuntimeError: Unhandled FakeTensor Device "
+                               r"Propagation).*\bcpu\b", text, re.S)  # newer torch's words, or 2.11's
         if device == "cpu" or made_on_cpu is None:
             raise
         raise CaptureError(
