@@ -36,7 +36,6 @@ import threading
 import traceback
 import types
 import warnings
-import weakref
 from collections.abc import ItemsView, KeysView, ValuesView
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -356,43 +355,51 @@ def _cast_floats(value, dtype: torch.dtype):
         lambda v: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v, value)
 
 
-class _CastReads(dict):
-    """A module's `_parameters` under mp_policy: a view of the module's own
-    table (which keeps holding the parameters, under their own names), in
-    which each parameter named in `dtypes` reads cast to its dtype while
-    the traced step runs (`_casting_reads`), as FSDP2's unsharded
-    parameters are during forward: read by attribute (`self.weight`),
-    as `self._parameters["weight"]`, or through `parameters()` (Hugging
-    Face's `self.dtype`). The module's class stays its own. Outside the
-    step (export's and fsdpc's own bookkeeping) it reads the parameters
-    themselves. Each read casts, so the cast lands where the parameter is
-    used; a cast written back (`torch.func.functional_call` restoring what
-    it read) stores the parameter it was made from."""
+class _TableView(dict):
+    """A module's `_parameters` or `_buffers` as capture sees it: a view of
+    `entries` (the table that holds the tensors) that nn.Module's code and
+    the model's use as the table itself.
 
-    def __init__(self, entries: dict, dtypes: dict[str, torch.dtype]):
+    - `safe_of` (real name -> name held): entries held under other names,
+      as `_tracing_safe_names` holds names that are not identifiers; a read
+      or write by either name finds the entry.
+    - `dtypes` (name held -> dtype): mp_policy's casts. While the traced
+      step runs (`_casting_reads`) each such parameter reads cast to its
+      dtype, as FSDP2's unsharded parameters are in forward: by attribute
+      (`self.weight`), as `self._parameters["weight"]`, or through
+      `parameters()` (Hugging Face's `self.dtype`); the module's class stays
+      its own. Outside the step (export's and fsdpc's own bookkeeping) the
+      parameters read as themselves. One cast per parameter and version
+      while a step runs (`_StepsRunning`): a parameter read twice, or tied,
+      is one tensor, as FSDP2's unsharded one; a cast written back
+      (`torch.func.functional_call` restoring what it read) stores the
+      parameter it was made from."""
+
+    def __init__(self, entries: dict, safe_of: dict[str, str] | None = None,
+                 dtypes: dict[str, torch.dtype] | None = None):
         super().__init__()
-        self.entries, self.dtypes = entries, dtypes
-        self.made_from: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # id(cast) -> (the cast, its parameter)
+        self.entries, self.safe_of, self.dtypes = entries, safe_of or {}, dtypes or {}
+
+    def _key(self, name):
+        return self.safe_of.get(name, name)
 
     def __getitem__(self, name):
-        value = self.entries[name]
-        # Under _AliasedNames the dtypes are keyed by its safe names.
-        dtype = self.dtypes.get(self.entries._key(name) if isinstance(self.entries, _AliasedNames) else name)
+        key = self._key(name)
+        value = self.entries[key]
+        dtype = self.dtypes.get(key)
         if value is None or dtype is None or not _CASTING_READS.depth:
             return value
-        cast = value.to(dtype)
-        self.made_from[id(cast)] = (weakref.ref(cast), value)
-        return cast
+        return _CASTING_READS.cast(value, dtype)
 
     def __setitem__(self, name, value):
-        made = self.made_from.get(id(value))
-        self.entries[name] = made[1] if made is not None and made[0]() is value else value
+        key = self._key(name)
+        self.entries[key] = _CASTING_READS.parameter_of(value) if key in self.dtypes else value
 
     def get(self, name, default=None):
-        return self[name] if name in self.entries else default
+        return self[name] if name in self else default
 
     def __contains__(self, name):
-        return name in self.entries
+        return self._key(name) in self.entries
 
     def __iter__(self):
         return iter(self.entries)
@@ -404,21 +411,21 @@ class _CastReads(dict):
         return len(self.entries)
 
     def __delitem__(self, name):
-        del self.entries[name]
+        del self.entries[self._key(name)]
 
     def __eq__(self, other):
-        return self.entries == (other.entries if isinstance(other, _CastReads) else other)
+        return dict(self.items()) == (dict(other.items()) if isinstance(other, _TableView) else other)
 
     __hash__ = None
 
     def pop(self, name, *default):
-        return self.entries.pop(name, *default)
+        return self.entries.pop(self._key(name), *default)
 
     def popitem(self):
         return self.entries.popitem()
 
     def setdefault(self, name, default=None):
-        if name not in self.entries:
+        if name not in self:
             self[name] = default
         return self[name]
 
@@ -449,13 +456,38 @@ class _CastReads(dict):
         return ItemsView(self)
 
     def __repr__(self):
-        return repr(self.entries)
+        return repr(dict(self.items()))
 
 
 class _StepsRunning(threading.local):
-    """How many traced steps this thread runs: see _CastReads (another
-    thread, an async checkpoint's, reads the parameters themselves)."""
+    """The traced steps this thread runs (another thread, an async
+    checkpoint's, reads the parameters themselves), and the casts made in
+    them: one per parameter, version, dtype and grad mode (a cast made
+    without grad carries none to its parameter), kept until the outermost
+    step returns."""
+
     depth = 0
+
+    def __init__(self):
+        self.casts: dict[tuple, torch.Tensor] = {}  # (id(parameter), version, dtype, grad mode) -> its cast
+        self.made_from: dict[int, torch.Tensor] = {}  # id(cast) -> its parameter (both held: ids stay unique)
+
+    def cast(self, parameter: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if parameter.is_inference():  # has no version to key by
+            return parameter.to(dtype)
+        key = (id(parameter), parameter._version, dtype, torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        made = self.casts.get(key)
+        if made is None:
+            made = self.casts[key] = parameter.to(dtype)
+            self.made_from[id(made)] = parameter
+        return made
+
+    def parameter_of(self, value):
+        """`value`, or the parameter it is a cast of."""
+        return self.made_from.get(id(value), value)
+
+    def forget(self) -> None:
+        self.casts, self.made_from = {}, {}
 
 
 _CASTING_READS = _StepsRunning()
@@ -469,6 +501,8 @@ def _casting_reads() -> Iterator[None]:
         yield
     finally:
         _CASTING_READS.depth -= 1
+        if not _CASTING_READS.depth:
+            _CASTING_READS.forget()
 
 
 _PARAMETRIZATION_MODULE = re.compile(r"(^|\.)parametrizations\.[^.]+\.\d+$")
@@ -488,7 +522,7 @@ def _mixed_precision_casts(model: nn.Module, units: dict[str, nn.Module], policy
                            everywhere: bool = False):
     """FSDP2's MixedPrecisionPolicy while export traces, each wrap unit's
     own (`units`: the unit modules by FQN, "" the model): parameters read in
-    their unit's compute dtype inside the step (`_CastReads`; with
+    their unit's compute dtype inside the step (`_TableView`; with
     `everywhere`, anywhere this thread reads them inside the context: an
     eager reference, the joint trace's custom Functions; a parametrization of the user's computes
     from its originals cast, as FSDP2 gathers them), and casts of each
@@ -525,8 +559,10 @@ def _cast_where_read(model: nn.Module, units: dict[str, nn.Module], policy: Mixe
             if dtype is not None and param.dtype != dtype:
                 dtypes[name] = dtype
         if dtypes:
-            tables.append((module, module.__dict__["_parameters"]))
-            module.__dict__["_parameters"] = _CastReads(module.__dict__["_parameters"], dtypes)
+            table = module.__dict__["_parameters"]
+            tables.append((module, table))
+            module.__dict__["_parameters"] = (_TableView(table.entries, table.safe_of, dtypes)
+                                              if isinstance(table, _TableView) else _TableView(table, dtypes=dtypes))
     for fqn, module in units.items():
         own = policy.of_unit(fqn)
         if own.cast_forward_inputs and own.param_dtype is not None:
@@ -539,44 +575,12 @@ def _cast_where_read(model: nn.Module, units: dict[str, nn.Module], policy: Mixe
                 lambda _, args, output, dtype=own.output_dtype: _cast_floats(output, dtype)))
 
 
-class _AliasedNames(dict):
-    """A module's `_parameters` or `_buffers` under tracing-safe names.
-
-    torch.export prints parameter and buffer names into generated Python, so
-    a name that is not an identifier (a newline, NUL, quotes) breaks it. While
-    capturing, the dict holds each such entry under a safe name; the model's
-    own code still finds it by its real name (`getattr(self, name)`), which
-    this dict translates."""
-
-    def __init__(self, entries: dict, renamed: dict[str, str]):
-        super().__init__(entries)
-        self.safe_of = renamed  # real name -> safe name
-
-    def _key(self, name):
-        return self.safe_of.get(name, name)
-
-    def __contains__(self, name):
-        return super().__contains__(self._key(name))
-
-    def __getitem__(self, name):
-        return super().__getitem__(self._key(name))
-
-    def __setitem__(self, name, value):
-        super().__setitem__(self._key(name), value)
-
-    def __delitem__(self, name):
-        super().__delitem__(self._key(name))
-
-    def get(self, name, default=None):
-        return super().get(self._key(name), default)
-
-
 @contextlib.contextmanager
 def _tracing_safe_names(model: nn.Module):
     """Renames parameters and buffers whose names are not identifiers for the
     duration of the capture; yields {safe FQN: real FQN} for every renamed one."""
     real_fqn: dict[str, str] = {}
-    swapped: list[tuple[nn.Module, str, dict]] = []
+    swapped: list[tuple[nn.Module, str, dict, _TableView]] = []
     for prefix, module in model.named_modules(remove_duplicate=False):
         for table in ("_parameters", "_buffers"):
             entries = module.__dict__[table]
@@ -586,17 +590,16 @@ def _tracing_safe_names(model: nn.Module):
             renamed = {name: f"fsdpc_renamed_{len(real_fqn) + i}" for i, name in enumerate(hostile)}
             for name, safe in renamed.items():
                 real_fqn[f"{prefix}.{safe}" if prefix else safe] = f"{prefix}.{name}" if prefix else name
-            swapped.append((module, table, entries))
-            module.__dict__[table] = _AliasedNames(
-                {renamed.get(name, name): value for name, value in entries.items()}, renamed)
+            aliased = _TableView({renamed.get(name, name): value for name, value in entries.items()}, renamed)
+            swapped.append((module, table, entries, aliased))
+            module.__dict__[table] = aliased
     try:
         yield real_fqn
     finally:
-        for module, table, entries in reversed(swapped):
-            aliased = module.__dict__[table]
+        for module, table, entries, aliased in reversed(swapped):
             real_of = {safe: name for name, safe in aliased.safe_of.items()}
             entries.clear()
-            entries.update({real_of.get(name, name): value for name, value in dict.items(aliased)})
+            entries.update({real_of.get(name, name): value for name, value in aliased.entries.items()})
             module.__dict__[table] = entries
 
 

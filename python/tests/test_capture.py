@@ -683,11 +683,14 @@ READ_IN_FORWARD = []  # by ReadsItsParameters (export undoes changes to module a
 class ReadsItsParameters(nn.Module):
     """Reads its parameters other than by attribute, as FSDP2's unsharded
     ones read during forward: the dtype of `parameters()` (Hugging Face's
-    `self.dtype`), `_parameters` directly, and its modules' classes."""
+    `self.dtype`), `_parameters` directly, and its modules' classes; a
+    parameter read twice, and a tied one, is one tensor."""
 
     def __init__(self):
         super().__init__()
         self.inner, self.kind = nn.Linear(4, 4), Kind(4, 4)
+        self.tied = nn.Linear(4, 4, bias=False)
+        self.tied.weight = self.inner.weight
         self.register_parameter("my scale", nn.Parameter(torch.full((4,), 2.0)))
 
     def forward(self, x):
@@ -695,8 +698,9 @@ class ReadsItsParameters(nn.Module):
         scale = getattr(self, "my scale")
         READ_IN_FORWARD.append((dtype, self.kind._parameters["weight"].dtype, scale.dtype,
                                 type(self.inner) is nn.Linear, type(self.kind) is Kind,
-                                sum(1 for _ in self.parameters())))
-        h = self.inner(x.to(dtype)) * torch.finfo(dtype).eps * 1e3 * scale
+                                sum(1 for _ in self.parameters()),
+                                self.tied.weight is self.inner.weight and scale is getattr(self, "my scale")))
+        h = self.tied(self.inner(x.to(dtype))) * torch.finfo(dtype).eps * 1e3 * scale
         # functional_call swaps the weight in and writes back what it read (the cast).
         return torch.func.functional_call(self.kind, {"weight": self.kind.weight * 0.5}, (h,))
 
@@ -707,7 +711,9 @@ def test_the_policys_casts_read_as_fsdp2s_unsharded_parameters_and_leave_the_cla
     (this step mixed bf16 and fp32 and was refused), `type(m) is nn.Linear`
     was False, a class refusing subclasses was refused, and a parameter
     whose name is not an identifier read fp32 by name. functional_call,
-    which writes back the cast it read, leaves the parameter in place."""
+    which writes back the cast it read, leaves the parameter in place.
+    Until later on 2026-11-28 each read made a cast of its own: a tied one was
+    two tensors, listed twice by `parameters()`."""
     from fsdpc.capture import MixedPrecision, _mixed_precision_casts
 
     policy = MixedPrecision(param_dtype=torch.bfloat16)
@@ -715,7 +721,7 @@ def test_the_policys_casts_read_as_fsdp2s_unsharded_parameters_and_leave_the_cla
     READ_IN_FORWARD.clear()
     result = export_training_step(model, (x,), lambda m, x: m(x).float().sum(), mixed_precision=policy)
     parameters = {name: param for name, param in model.named_parameters()}
-    assert READ_IN_FORWARD and all(seen == (torch.bfloat16, torch.bfloat16, torch.bfloat16, True, True, 5)
+    assert READ_IN_FORWARD and all(seen == (torch.bfloat16, torch.bfloat16, torch.bfloat16, True, True, 5, True)
                                    for seen in READ_IN_FORWARD), READ_IN_FORWARD
     loss, grads = run_joint(result, model, (x,))
     eager = copy.deepcopy(model)
