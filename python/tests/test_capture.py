@@ -915,6 +915,55 @@ def test_a_custom_autograd_function_keeps_its_own_backward():
         export_training_step(*on_meta(BoundEarly(), batch), loss_fn)
 
 
+class DoubledInPlace(torch.autograd.Function):
+    """Modifies its input in place (`mark_dirty`), as fused in-place
+    activations do; its backward is not its forward's derivative."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.mark_dirty(x)
+        return x.mul_(2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 3
+
+
+class Flattened(torch.autograd.Function):
+    """Returns a view of its input."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view(-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.view(3, 8) * 5
+
+
+class InPlaceAndViews(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.first(x) + 0
+        doubled = DoubledInPlace.apply(h)
+        # `h` is read after the Function changed it: eager reads the doubled values.
+        return (self.second(h) + doubled[:, :4]).square().mean() + Flattened.apply(h).sum() * 0.1
+
+
+def test_a_custom_function_that_changes_its_input_or_returns_a_view_equals_eager():
+    torch.manual_seed(0)
+    model, batch = InPlaceAndViews(), (torch.randn(3, 4),)
+
+    def loss_fn(m, x):
+        return m(x)
+
+    result = export_training_step(model, batch, loss_fn)
+    equal_to_eager(result, model, batch, loss_fn(model, *batch))
+
+
 FUNCTION_SCALE = 3.0  # a global of the Function below, as a model file may keep one
 TABLE = torch.arange(8.0)
 
