@@ -97,7 +97,9 @@ def GroupUnitsPass : Pass<"fsdp-group-units", "::mlir::ModuleOp"> {
     a time. The last group may hold fewer units. With `bucket-mib` instead
     of `size`, each group grows until its parameters (unsharded, as
     captured) hold at least that many MiB, as DDP fills buckets: small
-    units merge, a unit of that size or more stays alone. Activation
+    units merge, a unit of that size or more stays alone; the parameters
+    `ignored-params` names (as `fsdp-shard-parameters` takes them) count
+    for nothing, since they are never gathered. Activation
     checkpointing still names modules: the original unit names stay valid
     there.
 
@@ -118,6 +120,8 @@ def GroupUnitsPass : Pass<"fsdp-group-units", "::mlir::ModuleOp"> {
     Option<"size", "size", "int64_t", "1", "Consecutive units per group (1: unchanged)">,
     Option<"bucketMib", "bucket-mib", "double", "0",
            "Instead of size: close each group once its parameters hold this many MiB (0: by size)">,
+    ListOption<"ignoredParams", "ignored-params", "std::string",
+               "Parameters (FQNs or tied names) that bucket-mib does not count: never gathered">,
   ];
 }
 

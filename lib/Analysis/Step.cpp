@@ -3,6 +3,7 @@
 #include "fsdp/Analysis/Step.h"
 
 #include "mlir/IR/BuiltinTypes.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/ToolOutputFile.h"
@@ -129,6 +130,25 @@ int64_t mlir::fsdp::fp16PreDivide(int64_t ranks) {
   while (ranks % (pre * 2) == 0 && ranks / (pre * 2) >= pre * 2)
     pre *= 2;
   return pre;
+}
+
+FailureOr<SmallVector<ParamOp>> mlir::fsdp::paramsNamed(ModuleOp module, ArrayRef<std::string> names,
+                                                       StringRef option) {
+  llvm::StringMap<ParamOp> byName;
+  for (ParamOp param : module.getOps<ParamOp>()) {
+    byName[param.getSymName()] = param;
+    if (ArrayAttr aliases = param.getAliasesAttr())
+      for (Attribute alias : aliases)
+        byName[cast<StringAttr>(alias).getValue()] = param;
+  }
+  SmallVector<ParamOp> named;
+  for (const std::string &name : names) {
+    ParamOp param = byName.lookup(name);
+    if (!param)
+      return module.emitError() << option << " names '" << name << "', which is no parameter of the step";
+    named.push_back(param);
+  }
+  return named;
 }
 
 Type mlir::fsdp::parseFloatType(MLIRContext *context, StringRef name) {

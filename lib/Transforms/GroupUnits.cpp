@@ -9,7 +9,8 @@
 //   fsdp.param @"blocks.1.w" : tensor<4x4xf32> unit @"blocks.1"
 //
 // After: one unit per two, the last one alone; parameters name their group.
-// (`bucket-mib=N` instead closes each group once its parameters reach N MiB.)
+// (`bucket-mib=N` instead closes each group once its parameters reach N MiB,
+// counting none that `ignored-params` names: those are never gathered.)
 //
 //   fsdp.unit @root root class "Net"
 //   fsdp.unit @"blocks.0+blocks.1" class "Block" members ["blocks.0", "blocks.1"]
@@ -63,12 +64,15 @@ LogicalResult checkGroupable(ModuleOp module) {
 }
 
 /// Consecutive non-root units, in declaration order, cut into runs: of
-/// `size` units, or, with `bucketBytes`, each closed once its parameters
-/// hold at least that many bytes.
-SmallVector<SmallVector<UnitOp>> runsOfUnits(ModuleOp module, int64_t size, int64_t bucketBytes) {
+/// `size` units, or, with `bucketBytes`, each closed once its gathered
+/// parameters (all but `ignored`, which are never gathered) hold at least
+/// that many bytes.
+SmallVector<SmallVector<UnitOp>> runsOfUnits(ModuleOp module, int64_t size, int64_t bucketBytes,
+                                            ArrayRef<ParamOp> ignored) {
   llvm::StringMap<int64_t> bytesOf;
   for (ParamOp param : module.getOps<ParamOp>())
-    bytesOf[param.getUnitAttr().getValue()] += tensorBytes(param.getType());
+    if (!llvm::is_contained(ignored, param))
+      bytesOf[param.getUnitAttr().getValue()] += tensorBytes(param.getType());
   SmallVector<SmallVector<UnitOp>> runs(1);
   int64_t runBytes = 0;
   for (UnitOp unit : module.getOps<UnitOp>()) {
@@ -87,10 +91,11 @@ SmallVector<SmallVector<UnitOp>> runsOfUnits(ModuleOp module, int64_t size, int6
 
 /// Replaces each run of units with one unit listing them as members;
 /// returns each old unit name's group.
-llvm::StringMap<StringAttr> groupUnits(ModuleOp module, int64_t size, int64_t bucketBytes) {
+llvm::StringMap<StringAttr> groupUnits(ModuleOp module, int64_t size, int64_t bucketBytes,
+                                        ArrayRef<ParamOp> ignored) {
   llvm::StringMap<StringAttr> groupOf;
   OpBuilder builder(module.getContext());
-  for (SmallVector<UnitOp> &members : runsOfUnits(module, size, bucketBytes)) {
+  for (SmallVector<UnitOp> &members : runsOfUnits(module, size, bucketBytes, ignored)) {
     if (members.size() < 2)
       continue;
     std::string name;
@@ -135,7 +140,10 @@ struct GroupUnitsPass : public fsdp::impl::GroupUnitsPassBase<GroupUnitsPass> {
       return;
     if (failed(checkGroupable(module)))
       return signalPassFailure();
-    llvm::StringMap<StringAttr> groupOf = groupUnits(module, size, bucketBytes);
+    FailureOr<SmallVector<ParamOp>> ignored = paramsNamed(module, ignoredParams, "fsdp-group-units: ignored-params");
+    if (failed(ignored))
+      return signalPassFailure();
+    llvm::StringMap<StringAttr> groupOf = groupUnits(module, size, bucketBytes, *ignored);
     for (ParamOp param : module.getOps<ParamOp>()) {
       auto group = groupOf.find(param.getUnitAttr().getValue());
       if (group != groupOf.end())

@@ -169,19 +169,11 @@ public:
 private:
   /// Marks the parameters `ignored` names (by FQN or tied name) ignored.
   LogicalResult markIgnored() {
-    llvm::StringMap<ParamOp> byName;
-    for (ParamOp param : module.getOps<ParamOp>()) {
-      byName[param.getSymName()] = param;
-      if (ArrayAttr aliases = param.getAliasesAttr())
-        for (Attribute alias : aliases)
-          byName[cast<StringAttr>(alias).getValue()] = param;
-    }
-    for (const std::string &name : ignored) {
-      ParamOp param = byName.lookup(name);
-      if (!param)
-        return module.emitError() << "ignored-params names '" << name << "', which is no parameter of the step";
+    FailureOr<SmallVector<ParamOp>> named = paramsNamed(module, ignored, "ignored-params");
+    if (failed(named))
+      return failure();
+    for (ParamOp param : *named)
       param.setIgnored(true);
-    }
     return success();
   }
 

@@ -153,6 +153,7 @@ void buildShardingPipeline(OpPassManager &pm, const ShardingPipelineOptions &opt
     GroupUnitsPassOptions group;
     group.size = options.unitsPerGroup;
     group.bucketMib = options.unitBucketMib;
+    group.ignoredParams = llvm::to_vector(options.ignoredParams);
     pm.addPass(createGroupUnitsPass(group));
   }
   ShardParametersPassOptions shard;

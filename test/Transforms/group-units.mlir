@@ -3,6 +3,9 @@
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 units-per-group=2 checkpoint=l1 selective-recompute=false" | FileCheck %s --check-prefix=MEMBER
 // RUN: fsdp-opt %s --split-input-file --fsdp-group-units="bucket-mib=0.0001" | FileCheck %s --check-prefix=BYTES
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 unit-bucket-mib=1" | FileCheck %s --check-prefix=PIPELINE
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 unit-bucket-mib=0.00018" | FileCheck %s --check-prefix=ALONE
+// RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-sharding-pipeline="ranks=2 unit-bucket-mib=0.00018 ignored-params=l0.w" | FileCheck %s --check-prefix=IGNORED
+// RUN: not fsdp-opt %S/Inputs/step.mlir --fsdp-group-units="bucket-mib=1 ignored-params=l9.w" 2>&1 | FileCheck %s --check-prefix=UNKNOWN
 // RUN: not fsdp-opt %s --split-input-file --fsdp-group-units="size=0" 2>&1 | FileCheck %s --check-prefix=SIZE
 // RUN: not fsdp-opt %s --split-input-file --fsdp-group-units="size=2 bucket-mib=1" 2>&1 | FileCheck %s --check-prefix=BOTH
 // RUN: not fsdp-opt %s --split-input-file --fsdp-group-units="bucket-mib=-1" 2>&1 | FileCheck %s --check-prefix=NEGATIVE
@@ -72,6 +75,14 @@ fsdp.param @"u4.w" : tensor<4x4xf32> unit @u4
 // The pipeline's unit-bucket-mib: every unit of the small step fits one MiB.
 // PIPELINE: fsdp.unit @"l0+l1" class "Layer" members ["l0", "l1"]
 
+// Buckets of 189 bytes: l0's parameters (200 bytes) fill one alone; with
+// its weight ignored (never gathered) l0 counts 40 bytes and shares l1's.
+// ALONE-NOT: members
+// ALONE:     fsdp.param @l0.w : tensor<10x4xf32> unit @l0 sharded
+// IGNORED:     fsdp.unit @"l0+l1" class "Layer" members ["l0", "l1"]
+// IGNORED:     fsdp.param @l0.w : tensor<10x4xf32> unit @"l0+l1" ignored
+
+// UNKNOWN: error: fsdp-group-units: ignored-params names 'l9.w', which is no parameter of the step
 // SIZE: error: fsdp-group-units: size must be at least 1, got 0
 // BOTH: error: fsdp-group-units: bucket-mib must be a non-negative number of MiB, and cannot be given with a size; got bucket-mib=1.00 size=2
 // NEGATIVE: error: fsdp-group-units: bucket-mib must be a non-negative number of MiB, and cannot be given with a size; got bucket-mib=-1.00 size=1

@@ -61,6 +61,12 @@ Operation *firstStorageUser(Block &block, Value buffer, function_ref<bool(Operat
 /// p with p * p <= ranks dividing ranks; the post-divide is ranks / p.
 int64_t fp16PreDivide(int64_t ranks);
 
+/// The parameters `names` name, by FQN or tied name (FSDP2's
+/// `ignored_params`, as the pipeline's `ignored-params` lists them); a name
+/// that names none is reported on `module`, with `option` the option that
+/// gave it.
+FailureOr<SmallVector<ParamOp>> paramsNamed(ModuleOp module, ArrayRef<std::string> names, StringRef option);
+
 /// Element type `name` ("f32", "bf16", "f16"), or null.
 Type parseFloatType(MLIRContext *context, StringRef name);
 
