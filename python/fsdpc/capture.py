@@ -60,6 +60,7 @@ from fsdpc.attention import FusedAttentionFor
 from fsdpc.checkpointing import (REGION_KEY, CheckpointRegions, SavedCall, SavingSelectively, checkpoint_regions,
                                  patched, regions_of)
 from fsdpc.rms_norm import FusedRmsNormFor, fuse_written_out_rms_norms
+from fsdpc.transformer import nested_encoders_as_eager
 from fsdpc.units import ROOT_UNIT, Unit, UnitPlan
 from fsdpc.watch import (FSDPC_DIR, FSDPC_MODELS_DIR, MODULE_INTERNALS, TORCH_DIR, UNWATCHED, configurations,
                          free_variables, machinery_file, watched_value)
@@ -1046,7 +1047,8 @@ def _factory_device(holding: torch.device, target: str) -> torch.device | None:
 def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision: MixedPrecision | None,
                   device: str) -> Iterator[Observed]:
     """What forward runs under while it is traced for `device`: the policy's
-    casts, the fused attention, RMSNorm and scalar-tensor modes, the marks
+    casts, the fused attention, RMSNorm and scalar-tensor modes,
+    nn.TransformerEncoder's nested path as eager takes it, the marks
     on the model's own checkpoint regions (fsdpc.checkpointing), the record
     of module attributes read, and autocast regions recorded
     (fsdpc.autocast)."""
@@ -1054,7 +1056,8 @@ def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision
     factories = _factory_device(held.device, device) if held is not None else None
     # The model's own modules are named before the casts add theirs.
     with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision),
-          _python_rewrites(device, factories), checkpoint_regions() as regions, recording_regions(device),
+          _python_rewrites(device, factories), nested_encoders_as_eager(), checkpoint_regions() as regions,
+          recording_regions(device),
           _refusing_untraceable_autocast(device), _refusing_inner_backward(), _refusing_host_random(),
           functions.kept_whole(lambda: _python_rewrites(device, factories)) as applied,
           _saved_tensors_hooks_entered() as hooks):

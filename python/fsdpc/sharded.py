@@ -64,6 +64,7 @@ from fsdpc.program import ParamSpec, Program, runtime_extension
 from fsdpc.runtime import (NO_SYNC_STEP, STEP, CompiledProgram, StepError, compile_program, on_every_rank,
                            pipeline_options)
 from fsdpc.units import ROOT_UNIT, WrapPolicy, plan_units
+from fsdpc.transformer import fast_path_reads
 from fsdpc.watch import free_variable_reads, read_attribute, say_outside_assignments
 from fsdpc.watchdog import DUMPS_OFF_BEFORE_FIRST_GROUP, WATCHDOG, interrupt
 
@@ -485,7 +486,8 @@ class ShardedModule(nn.Module):
         # values key the programs: what loss_fn and the model's forwards read
         # from outside themselves (found in their code), then each module
         # attribute a compiled step read (recorded by capture).
-        self._watched = [_Watched(described, read, read()) for described, read in free_variable_reads(loss_fn, model)]
+        self._watched = [_Watched(described, read, read())
+                         for described, read in free_variable_reads(loss_fn, model) + fast_path_reads(model)]
         if dist.get_rank() == 0:
             say_outside_assignments(loss_fn, model)
         # Reads whose change compiled the same step: not watched (see _same_step_for_other_values).

@@ -2351,6 +2351,52 @@ def scenario_modes(args):
         sharded.get_submodule("blocks.0").train()
     if dist.get_world_size() > 1:
         expect_error(lambda: sharded(*mine(data[0])), r"the ranks disagree about this call.*, blocks\.0 in eval mode")
+    padded_encoder_in_eval()
+
+
+class PaddedEncoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(16))
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x, padding):
+        return self.head(self.encoder(x, src_key_padding_mask=padding).mean(1))
+
+
+def padded_encoder_in_eval() -> None:
+    """nn.TransformerEncoder in eval under no_grad with a padding mask at
+    the sequences' ends: eager runs it on nested tensors (padded positions
+    zero before the final norm, which a mean over every position sees), and
+    so does the step; turning torch.backends.mha's fast path off gives the
+    masked path, in eager and in a step compiled for it (the switch keys
+    the programs)."""
+    def loss_fn(model, x, padding, y):
+        return nn.functional.cross_entropy(model(x, padding), y)
+
+    generator = torch.Generator().manual_seed(1)
+    x, y = torch.randn(GLOBAL_BATCH, 6, 16, generator=generator), torch.randint(0, 3, (GLOBAL_BATCH,),
+                                                                                 generator=generator)
+    lengths = torch.randint(1, 7, (GLOBAL_BATCH,), generator=generator)
+    padding = torch.arange(6) >= lengths[:, None]
+    reference = PaddedEncoder().to(DEVICE).eval()
+    sharded = fsdpc.shard(PaddedEncoder(), mine((x, padding, y)), loss_fn)
+    sharded.eval()
+    losses, expected = [], []
+    try:
+        with torch.no_grad():
+            for fast in (True, False, True):
+                torch.backends.mha.set_fastpath_enabled(fast)
+                losses.append(mean_over_ranks(sharded(*mine((x, padding, y)))))
+                expected.append(float(loss_fn(reference, *(t.to(DEVICE) for t in (x, padding, y)))))
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+    assert expected[0] != expected[1], "eager took the same path with the fast path on and off"
+    close(torch.tensor(losses), torch.tensor(expected), "a padded TransformerEncoder in eval, fast path on, off, on")
+    forward_only = [key for key in sharded._programs if not key[0]]  # a signature starts with `train`
+    assert len(forward_only) == 2, f"{len(forward_only)} forward-only programs for the fast path on and off"
 
 
 def scenario_reshard_setter(args):

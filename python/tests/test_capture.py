@@ -1651,3 +1651,45 @@ def test_tensors_made_without_a_device_are_on_the_models_as_in_eager():
     with pytest.raises(CaptureError, match=r"test_capture.py:\d+: cannot capture `h = .*`: a tensor made on the CPU "
                                            r"\(by a factory without device=.* which are on cuda"):
         export_training_step(*on_meta(model, (tokens,)), loss_fn, device="cuda")
+
+
+class FrozenEncoder(nn.Module):
+    """A frozen encoder kept in eval mode under a trained head: eager runs
+    it on nested tensors where the padding mask is left-aligned."""
+
+    def __init__(self):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(16))
+        self.head = nn.Linear(16, 3)
+        self.encoder.requires_grad_(False)
+        self.encoder.eval()
+
+    def forward(self, x, padding):
+        return self.head(self.encoder(x, src_key_padding_mask=padding).mean(1)).square().mean()
+
+
+def test_a_transformer_encoder_takes_eagers_nested_path_where_eager_does():
+    """Eager's nested path gives padded positions zeros before the final
+    norm (a mean over every position sees them); before 2026-11-28 the step
+    computed them as tokens, as the masked path does, silently. Whether the
+    padding is left-aligned (eager's condition) is decided per batch."""
+    torch.manual_seed(0)
+    model, x = FrozenEncoder(), torch.randn(3, 6, 16)
+    aligned = torch.zeros(3, 6, dtype=torch.bool)
+    aligned[0, 4:], aligned[2, 5], aligned[1, :] = True, True, True  # row 1: padding only
+    holes = aligned.clone()
+    holes[1, 2], holes[0, 1] = False, True
+
+    def loss_fn(m, x, padding):
+        return m(x, padding)
+
+    result = export_training_step(model, (x, aligned), loss_fn)
+    for padding in (aligned, holes):
+        eager = copy.deepcopy(model)
+        expected = loss_fn(eager, x, padding)
+        expected.backward()
+        loss, grads = run_joint(result, model, (x, padding))
+        torch.testing.assert_close(loss, expected)
+        for fqn, grad in grads.items():
+            torch.testing.assert_close(grad, eager.get_parameter(fqn).grad, msg=lambda m: f"gradient of {fqn}: {m}")
