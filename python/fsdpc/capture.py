@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import io
 import itertools
+import linecache
 import logging
 import os
 import random
@@ -265,6 +266,26 @@ def _quiet_torch_logs():
             logger.setLevel(level)
 
 
+def _torch_module_below(trace: types.TracebackType | None, model: nn.Module) -> str:
+    """Where, below the user's innermost line, a torch.nn module of the
+    model's failed (BatchNorm's `float(self.num_batches_tracked)` under
+    `momentum=None`, a CTCLoss): " (in body.1, a BatchNorm1d, at
+    nn/modules/batchnorm.py:193: `...`)"; "" where the user's line failed
+    itself."""
+    paths = {id(module): path for path, module in model.named_modules()}
+    frames = list(traceback.walk_tb(trace))
+    user = [index for index, (frame, line) in enumerate(frames)
+            if user_frame([traceback.FrameSummary(frame.f_code.co_filename, line, frame.f_code.co_name)])]
+    below = ""
+    for frame, line in frames[user[-1] + 1 if user else 0:]:
+        owner, filename = frame.f_locals.get("self"), os.path.abspath(frame.f_code.co_filename)
+        if isinstance(owner, nn.Module) and id(owner) in paths and filename.startswith(os.path.join(TORCH_DIR, "nn")):
+            code = linecache.getline(frame.f_code.co_filename, line).strip()
+            below = (f" (in {paths[id(owner)] or 'the model'}, a {type(owner).__name__}, at "
+                     f"{os.path.relpath(filename, TORCH_DIR)}:{line}: `{code}`)")
+    return below
+
+
 _DATA_DEPENDENT_SIGN = "data-dependent"  # in torch's errors of a trace that needed a tensor's value
 _DATA_DEPENDENT = ("it reads a tensor's value in Python (aten::item, via bool(), .item() or .tolist()), so the "
                    "control flow depends on data, which a static training step cannot")
@@ -291,7 +312,8 @@ def _export(step: _TrainingStep, batch: tuple) -> ExportedProgram:
         else:
             reason = f"{type(error).__name__}: {first_line}"
         if where:
-            raise CaptureError(f"{where}: cannot capture `{where.code}`: {reason}") from error
+            inside = _torch_module_below(error.__traceback__, getattr(step, _MODEL_ATTR))
+            raise CaptureError(f"{where}: cannot capture `{where.code}`: {reason}{inside}") from error
         raise CaptureError(f"cannot capture the training step: {reason}") from error
     # Export's training IR is not yet functional nor in core ATen: the joint
     # trace makes it both in the same pass (run_decompositions would trace the

@@ -215,6 +215,25 @@ def test_a_product_of_two_dtypes_names_the_line(name, line, why):
         export_training_step(model, batch, loss_fn)
 
 
+class CumulativeAverage(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8, momentum=None))
+
+    def forward(self, x):
+        return self.body(x).square().mean()
+
+
+def test_a_failure_inside_a_torch_module_names_the_module_and_its_line():
+    """Below the user's line, the torch.nn module of the model whose code
+    failed: BatchNorm's cumulative average reads its batch count in Python
+    (before 2026-11-28 only the user's line calling the Sequential was named)."""
+    with pytest.raises(CaptureError, match=r"test_capture.py:\d+: cannot capture `return self.body\(x\).*`: it reads "
+                                           r"a tensor's value .* \(in body.1, a BatchNorm1d, at "
+                                           r"nn/modules/batchnorm.py:\d+: `.*float\(self.num_batches_tracked\)`\)"):
+        export_training_step(CumulativeAverage(), (torch.randn(4, 8),), lambda m, x: m(x))
+
+
 def test_a_python_error_in_the_step_names_its_type_and_line():
     model, batch, _ = load_bad("masked_rows")
     with pytest.raises(CaptureError, match=r"test_capture.py:\d+: cannot capture `.*`: KeyError: 'missing'"):
