@@ -219,19 +219,49 @@ class CumulativeAverage(nn.Module):
     def __init__(self):
         super().__init__()
         self.body = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8, momentum=None))
+        self.conv = nn.Sequential(nn.Conv2d(2, 2, 3), nn.BatchNorm2d(2, momentum=None))
 
     def forward(self, x):
-        return self.body(x).square().mean()
+        return self.body(x).square().mean() + self.conv(x.view(-1, 2, 2, 2).repeat(1, 1, 2, 2)).sigmoid().mean()
+
+
+def test_batch_norm_with_a_cumulative_average_updates_its_statistics_as_eager():
+    """`momentum=None` weights each batch by 1 / its count, which eager reads
+    in Python; the step computes it (before 2026-11-28 refused: the read of
+    the count)."""
+    torch.manual_seed(0)
+    model, x = CumulativeAverage(), torch.randn(4, 8)
+    model.body[1].num_batches_tracked.fill_(3)  # a model trained before: the fourth batch weighs 1/4
+    eager = copy.deepcopy(model)
+    expected = eager(x)
+    expected.backward()
+    result = export_training_step(model, (x,), lambda m, x: m(x))
+    values = [model.get_parameter(fqn).detach() if kind == "param" else model.get_buffer(fqn).clone()
+              if kind == "buffer" else (x,)[fqn] for kind, fqn in result.step.inputs]
+    loss, *rest = fx.GraphModule(nn.Module(), result.step.graph)(*values)
+    torch.testing.assert_close(loss, expected)
+    updates = dict(zip((name for name, _ in result.step.buffer_updates), rest[len(result.step.gradients):]))
+    assert set(updates) == {name for name, _ in eager.named_buffers()}
+    for name, value in updates.items():
+        torch.testing.assert_close(value, eager.get_buffer(name), msg=lambda m: f"{name}: {m}")
+
+
+class WithCtcLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear, self.criterion = nn.Linear(4, 5), nn.CTCLoss()
+
+    def forward(self, x, targets):
+        return self.criterion(self.linear(x).log_softmax(-1), targets, (6, 6), (2, 3))
 
 
 def test_a_failure_inside_a_torch_module_names_the_module_and_its_line():
-    """Below the user's line, the torch.nn module of the model whose code
-    failed: BatchNorm's cumulative average reads its batch count in Python
-    (before 2026-11-28 only the user's line calling the Sequential was named)."""
-    with pytest.raises(CaptureError, match=r"test_capture.py:\d+: cannot capture `return self.body\(x\).*`: it reads "
-                                           r"a tensor's value .* \(in body.1, a BatchNorm1d, at "
-                                           r"nn/modules/batchnorm.py:\d+: `.*float\(self.num_batches_tracked\)`\)"):
-        export_training_step(CumulativeAverage(), (torch.randn(4, 8),), lambda m, x: m(x))
+    """After the user's line, the torch.nn module of the model whose code
+    failed and torch's line (before 2026-11-28 only the user's line)."""
+    with pytest.raises(CaptureError, match=r"test_capture.py:\d+: cannot capture `return self.criterion\(.*`: "
+                                           r".*_ctc_loss.* \(in criterion, a CTCLoss, at nn/modules/loss.py:\d+: "
+                                           r"`return F.ctc_loss\(`\)"):
+        export_training_step(WithCtcLoss(), (torch.randn(6, 2, 4), torch.randint(1, 5, (2, 3))), lambda m, *b: m(*b))
 
 
 def test_a_python_error_in_the_step_names_its_type_and_line():
