@@ -36,6 +36,7 @@ killed writer never leaves a partial entry.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -136,10 +137,15 @@ def _defining_file(obj) -> str | None:
 
 
 def _code_of(fn) -> list:
-    """Where a callable is defined, and the plain values it closes over."""
-    source = _defining_file(fn)
+    """Where a callable is defined, and the plain values it closes over (a
+    functools.partial: its function's, and the plain values it binds). Never
+    an address: every rank's must be equal."""
+    if isinstance(fn, functools.partial):
+        return _code_of(fn.func) + [["functools.partial", [_plain(value) for value in fn.args],
+                                     {name: _plain(value) for name, value in sorted(fn.keywords.items())}]]
+    source = _defining_file(fn if hasattr(fn, "__qualname__") else type(fn))
     cells = [_plain(c.cell_contents) for c in (getattr(fn, "__closure__", None) or ())]
-    return [getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(fn)), source, cells]
+    return [getattr(fn, "__module__", None), getattr(fn, "__qualname__", None) or type(fn).__qualname__, source, cells]
 
 
 def setup_key(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *, options: dict,

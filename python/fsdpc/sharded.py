@@ -1046,6 +1046,18 @@ class ShardedModule(nn.Module):
                     "rank") from None
             raise
 
+    def __setattr__(self, name: str, value) -> None:
+        """A plain attribute of the model's own set on the sharded module
+        (`model.scale = 0.5` after `model = fsdpc.shard(model, ...)`) is set
+        on the model, whose forward and loss_fn read it, as on FSDP2's
+        module, which is the model itself."""
+        original = self.__dict__.get("_original")
+        if original is not None and name not in self.__dict__ and name in original.__dict__ \
+                and not isinstance(value, (nn.Module, torch.Tensor)) and not hasattr(type(self), name):
+            setattr(original, name, value)
+            return
+        super().__setattr__(name, value)
+
     def __deepcopy__(self, memo):
         raise StepError("a sharded module cannot be copied: it holds this rank's shards, its process groups and "
                         "compiled steps; copy the model before fsdpc.shard (an EMA or reference copy), or copy the "

@@ -17,8 +17,10 @@ that failed on a tensor from outside the model (capture's `outside_tensor`).
 
 from __future__ import annotations
 
+import argparse
 import dis
 import functools
+import inspect
 import os
 import site
 import sysconfig
@@ -45,13 +47,18 @@ UNWATCHED = object()
 
 def watched_value(value):
     """`value` as the programs compiled with it are keyed by: a plain value
-    itself, a tuple or list of plain values as a tuple (a snapshot: a list
-    edited in place must compare unequal); anything else `UNWATCHED`."""
+    itself, a tuple or list of plain values as a tuple, a dict of them (a
+    loop's `HP["weight"]`) as a tuple of its items (snapshots: a list or
+    dict edited in place must compare unequal); anything else `UNWATCHED`."""
     kind = type(value)
     if kind in _PLAIN_VALUES:
         return value
     if kind in (tuple, list) and all(type(item) in _PLAIN_VALUES for item in value):
         return tuple(value)
+    if kind is dict:
+        items = tuple((key, watched_value(item)) for key, item in value.items())
+        if all(type(key) in _PLAIN_VALUES and type(item) in (*_PLAIN_VALUES, tuple) for key, item in items):
+            return ("dict", items)
     return UNWATCHED
 
 
@@ -77,6 +84,27 @@ def is_configuration(value) -> bool:
             and (hasattr(kind, "__dataclass_fields__")
                  or any(base.__module__.startswith("transformers.") and base.__name__ in
                         ("PretrainedConfig", "PreTrainedConfig") for base in kind.__mro__)))
+
+
+# Objects that only hold settings: all their plain attributes are watched.
+_NAMESPACES = (argparse.Namespace, types.SimpleNamespace)
+
+
+def _holds_settings(value) -> bool:
+    """What loss_fn's and the forwards' code may read settings off, by
+    attribute: a configuration object, a namespace (`args.weight` of
+    argparse), or a class or an instance of a class of the user's
+    (`Config.weight`)."""
+    if is_configuration(value) or isinstance(value, _NAMESPACES):
+        return True
+    kind = value if isinstance(value, type) else type(value)
+    if issubclass(kind, (nn.Module, torch.autograd.Function, torch.Tensor)):
+        return False
+    try:
+        defined_in = inspect.getfile(kind)
+    except (TypeError, OSError):  # a builtin or a class made at run time
+        return False
+    return user_file(defined_in)
 
 
 def configurations(model: nn.Module) -> dict[int, tuple[object, str, str]]:
@@ -224,10 +252,13 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
             parameters = inner.__code__.co_varnames if isinstance(inner, types.FunctionType) else ()
             where = (f"{inner.__code__.co_filename}:{inner.__code__.co_firstlineno}"
                      if isinstance(inner, types.FunctionType) else "functools.partial")
-            bound = [(parameters[index] if index < len(parameters) else str(index), value)
-                     for index, value in enumerate(function.args)] + list(function.keywords.items())
-            for name, value in bound:
-                yield (f"{described}'s bound argument '{name}'", lambda value=value: value,
+            # Read now, not at the first call: a loop may change `partial.keywords` in place.
+            bound = [(parameters[index] if index < len(parameters) else str(index),
+                      lambda value=value: value) for index, value in enumerate(function.args)]
+            bound += [(name, lambda name=name, keywords=function.keywords: keywords.get(name, _ABSENT_NAME))
+                      for name in function.keywords]
+            for name, read_now in bound:
+                yield (f"{described}'s bound argument '{name}'", read_now,
                        set(reads.attributes_of.get(name, ())), where)
             yield from visit(inner, described, depth + 1)
             return
@@ -317,8 +348,9 @@ def free_variable_reads(loss_fn: Callable, model: nn.Module) -> list[tuple[str, 
         watched = watched_value(value)
         if watched is not UNWATCHED:
             return watched
-        if is_configuration(value):  # the attributes the code reads off it, properties and aliases included
-            read = {name: _attribute_now(value, name) for name in sorted(attributes)}
+        if _holds_settings(value):  # the attributes the code reads off it, properties and aliases included
+            names = set(attributes) | (set(vars(value)) if isinstance(value, _NAMESPACES) else set())
+            read = {name: _attribute_now(value, name) for name in sorted(names)}
             return tuple((name, inner) for name, inner in read.items() if inner is not UNWATCHED)
         if isinstance(value, nn.Module):  # a loss module (its label smoothing): torch's code reads it
             return _module_settings(value)
@@ -326,7 +358,7 @@ def free_variable_reads(loss_fn: Callable, model: nn.Module) -> list[tuple[str, 
 
     for described, read_now, attributes, _ in free_variables(loss_fn, model):
         value = read_now()
-        if watched_value(value) is not UNWATCHED or is_configuration(value) \
+        if watched_value(value) is not UNWATCHED or _holds_settings(value) \
                 or (isinstance(value, nn.Module) and id(value) not in inside):
             reads.setdefault(described, lambda read_now=read_now, attributes=attributes:
                              value_of(read_now(), attributes))

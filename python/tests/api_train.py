@@ -2199,6 +2199,43 @@ def scenario_attributes(args):
         criterion.label_smoothing = smoothing
         close(sharded(*mine(data[0])), smoothed(reference, *mine(data[0])).detach(),
               f"the loss with label smoothing {smoothing}")
+    settings_held_elsewhere()
+
+
+LOSS_WEIGHTS = {"weight": 1.0}  # a loop's hyperparameters in a dict
+LOSS_ARGS = argparse.Namespace(weight=1.0)  # or parsed from the command line
+
+
+class LossSettings:
+    weight = 1.0  # or in a class of the user's
+
+
+def weighted_mse(model, x, *, weight):
+    return model(x).square().mean() * weight * LOSS_WEIGHTS["weight"] * LOSS_ARGS.weight * LossSettings.weight \
+        * model.weight
+
+
+def settings_held_elsewhere() -> None:
+    """Settings the loop changes where they are held: a global dict, an
+    argparse namespace, a class attribute, a functools.partial's keyword,
+    and a model attribute set on the sharded module (the model's, under
+    FSDP2): each change compiles for the new value, as eager computes with
+    it (before 2026-11-28 the step kept the first values, silently)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    model.weight = 1.0
+    x = torch.randn(GLOBAL_BATCH, 8, generator=torch.Generator().manual_seed(3))
+    loss_fn = functools.partial(weighted_mse, weight=1.0)
+    sharded = fsdpc.shard(model, mine((x,)), loss_fn)
+    plain = sharded(*mine((x,)))
+    changes = [lambda value: LOSS_WEIGHTS.update(weight=value), lambda value: setattr(LOSS_ARGS, "weight", value),
+               lambda value: setattr(LossSettings, "weight", value),
+               lambda value: loss_fn.keywords.update(weight=value), lambda value: setattr(sharded, "weight", value)]
+    for index, change in enumerate(changes):
+        change(3.0)
+        close(sharded(*mine((x,))), 3 * plain, f"the loss after setting {index} changed from 1 to 3")
+        change(1.0)
+    assert model.weight == 1.0 and "weight" not in sharded.__dict__, "the model attribute was not set on the model"
 
 
 def loss_with_metrics(model, tokens, targets):
