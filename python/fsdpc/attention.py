@@ -22,8 +22,11 @@ of query heads, which is what the repeat computes, so the repeated copies
 (forward, and saved for backward) and the gradients' sums over the repeats
 are gone.
 
-For a CPU target, and wherever no fused kernel applies, capture takes math
-attention by name, so that autograd differentiates its ops one by one.
+For a CPU target, capture takes the CPU's fused kernel where eager would
+(`cpu_attention_kernel`): it computes a bf16 call in fp32 and never holds
+the scores, where math attention rounds them to bf16 and materializes them.
+Wherever no fused kernel applies, capture takes math attention by name, so
+that autograd differentiates its ops one by one.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class AttentionKernel(Enum):
     CUDNN = "cudnn"
     FLASH = "flash"
     EFFICIENT = "efficient"
+    CPU_FLASH = "cpu flash"
     MATH = "math"
 
 
@@ -125,6 +129,39 @@ def cuda_attention_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.T
     return AttentionKernel.EFFICIENT if efficient else AttentionKernel.MATH
 
 
+_CPU_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def cpu_attention_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         attn_mask: torch.Tensor | None, dropout_p: float, enable_gqa: bool) -> AttentionKernel:
+    """The kernel eager PyTorch picks on a CPU (its `sdp_utils_cpp` rules):
+    the fused flash kernel for dense 4-D inputs of one dtype with equal
+    heads (or grouped ones, with `enable_gqa`) and head widths, no dropout
+    and a mask of (batch or 1, heads or 1, queries or 1, keys or 1) that
+    takes no gradient, while `torch.backends.cuda.enable_flash_sdp` (one
+    switch for both devices) is on; else math. (Newer torch also takes
+    flash for 3-D inputs; capture takes math there, as torch 2.11 does.)"""
+    tensors = (query, key, value)
+    if not (torch.backends.cuda.flash_sdp_enabled() and dropout_p == 0.0
+            and all(t.dim() == 4 and not t.is_nested and t.stride(-1) == 1 for t in tensors)
+            and query.dtype == key.dtype == value.dtype and query.dtype in _CPU_FLASH_DTYPES):
+        return AttentionKernel.MATH
+    batch, heads, seq_q, head_dim = query.shape
+    kv_heads = key.shape[1]
+    heads_fit = heads == kv_heads if not enable_gqa else heads % kv_heads == 0
+    if not (batch == key.shape[0] == value.shape[0] and kv_heads == value.shape[1] and heads_fit
+            and head_dim == key.shape[-1] == value.shape[-1] and seq_q > 0 and key.shape[2] > 0):
+        return AttentionKernel.MATH
+    if attn_mask is not None:
+        shape, seq_k = attn_mask.shape, key.shape[2]
+        fits = (not attn_mask.requires_grad and attn_mask.dim() in (2, 4) and shape[-2] in (seq_q, 1)
+                and shape[-1] in (seq_k, 1)
+                and (attn_mask.dim() == 2 or (shape[0] in (batch, 1) and shape[1] in (heads, 1))))
+        if not fits:
+            return AttentionKernel.MATH
+    return AttentionKernel.CPU_FLASH
+
+
 _FLASH_HEAD_ALIGNMENT = 8      # flash attention's head width, padded to it
 _EFFICIENT_BIAS_ALIGNMENT = 8  # the memory-efficient kernel's bias strides
 
@@ -194,16 +231,17 @@ class FusedAttentionFor(TorchFunctionMode):
         if self.device == "cuda" and not a["enable_gqa"]:
             k, v, a["enable_gqa"] = self._unrepeated(q, k, v, mask, a["is_causal"])
         kernel = (cuda_attention_kernel(q, k, v, mask, a["is_causal"], a["enable_gqa"], self.gpu)
-                  if self.device == "cuda" else AttentionKernel.MATH)
+                  if self.device == "cuda" else cpu_attention_kernel(q, k, v, mask, a["dropout_p"], a["enable_gqa"]))
         self.chosen.append(kernel)
         mask = _additive_mask(mask, q.dtype, kernel)
         if kernel is AttentionKernel.MATH:
             # Math attention by name, whatever device the traced tensors are
-            # on: autograd then differentiates its ops one by one. (On CPU
-            # tensors PyTorch would pick its CPU flash kernel, whose core-ATen
-            # decomposition returns no true logsumexp for the fused backward.)
+            # on: autograd then differentiates its ops one by one.
             return aten._scaled_dot_product_attention_math(
                 q, k, v, mask, a["dropout_p"], a["is_causal"], scale=a["scale"], enable_gqa=a["enable_gqa"])[0]
+        if kernel is AttentionKernel.CPU_FLASH:
+            return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, a["dropout_p"], a["is_causal"],
+                                                                    attn_mask=mask, scale=a["scale"])[0]
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         # Grouped heads reach cuDNN's and flash's kernels unrepeated, as in
         # eager: both take fewer key/value heads (torch >= 2.8 for cuDNN).

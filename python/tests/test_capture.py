@@ -372,17 +372,16 @@ def test_autocast_casts_as_in_eager(where):
 
 
 def test_the_llama_under_autocast_equals_eager_within_bf16_rounding():
-    """Rotary positions in fp32, attention's products in bf16 as autocast
-    gives them; the loss and gradients equal eager's under the same
-    autocast within bf16 rounding (eager runs CPU flash attention, the step
-    math attention)."""
+    """Rotary positions in fp32, attention in bf16 as autocast gives it
+    (the CPU's fused kernel, as in eager); the loss and gradients equal
+    eager's under the same autocast within bf16 rounding."""
     model, batch, loss_fn = make("llama")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         result = export_training_step(*on_meta(model, batch), loss_fn)
         eager_loss = loss_fn(model, *batch)
     eager_loss.backward()
-    products = re.findall(r'"aten::bmm" .*', result.mlir)
-    assert products and all("f32>" not in line for line in products), products[:2]
+    attention = re.findall(r'"aten::_scaled_dot_product_flash_attention_for_cpu" .* : \(([^)]*)\)', result.mlir)
+    assert attention and all("f32>" not in operands for operands in attention), attention[:2]
     loss, grads = run_joint(result, model, batch)
     torch.testing.assert_close(loss, eager_loss, rtol=2**-7, atol=1e-2)
     for fqn, grad in grads.items():
@@ -1742,3 +1741,75 @@ def test_a_transformer_encoder_takes_eagers_nested_path_where_eager_does():
         torch.testing.assert_close(loss, expected)
         for fqn, grad in grads.items():
             torch.testing.assert_close(grad, eager.get_parameter(fqn).grad, msg=lambda m: f"gradient of {fqn}: {m}")
+
+
+class Attending(nn.Module):
+    """Attention over padded sequences and causal attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(16, 48), nn.Linear(16, 16)
+
+    def forward(self, x, keep):
+        q, k, v = self.qkv(x).view(2, 5, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        padded = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+        causal = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out((padded + causal).transpose(1, 2).reshape(2, 5, 16)).square().mean()
+
+
+def test_attention_for_a_cpu_target_is_eagers_fused_kernel():
+    """Eager on a CPU runs its fused flash kernel (a bf16 call computed in
+    fp32, no scores held): the step takes it whole, forward and backward,
+    and equals eager to the bit (before 2026-11-28 math attention, whose
+    bf16 scores put a transformer's gradients about twice as far from
+    fp64's as eager's, and which holds every score)."""
+    torch.manual_seed(0)
+    model, x = Attending(), torch.randn(2, 5, 16)
+    keep = torch.ones(2, 5, dtype=torch.bool)
+    keep[1, 3:] = False
+    result = export_training_step(model, (x, keep), lambda m, x, keep: m(x, keep))
+    assert result.mlir.count('"aten::_scaled_dot_product_flash_attention_for_cpu"') == 2
+    assert result.mlir.count('"aten::_scaled_dot_product_flash_attention_for_cpu_backward"') == 2
+    equal_to_eager(result, model, (x, keep), model(x, keep))
+
+
+@pytest.mark.parametrize("case", ["plain", "bf16 with a mask", "fp16 causal", "dropout", "grouped heads",
+                                  "grouped heads, equal", "a mask taking gradients", "a 3-D mask", "head widths",
+                                  "a broadcast row mask", "mixed dtypes", "strided heads"])
+def test_the_cpu_attention_kernel_is_the_one_eager_picks(case):
+    """`cpu_attention_kernel` restates torch's CPU rules; torch's own
+    choice on real tensors is the reference."""
+    from torch.nn.attention import SDPBackend
+
+    from fsdpc.attention import AttentionKernel, cpu_attention_kernel
+
+    q = k = v = torch.randn(2, 4, 6, 8)
+    mask, dropout, causal, gqa = None, 0.0, False, False
+    if case == "bf16 with a mask":
+        q = k = v = q.bfloat16()
+        mask = torch.rand(2, 1, 6, 6) > 0.3
+    elif case == "fp16 causal":
+        q = k = v = q.half()
+        causal = True
+    elif case == "dropout":
+        dropout = 0.1
+    elif case == "grouped heads":
+        k = v = torch.randn(2, 2, 6, 8)
+        gqa = True
+    elif case == "grouped heads, equal":
+        gqa = True
+    elif case == "a mask taking gradients":
+        mask = torch.zeros(6, 6, requires_grad=True)
+    elif case == "a 3-D mask":
+        mask = torch.zeros(2, 6, 6)
+    elif case == "head widths":
+        v = torch.randn(2, 4, 6, 16)
+    elif case == "a broadcast row mask":
+        mask = torch.zeros(2, 4, 1, 6)
+    elif case == "mixed dtypes":
+        k = k.double()
+    elif case == "strided heads":
+        q = torch.randn(2, 4, 8, 6).transpose(-1, -2)
+    eager = torch._fused_sdp_choice(q, k, v, mask, dropout, causal, scale=None, enable_gqa=gqa)
+    expected = AttentionKernel.CPU_FLASH if eager == SDPBackend.FLASH_ATTENTION.value else AttentionKernel.MATH
+    assert cpu_attention_kernel(q, k, v, mask, dropout, gqa) is expected, case

@@ -49,10 +49,13 @@ def test_fp32_for_cuda_keeps_memory_efficient_attention(llama_ir):
     assert "_softmax" not in calls
 
 
-def test_cpu_target_is_unchanged(llama_ir):
+def test_a_cpu_target_keeps_the_cpus_fused_attention(llama_ir):
+    """Eager's kernel on a CPU, kept whole with its backward (before
+    2026-11-28 math attention)."""
     calls = aten_calls(llama_ir["cpu", "bf16"])
-    assert not any("scaled_dot_product" in call for call in calls)
-    assert "_softmax" in calls
+    assert calls.count("_scaled_dot_product_flash_attention_for_cpu") == 2
+    assert calls.count("_scaled_dot_product_flash_attention_for_cpu_backward") == 2
+    assert not {"_softmax", "_softmax_backward_data", "bmm"} & set(calls), sorted(set(calls))
 
 
 def test_the_cuda_program_lowers_and_validates(llama_ir):
