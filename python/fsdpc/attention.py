@@ -92,6 +92,7 @@ _REPEAT_PARAMETERS = inspect.Signature([
     inspect.Parameter("dim", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
     inspect.Parameter("output_size", inspect.Parameter.KEYWORD_ONLY, default=None)])
 
+_SDPA = F.scaled_dot_product_attention
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _GRID_LIMIT = 65535  # batch and heads of one launch
 
@@ -210,13 +211,28 @@ class FusedAttentionFor(TorchFunctionMode):
         # 4-D tensors repeated along the heads: the result -> (the tensor repeated, repeats).
         self._head_repeats = WeakIdKeyDictionary()
 
+    def __enter__(self):
+        # F.multi_head_attention_forward (nn.MultiheadAttention) reaches this
+        # mode whole, and calls attention in its body by its global name,
+        # which the mode does not see: there the name routes too.
+        self._global_before = F.scaled_dot_product_attention
+        F.scaled_dot_product_attention = self._routed
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        F.scaled_dot_product_attention = self._global_before
+        return super().__exit__(*exc)
+
+    def _routed(self, *args, **kwargs):
+        return self.__torch_function__(_SDPA, (), args, kwargs)
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _REPEAT_INTERLEAVE:
             result = func(*args, **kwargs)
             self._note_head_repeat(args, kwargs, result)
             return result
-        if func is not F.scaled_dot_product_attention:
+        if func is not _SDPA:
             return func(*args, **kwargs)
         call = _SDPA_PARAMETERS.bind(*args, **kwargs)
         call.apply_defaults()

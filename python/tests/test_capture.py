@@ -1744,17 +1744,20 @@ def test_a_transformer_encoder_takes_eagers_nested_path_where_eager_does():
 
 
 class Attending(nn.Module):
-    """Attention over padded sequences and causal attention."""
+    """Attention over padded sequences, causal attention, and
+    nn.MultiheadAttention's (called inside F.multi_head_attention_forward)."""
 
     def __init__(self):
         super().__init__()
         self.qkv, self.out = nn.Linear(16, 48), nn.Linear(16, 16)
+        self.mha = nn.MultiheadAttention(16, 2, batch_first=True)
 
     def forward(self, x, keep):
         q, k, v = self.qkv(x).view(2, 5, 3, 2, 8).permute(2, 0, 3, 1, 4)
         padded = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
         causal = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out((padded + causal).transpose(1, 2).reshape(2, 5, 16)).square().mean()
+        attended = self.mha(x, x, x, key_padding_mask=keep.logical_not(), need_weights=False)[0]
+        return (self.out((padded + causal).transpose(1, 2).reshape(2, 5, 16)) + attended).square().mean()
 
 
 def test_attention_for_a_cpu_target_is_eagers_fused_kernel():
@@ -1762,14 +1765,17 @@ def test_attention_for_a_cpu_target_is_eagers_fused_kernel():
     fp32, no scores held): the step takes it whole, forward and backward,
     and equals eager to the bit (before 2026-11-28 math attention, whose
     bf16 scores put a transformer's gradients about twice as far from
-    fp64's as eager's, and which holds every score)."""
+    fp64's as eager's, and which holds every score). Captured on meta, as
+    fsdpc.shard captures, where only fsdpc's choice picks the kernel (for
+    nn.MultiheadAttention's call too)."""
     torch.manual_seed(0)
     model, x = Attending(), torch.randn(2, 5, 16)
     keep = torch.ones(2, 5, dtype=torch.bool)
     keep[1, 3:] = False
+    result = export_training_step(*on_meta(model, (x, keep)), lambda m, x, keep: m(x, keep))
+    assert result.mlir.count('"aten::_scaled_dot_product_flash_attention_for_cpu"') == 3
+    assert result.mlir.count('"aten::_scaled_dot_product_flash_attention_for_cpu_backward"') == 3
     result = export_training_step(model, (x, keep), lambda m, x, keep: m(x, keep))
-    assert result.mlir.count('"aten::_scaled_dot_product_flash_attention_for_cpu"') == 2
-    assert result.mlir.count('"aten::_scaled_dot_product_flash_attention_for_cpu_backward"') == 2
     equal_to_eager(result, model, (x, keep), model(x, keep))
 
 

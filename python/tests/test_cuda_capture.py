@@ -707,3 +707,22 @@ def test_rms_norm_under_autocast_is_fused_where_autocast_lists_it(monkeypatch):
     with rms_norm.FusedRmsNormFor("cuda"):  # outside autocast: fused as it comes
         torch.nn.functional.rms_norm(x, (64,), weight)
     assert fused_inputs[-1] == torch.bfloat16
+
+
+def test_multihead_attention_reaches_the_fused_kernel():
+    """nn.MultiheadAttention calls attention inside
+    F.multi_head_attention_forward, which capture's mode sees whole: the
+    call is routed all the same (before 2026-11-28 math attention there)."""
+    from torch import nn
+
+    from fsdpc.capture import MixedPrecision
+    from fsdpc.export import export_training_step
+
+    with torch.device("meta"):
+        layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    text = export_training_step(layer, (torch.empty(2, 16, 64, device="meta"),), lambda m, x: m(x).float().sum(),
+                                mixed_precision=MixedPrecision(param_dtype=torch.bfloat16), device="cuda").mlir
+    calls = aten_calls(text)
+    fused = [call for call in calls if re.fullmatch(r"_scaled_dot_product_(cudnn|flash|efficient)_attention", call)]
+    assert len(fused) == 1 and calls.count(f"{fused[0]}_backward") == 1, sorted(set(calls))
+    assert not {"_softmax", "_softmax_backward_data", "bmm"} & set(calls), sorted(set(calls))
