@@ -506,6 +506,7 @@ class ShardedModule(nn.Module):
         self._failing = threading.Lock()
         self._host_optimizer: HostOptimizer | None = None
         self._warned_eval = False
+        self._warned_all_frozen = False
         self.last_trace: list[tuple] = []
         # The last call's collectives as the runtime issued them: (c10d op,
         # buffer bytes, group size); the communication report predicts them.
@@ -1222,6 +1223,11 @@ class ShardedModule(nn.Module):
         kind = (f"a forward-only ({'training' if self.training else 'eval'} mode)" if not train else
                 "a synchronizing" if sync else "an accumulating (no gradient sync)")
         frozen = _frozen(named) if train else ()
+        if train and not self._warned_all_frozen and not any(p.requires_grad for p in self.parameters()):
+            self._warned_all_frozen = True
+            warnings.warn("every parameter of the model is frozen (requires_grad False): training calls compute "
+                          "the loss and no gradients (eager's loss.backward() would raise); unfreeze parameters to "
+                          "train, or call under torch.no_grad() for forward only", stacklevel=2)
         # Read once: they key the program too.
         read = (self._modes_apart(), self._attribute_values(), ambient_autocast(self.device.type))
         # A call that is wrong on one rank is refused on all, before any
@@ -1627,7 +1633,7 @@ class ShardedModule(nn.Module):
     # -- gradients ---------------------------------------------------------
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, *,
-                        error_if_nonfinite: bool | None = None) -> torch.Tensor:
+                        error_if_nonfinite: bool | None = None, foreach: bool | None = None) -> torch.Tensor:
         """Scales every gradient so that their global norm (over all ranks,
         padding excluded) is at most `max_norm`; returns the norm before
         clipping. A non-finite norm raises, and nothing is scaled. With
@@ -1637,7 +1643,9 @@ class ShardedModule(nn.Module):
         Unset, it is False with a `grad_scaler`, whose overflowed steps are
         expected (scaler.step skips them) and True otherwise. Ignored
         parameters' gradients (each rank's own) are neither counted nor
-        scaled: the norm and the scale are the same on every rank."""
+        scaled: the norm and the scale are the same on every rank.
+        `foreach`, torch's, is taken and changes nothing: the launches are
+        fused either way."""
         if error_if_nonfinite is None:
             error_if_nonfinite = self._grad_scaler is None
         if self._host_optimizer is not None and self._host_optimizer.in_backward:

@@ -2004,6 +2004,16 @@ def scenario_freezing(args):
         expect_error(lambda: sharded(*mine(data[0])), "the ranks disagree about this call")
         freeze(False, sharded)
         sharded(*mine(data[0]))  # agreed again: the module stayed usable
+    # Everything frozen: the loss and no gradients, said once (eager's loss.backward() would raise).
+    adapted.zero_grad()
+    for param in adapted.parameters():
+        param.requires_grad_(False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        adapted(*mine(data[0]))
+        adapted(*mine(data[0]))
+    said = [str(w.message) for w in caught if "every parameter of the model is frozen" in str(w.message)]
+    assert len(said) == 1 and all(p.grad is None for p in adapted.parameters()), said
 
 
 def scenario_divide_factor(args):
