@@ -43,6 +43,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from fsdpc.autocast import as_autocast_casts
+from fsdpc.checkpointing import patched
 
 TARGET_DEVICES = ("cpu", "cuda")
 
@@ -215,12 +216,12 @@ class FusedAttentionFor(TorchFunctionMode):
         # F.multi_head_attention_forward (nn.MultiheadAttention) reaches this
         # mode whole, and calls attention in its body by its global name,
         # which the mode does not see: there the name routes too.
-        self._global_before = F.scaled_dot_product_attention
-        F.scaled_dot_product_attention = self._routed
+        self._routing = patched(F, scaled_dot_product_attention=self._routed)
+        self._routing.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc):
-        F.scaled_dot_product_attention = self._global_before
+        self._routing.__exit__(None, None, None)
         return super().__exit__(*exc)
 
     def _routed(self, *args, **kwargs):

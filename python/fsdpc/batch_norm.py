@@ -12,11 +12,13 @@ number, and eval mode, take torch's own forward.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from fsdpc.checkpointing import patched
 
 
 def _averaging_forward(original: Callable) -> Callable:
@@ -39,12 +41,6 @@ def _averaging_forward(original: Callable) -> Callable:
     return forward
 
 
-@contextlib.contextmanager
-def cumulative_averages_traceable() -> Iterator[None]:
+def cumulative_averages_traceable() -> contextlib.AbstractContextManager:
     """While capture traces: BatchNorm with `momentum=None` (above)."""
-    original = _BatchNorm.forward
-    _BatchNorm.forward = _averaging_forward(original)
-    try:
-        yield
-    finally:
-        _BatchNorm.forward = original
+    return patched(_BatchNorm, forward=_averaging_forward(_BatchNorm.forward))

@@ -21,12 +21,14 @@ data: the step computes it and chooses per call, as eager's check does.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import transformer
+
+from fsdpc.checkpointing import patched
 
 FAST_PATH_SWITCH = "torch.backends.mha.get_fastpath_enabled()"
 
@@ -79,16 +81,10 @@ def _encoder_forward_as_eager(original: Callable) -> Callable:
     return forward
 
 
-@contextlib.contextmanager
-def nested_encoders_as_eager() -> Iterator[None]:
+def nested_encoders_as_eager() -> contextlib.AbstractContextManager:
     """While capture traces: nn.TransformerEncoder (and subclasses that
     call its forward) computes what eager's nested path would (above)."""
-    original = nn.TransformerEncoder.forward
-    nn.TransformerEncoder.forward = _encoder_forward_as_eager(original)
-    try:
-        yield
-    finally:
-        nn.TransformerEncoder.forward = original
+    return patched(nn.TransformerEncoder, forward=_encoder_forward_as_eager(nn.TransformerEncoder.forward))
 
 
 def fast_path_reads(model: nn.Module) -> list[tuple[str, Callable[[], object]]]:
