@@ -225,8 +225,9 @@ def Fsdp_AtenOp : Fsdp_Op<"aten", [Fsdp_InFunction,
     `unit` for None). Without `args` the operands are the argument list.
 
     `random` marks operators that draw random numbers (dropout, rand): they
-    touch the generator state, so they are never merged or dropped. All other
-    calls are free of side effects.
+    touch the generator state, so they are never merged, dropped or
+    recomputed. A fused attention call at dropout 0 draws none and is not
+    marked. All other calls are free of side effects.
 
     `module` names the PyTorch submodule (its FQN; "" for the model itself)
     whose forward made the call; a backward call names the module whose

@@ -164,6 +164,22 @@ def cpu_attention_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     return AttentionKernel.CPU_FLASH
 
 
+def draws_random(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """Whether a call of `op` touches the random generator. Torch tags every
+    fused attention operator (flash, memory-efficient, cuDNN, and the
+    backwards that replay their dropout) as seeded, since each can drop out;
+    at `dropout_p` 0 none of them reads or advances the generator, so such a
+    call is free to recompute under checkpointing like any other."""
+    if torch.Tag.nondeterministic_seeded not in op.tags:
+        return False
+    for index, argument in enumerate(op._schema.arguments):
+        if argument.name == "dropout_p":
+            default = argument.default_value if argument.has_default_value() else None
+            dropout = args[index] if index < len(args) else kwargs.get("dropout_p", default)
+            return not (isinstance(dropout, float) and dropout == 0.0)
+    return True
+
+
 _FLASH_HEAD_ALIGNMENT = 8      # flash attention's head width, padded to it
 _EFFICIENT_BIAS_ALIGNMENT = 8  # the memory-efficient kernel's bias strides
 

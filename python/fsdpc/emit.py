@@ -14,6 +14,7 @@ from typing import Iterable
 import torch
 from torch import fx
 
+from fsdpc.attention import draws_random
 from fsdpc.capture import CaptureError, CapturedStep, SourceLocation
 from fsdpc.rms_norm import STANDS_FOR
 from fsdpc.units import UnitPlan
@@ -218,7 +219,7 @@ class _StepPrinter:
         name = self.fresh()
         lhs = "" if not results else (f"{name} = " if len(results) == 1 else f"{name}:{len(results)} = ")
         attrs = "" if plain else " args [" + ", ".join(args) + "]"
-        if torch.Tag.nondeterministic_seeded in target.tags:
+        if draws_random(target, node.args, node.kwargs):
             attrs += " random"
         module = self.step.modules.get(node)
         if module is not None:

@@ -40,6 +40,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
+from fsdpc.attention import draws_random
 from fsdpc.cache import source_digests
 from fsdpc.watch import cell_value, machinery_file, nested_codes, user_file, user_function
 
@@ -218,7 +219,7 @@ class _Random(TorchDispatchMode):
         self.function, self.refuse = function, refuse
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if torch.Tag.nondeterministic_seeded in func.tags:
+        if draws_random(func, args, kwargs or {}):
             if not self.refuse:
                 _DREW_IN_FORWARD.add(self.function)
             elif self.function in _DREW_IN_FORWARD:

@@ -598,6 +598,52 @@ class _FusedCalls(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def test_checkpointing_recomputes_attention_without_dropout(llama_ir):
+    """Torch tags the fused attention kernels as seeded; at dropout 0 they
+    draw nothing, so they are not `random` and `checkpoint=*` recomputes
+    them (before 2026-11-28 each layer's attention output stayed saved)."""
+    for key, kernel in ((("cuda", "bf16"), "cudnn"), (("cuda", "f32"), "efficient"),
+                        (("cpu", "bf16"), "flash")):
+        calls = re.findall(rf'"aten::_scaled_dot_product_{kernel}_attention[_a-z]*"[^\n]*', llama_ir[key])
+        assert len(calls) == 4 and not any(" random" in call for call in calls), calls
+        sharded = run_fsdp_opt(llama_ir[key], ["--fsdp-sharding-pipeline=ranks=2 checkpoint=*"])
+        recomputed = re.findall(rf'"aten::_scaled_dot_product_{kernel}_attention[_a-z]*"[^\n]*fsdp\.recomputed',
+                                sharded)
+        assert len(recomputed) == 2, (key, recomputed)
+
+
+def test_attention_with_dropout_draws_random_numbers():
+    """With dropout the kernels draw: marked `random`, so never recomputed."""
+    from fsdpc.attention import draws_random
+
+    q = torch.empty(2, 4, 16, 8, device="meta")
+    for op in (torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+               torch.ops.aten._scaled_dot_product_efficient_attention.default,
+               torch.ops.aten._scaled_dot_product_flash_attention.default):
+        assert not draws_random(op, (q, q, q), {})
+        assert draws_random(op, (q, q, q), {"dropout_p": 0.1})
+    assert draws_random(torch.ops.aten.native_dropout.default, (q, 0.0, True), {})
+    assert not draws_random(torch.ops.aten.mm.default, (q, q), {})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+@pytest.mark.parametrize("kernel", ["cudnn", "efficient", "flash"])
+def test_fused_attention_without_dropout_leaves_the_generator_alone(kernel):
+    """What `draws_random` relies on, on the GPU at hand: a fused attention
+    call and its backward at dropout 0 leave the CUDA generator's state as
+    it was (a recomputed call then changes no later draw)."""
+    backends = {"cudnn": torch.nn.attention.SDPBackend.CUDNN_ATTENTION,
+                "efficient": torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION,
+                "flash": torch.nn.attention.SDPBackend.FLASH_ATTENTION}
+    q, k, v = (torch.randn(2, 8, 128, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    before = torch.cuda.get_rng_state()
+    with torch.nn.attention.sdpa_kernel(backends[kernel]):
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    torch.cuda.synchronize()
+    assert torch.equal(torch.cuda.get_rng_state(), before)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
 @pytest.mark.parametrize("case", ["bf16 causal", "bf16 grouped heads", "fp16 head dim 256", "bf16 with a mask", "fp32"])
 def test_capture_picks_the_attention_kernel_eager_runs_on_this_gpu(case):
