@@ -585,6 +585,34 @@ def Fsdp_AllReduceStartOp : Fsdp_ReducingStartOp<"all_reduce_start"> {
   }];
 }
 
+def Fsdp_DataParallelSumOp : Fsdp_Op<"data_parallel_sum", [Fsdp_InFunction,
+    AllTypesMatch<["input", "result"]>,
+    MemoryEffects<[MemRead<Fsdp_CommResource>, MemWrite<Fsdp_CommResource>]>]> {
+  let summary = "Sum a tensor of the step over every data-parallel rank.";
+  let description = [{
+    Every rank gets the elementwise sum of `input` over all data-parallel
+    ranks (the whole grid, replicas included). Capture writes it where the
+    model reduces activations across ranks inside its step, as
+    `nn.SyncBatchNorm` does with its batch statistics (forward) and their
+    gradients (backward); the gradient of a sum over ranks is the sum over
+    ranks of the gradients. It is written before sharding, when no grid
+    exists: `fsdp-shard-parameters` lowers it to an `fsdp.all_reduce_start`
+    over every axis of its grid (reduction `sum`, in the input's element
+    type) and its `fsdp.wait`.
+
+    ```mlir
+    %total = fsdp.data_parallel_sum %local : tensor<16xf32>
+    ```
+
+    Rules: inside a function; a floating-point tensor; the result has the
+    input's type.
+  }];
+  let arguments = (ins Fsdp_StaticTensor:$input);
+  let results = (outs Fsdp_StaticTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input)";
+  let hasVerifier = 1;
+}
+
 def Fsdp_WaitOp : Fsdp_Op<"wait", [Fsdp_InFunction,
     DeclareOpInterfaceMethods<InferTypeOpInterface>,
     MemoryEffects<[MemRead<Fsdp_CommResource>, MemWrite<Fsdp_CommResource>]>]> {

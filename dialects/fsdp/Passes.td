@@ -137,7 +137,9 @@ def ShardParametersPass : Pass<"fsdp-shard-parameters", "::mlir::ModuleOp"> {
     passes can bucket per unit. A scalar parameter (a temperature, CLIP's
     `logit_scale`) has no rows to shard: it stays whole on every rank, is
     read without a gather, and its gradient is all-reduced over the whole
-    grid, on every strategy.
+    grid, on every strategy. Each `fsdp.data_parallel_sum` (a sum over
+    ranks the model makes, as SyncBatchNorm's) becomes a summing all-reduce
+    over the whole grid and its wait, in every function.
 
     Strategies: `full-shard` and `shard-grad-op` shard over `ranks`
     (they differ in reshard-after-forward); `hybrid-shard` builds a

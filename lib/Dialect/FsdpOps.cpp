@@ -586,6 +586,17 @@ OpFoldResult CastOp::fold(FoldAdaptor) {
 }
 
 //===----------------------------------------------------------------------===//
+// DataParallelSumOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult DataParallelSumOp::verify() {
+  Type element = getInput().getType().getElementType();
+  if (!isa<FloatType>(element))
+    return emitOpError() << "sums floating-point tensors, not " << element;
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // LossOp and GradientsOp
 //===----------------------------------------------------------------------===//
 

@@ -24,6 +24,15 @@
 //   %gs = fsdp.wait %r : !fsdp.future<tensor<3x4xf32>>
 //   fsdp.gradients [@w] %gs : tensor<3x4xf32>
 //
+// A sum over ranks the model makes (SyncBatchNorm's statistics) becomes an
+// all-reduce over the whole grid:
+//
+//   %t = fsdp.data_parallel_sum %s : tensor<16xf32>
+//   ==>
+//   %f = fsdp.all_reduce_start %s on @fsdp_grid axes = [0] reduction = sum
+//          reduce_dtype = f32 : tensor<16xf32> -> !fsdp.future<tensor<16xf32>>
+//   %t = fsdp.wait %f : !fsdp.future<tensor<16xf32>>
+//
 // Test: test/Transforms/shard-parameters.mlir.
 //
 //===----------------------------------------------------------------------===//
@@ -163,6 +172,7 @@ public:
       if (step.gradients)
         reduceGradients(step, /*accumulated=*/gradientAccumulation);
     }
+    lowerDataParallelSums();
     return success();
   }
 
@@ -288,6 +298,24 @@ private:
       auto paramOp = SymbolTable::lookupNearestSymbolFrom<ParamOp>(gradients, attr);
       gradients.getGradsMutable()[slot].set(allReduce(value, paramOp.getUnitAttr(), value.getLoc(),
                                                       layout.replicateAxes, layout.replicaRanks, /*first=*/false));
+    }
+  }
+
+  /// Each `fsdp.data_parallel_sum` (in every function, the no-sync copies
+  /// too) becomes a sum over the whole grid.
+  void lowerDataParallelSums() {
+    SmallVector<DataParallelSumOp> sums;
+    module.walk([&](DataParallelSumOp sum) { sums.push_back(sum); });
+    for (DataParallelSumOp sum : sums) {
+      builder.setInsertionPoint(sum);
+      auto type = cast<RankedTensorType>(sum.getInput().getType());
+      auto start = AllReduceStartOp::create(
+          builder, sum.getLoc(), FutureType::get(builder.getContext(), {type}), ValueRange{sum.getInput()},
+          gridRef, builder.getDenseI16ArrayAttr(everyAxis()),
+          shard::ReductionKindAttr::get(builder.getContext(), shard::ReductionKind::Sum),
+          TypeAttr::get(type.getElementType()), FloatAttr(), FloatAttr(), FlatSymbolRefAttr());
+      sum.replaceAllUsesWith(WaitOp::create(builder, sum.getLoc(), start.getFuture()).getResult(0));
+      sum.erase();
     }
   }
 

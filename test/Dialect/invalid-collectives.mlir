@@ -1,7 +1,7 @@
 // RUN: fsdp-opt %s -split-input-file -verify-diagnostics
 
 // Negative tests for fsdp.all_gather_start, fsdp.reduce_scatter_start,
-// fsdp.all_reduce_start, fsdp.wait and fsdp.all_slice.
+// fsdp.all_reduce_start, fsdp.wait, fsdp.all_slice and fsdp.data_parallel_sum.
 
 //===----------------------------------------------------------------------===//
 // Bucket and future pairing (shown on all three collectives)
@@ -756,3 +756,25 @@ func.func @f(%x: tensor<10x32xf32>) {
   %s = fsdp.all_slice %x on @dp axes = [0] : tensor<10x32xf32> -> tensor<?x32xf32>
   return
 }
+
+// -----
+
+func.func @f(%x: tensor<16xi64>) -> tensor<16xi64> {
+  // expected-error @+1 {{'fsdp.data_parallel_sum' op sums floating-point tensors, not 'i64'}}
+  %s = fsdp.data_parallel_sum %x : tensor<16xi64>
+  return %s : tensor<16xi64>
+}
+
+// -----
+
+func.func @f(%x: tensor<?xf32>) -> tensor<?xf32> {
+  // expected-error @+1 {{'fsdp.data_parallel_sum' op operand #0 must be statically shaped tensor, but got 'tensor<?xf32>'}}
+  %s = fsdp.data_parallel_sum %x : tensor<?xf32>
+  return %s : tensor<?xf32>
+}
+
+// -----
+
+%x = builtin.unrealized_conversion_cast to tensor<4xf32>
+// expected-error @+1 {{'fsdp.data_parallel_sum' op must be inside a function (a training step)}}
+%s = fsdp.data_parallel_sum %x : tensor<4xf32>

@@ -273,6 +273,16 @@ func.func @all_reduce(%g: tensor<3x32xf32>, %n: tensor<f32>) {
 
 // -----
 
+// CHECK-LABEL: func.func @data_parallel_sum(
+// CHECK-SAME:    %[[X:[^:]*]]: tensor<16xbf16>)
+func.func @data_parallel_sum(%x: tensor<16xbf16>) -> tensor<16xbf16> {
+  // CHECK-NEXT: %[[S:.*]] = fsdp.data_parallel_sum %[[X]] : tensor<16xbf16>{{$}}
+  %s = fsdp.data_parallel_sum %x : tensor<16xbf16>
+  return %s : tensor<16xbf16>
+}
+
+// -----
+
 shard.grid @dp(shape = 4)
 
 // Single and multiple results of fsdp.wait, used by name.

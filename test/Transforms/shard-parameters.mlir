@@ -17,6 +17,8 @@
 // RUN: fsdp-opt %S/Inputs/step.mlir --fsdp-shard-parameters="ranks=2 strategy=hybrid-shard replicas=2 ignored-params=l1.w" | FileCheck %s --check-prefix=IGNORED-HSDP
 // RUN: fsdp-opt %s -split-input-file -verify-diagnostics --fsdp-shard-parameters="ranks=4"
 // RUN: not fsdp-opt %s -split-input-file --fsdp-shard-parameters="ranks=4" 2>/dev/null | FileCheck %s --check-prefix=HALF
+// RUN: fsdp-opt %S/Inputs/synced-step.mlir --fsdp-shard-parameters="ranks=4" | FileCheck %s --check-prefix=SYNCED
+// RUN: fsdp-opt %S/Inputs/synced-step.mlir --fsdp-shard-parameters="ranks=2 strategy=hybrid-shard replicas=2 gradient-accumulation=true" | FileCheck %s --check-prefix=SYNCED-HSDP
 
 // Ignored parameters (FSDP2's ignored_params) stay whole on every rank, are
 // read without a gather, and keep this rank's own gradient; the others are
@@ -178,4 +180,20 @@ module {
   }
 }
 
-
+// A sum over ranks in the step becomes a summing all-reduce over the whole
+// grid, where it was, forward and backward; with accumulation the no-sync
+// microbatch step sums too (its statistics span the ranks as well).
+// SYNCED: %[[F:.*]] = fsdp.all_reduce_start %{{.*}} on @fsdp_grid axes = [0] reduction = sum reduce_dtype = f32 : tensor<6xf32> -> !fsdp.future<tensor<6xf32>>
+// SYNCED-NEXT: %[[T:.*]] = fsdp.wait %[[F]]
+// SYNCED-NEXT: fsdp.aten "aten::sum"(%[[T]])
+// SYNCED: fsdp.loss
+// SYNCED: %[[G:.*]] = fsdp.aten "aten::ones"
+// SYNCED-NEXT: %[[GF:.*]] = fsdp.all_reduce_start %[[G]] on @fsdp_grid axes = [0] reduction = sum reduce_dtype = f32 : tensor<6xf32>
+// SYNCED-NEXT: %[[GT:.*]] = fsdp.wait %[[GF]]
+// SYNCED-NEXT: fsdp.aten "aten::expand"(%[[GT]])
+// SYNCED-NOT: fsdp.data_parallel_sum
+// SYNCED-HSDP-LABEL: func.func @train_step(
+// SYNCED-HSDP-COUNT-2: fsdp.all_reduce_start %{{.*}} on @fsdp_grid axes = [0, 1] reduction = sum reduce_dtype = f32 : tensor<6xf32>
+// SYNCED-HSDP-LABEL: func.func @train_step_no_sync(
+// SYNCED-HSDP-COUNT-2: fsdp.all_reduce_start %{{.*}} on @fsdp_grid axes = [0, 1] reduction = sum reduce_dtype = f32 : tensor<6xf32>
+// SYNCED-HSDP-NOT: fsdp.data_parallel_sum
