@@ -57,7 +57,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from fsdpc import cache, functions
 from fsdpc.autocast import ambient_autocast, casts_in, recording_regions
-from fsdpc.batch_norm import cumulative_averages_traceable
+from fsdpc.batch_norm import batch_norms_traceable
 from fsdpc.attention import FusedAttentionFor
 from fsdpc.checkpointing import (REGION_KEY, CheckpointRegions, SavedCall, SavingSelectively, checkpoint_regions,
                                  patched, regions_of)
@@ -1072,7 +1072,7 @@ def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision
     """What forward runs under while it is traced for `device`: the policy's
     casts, the fused attention, RMSNorm and scalar-tensor modes,
     nn.TransformerEncoder's nested path as eager takes it, BatchNorm's
-    cumulative average, the marks
+    cumulative average and SyncBatchNorm's sums over ranks, the marks
     on the model's own checkpoint regions (fsdpc.checkpointing), the record
     of module attributes read, and autocast regions recorded
     (fsdpc.autocast)."""
@@ -1080,7 +1080,7 @@ def capture_modes(model: nn.Module, units: dict[str, nn.Module], mixed_precision
     factories = _factory_device(held.device, device) if held is not None else None
     # The model's own modules are named before the casts add theirs.
     with (_attribute_reads(model) as reads, _mixed_precision_casts(model, units, mixed_precision),
-          _python_rewrites(device, factories), nested_encoders_as_eager(), cumulative_averages_traceable(),
+          _python_rewrites(device, factories), nested_encoders_as_eager(), batch_norms_traceable(),
           checkpoint_regions() as regions, recording_regions(device),
           _refusing_untraceable_autocast(device), _refusing_inner_backward(), _refusing_host_random(),
           functions.kept_whole(lambda: _python_rewrites(device, factories)) as applied,

@@ -15,6 +15,7 @@ import torch
 from torch import fx
 
 from fsdpc.attention import draws_random
+from fsdpc.batch_norm import DATA_PARALLEL_SUM
 from fsdpc.capture import CaptureError, CapturedStep, SourceLocation
 from fsdpc.rms_norm import STANDS_FOR
 from fsdpc.units import UnitPlan
@@ -178,15 +179,25 @@ class _StepPrinter:
         source, val = node.args[0], node.meta["val"]
         if not isinstance(source, fx.Node) or tuple(source.meta["val"].shape) != tuple(val.shape):
             return False
-        name = self.fresh()
-        self.lines.append(f"    {name} = fsdp.cast {self.value(source, node)} : {self.type_of(source)} to "
-                          f"{self.type_of(node)}{location(self.step.locations.get(node))}")
-        self.names[node] = name
+        self.single(node, f"fsdp.cast {self.value(source, node)} : {self.type_of(source)} to {self.type_of(node)}")
         return True
+
+    def data_parallel_sum(self, node: fx.Node) -> bool:
+        """A sum over ranks the model makes (fsdpc.batch_norm): `fsdp.data_parallel_sum`."""
+        if node.target is not DATA_PARALLEL_SUM:
+            return False
+        self.single(node, f"fsdp.data_parallel_sum {self.value(node.args[0], node)} : {self.type_of(node)}")
+        return True
+
+    def single(self, node: fx.Node, op: str) -> None:
+        """`node` as one op of one result, written out as `op`."""
+        name = self.fresh()
+        self.lines.append(f"    {name} = {op}{location(self.step.locations.get(node))}")
+        self.names[node] = name
 
     def call(self, node: fx.Node) -> None:
         target = node.target
-        if self.dtype_cast(node):
+        if self.dtype_cast(node) or self.data_parallel_sum(node):
             return
         if target is operator.getitem:
             source, index = node.args

@@ -54,6 +54,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from fsdpc import clip, liveness
 from fsdpc.autocast import ambient_autocast
+from fsdpc.batch_norm import partly_synced
 from fsdpc.capture import CaptureError, MixedPrecision, aux_count, batch_leaves
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.device import DeviceError, collective_backend, dtensor_where_it_is, job_device, seed_generators
@@ -410,11 +411,11 @@ class ShardedModule(nn.Module):
             raise StepError(f"{what}: fsdpc shards plain parameters over a data-parallel mesh (1-D, or 2-D "
                             "(replicate, shard)), and tensor or other model parallelism is not supported; hand "
                             "fsdpc.shard the model before parallelizing it")
-        synced = [name for name, module in model.named_modules() if isinstance(module, nn.SyncBatchNorm)]
-        if synced:  # capture would meet torch's "expected input tensor to be on GPU" on meta tensors
-            raise StepError(f"{_modules_named(synced)} SyncBatchNorm, which "
-                            "all-reduces batch statistics inside forward: a collective the compiled step does not "
-                            "hold; use nn.BatchNorm* (each rank's own statistics, as DDP and FSDP2 keep them)")
+        synced = partly_synced(model)
+        if synced:
+            raise StepError(f"{_modules_named(synced)} SyncBatchNorm over a process group that is not all "
+                            f"{dist.get_world_size()} ranks: fsdpc sums batch statistics over every data-parallel "
+                            "rank; construct it with process_group=None")
         renormed = [name for name, module in model.named_modules()
                     if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.max_norm is not None]
         if renormed:  # capture would refuse the in-place update of a parameter, without saying whose

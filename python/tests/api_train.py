@@ -608,6 +608,7 @@ def scenario_misuse(args):
             handle.remove()
 
     outside = torch.ones((), device=DEVICE)  # a tensor loss_fn reads that is not the model's
+    first_rank_only = dist.new_group([0])
     for attempt, expected in [
         (lambda: stale.step(), "build the optimizer over sharded.parameters()"),
         (lambda: sharded(*mine(data[0])).backward(), "loss.backward() after a training call of the sharded module: "
@@ -629,8 +630,11 @@ def scenario_misuse(args):
          "DTensors already: fsdpc shards plain parameters over a data-parallel mesh"),
         (lambda: sharded(tokens=mine(data[0])[0], targets=mine(data[0])[1]),
          "called with keyword arguments 'targets', 'tokens'; it takes the batch as fsdpc.shard's example batch"),
-        (lambda: fsdpc.shard(nn.Sequential(nn.Linear(4, 4), nn.SyncBatchNorm(4)), (torch.randn(2, 4, device=DEVICE),),
-                             lambda m, x: m(x).sum()), "module '1' is SyncBatchNorm, which all-reduces batch statistics"),
+        *([(lambda: fsdpc.shard(nn.Sequential(nn.Linear(4, 4), nn.SyncBatchNorm(4, process_group=first_rank_only)),
+                                (torch.randn(2, 4, device=DEVICE),), lambda m, x: m(x).sum()),
+            "module '1' is SyncBatchNorm over a process group that is not all 2 ranks: fsdpc sums batch statistics "
+            "over every data-parallel rank; construct it with process_group=None")]
+          if dist.get_world_size() == 2 else []),
         (lambda: fsdpc.shard(nn.Embedding(8, 4, max_norm=1.0), (torch.zeros(2, dtype=torch.long, device=DEVICE),),
                              lambda m, x: m(x).sum()), "the model is an embedding with max_norm, which renormalizes"),
         (lambda: fsdpc.shard(nn.parallel.DistributedDataParallel(reference_model().to(DEVICE)), mine(data[0]),
@@ -2593,6 +2597,17 @@ def classify(model, x, labels):
     return nn.functional.cross_entropy(model(x), labels)
 
 
+def two_steps_then_an_accumulated_one(both, same_statistics, data) -> None:
+    """Batch norm scenarios' training: `both(batch, sync)` steps each side,
+    `same_statistics(what)` compares their running statistics."""
+    both(data[0])
+    both(data[1])
+    same_statistics("after two steps")
+    both(data[2], sync=False)
+    both(data[3])
+    same_statistics("after an accumulated step")
+
+
 def scenario_batch_norm(args):
     """Batch norm's running statistics, buffers every training step updates
     in place, kept as FSDP2 keeps them: each rank's from its own batches.
@@ -2628,12 +2643,7 @@ def scenario_batch_norm(args):
         for (name, ours), (_, expected) in zip(sharded.named_buffers(), theirs.named_buffers(), strict=True):
             close(ours, expected, f"{name} {what}")
 
-    both(data[0])
-    both(data[1])
-    same_statistics("after two steps")
-    both(data[2], sync=False)
-    both(data[3])
-    same_statistics("after an accumulated step")
+    two_steps_then_an_accumulated_one(both, same_statistics, data)
     assert int(sharded.get_buffer("blocks.0.1.num_batches_tracked")) == 4, "four training calls"
     with torch.no_grad():
         close(sharded(*mine(data[4])), classify(theirs, *mine(data[4])), "a forward under no_grad")
@@ -2648,6 +2658,85 @@ def scenario_batch_norm(args):
     with torch.no_grad():
         close(sharded(*mine(data[4])), classify(theirs, *mine(data[4])), "an evaluation on the running statistics")
     same_statistics("after an evaluation, which reads them only")
+
+
+class ConvNormed(nn.Module):
+    """Convolutions whose batch norms synchronize over the ranks once
+    converted (`nn.SyncBatchNorm.convert_sync_batchnorm`), one of them
+    averaging its running statistics cumulatively."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 2)
+        self.head_norm = nn.BatchNorm1d(2, momentum=None)
+
+    def forward(self, x):
+        return self.head_norm(self.head(torch.relu(self.norm(self.conv(x))).mean((2, 3))))
+
+
+def scenario_sync_batch_norm(args):
+    """SyncBatchNorm normalizes by the statistics of every rank's batch
+    together: equal to one BatchNorm over the ranks' batches concatenated
+    (the objective the mean of the ranks' losses; in fp64, since eager's
+    fp32 CPU BatchNorm rounds the 2-channel head's running mean 40x more
+    than fsdpc's sums, measured: 3.8e-6 against 8.1e-8), with batches of a size
+    of each rank's own, on any mesh; through training steps, an
+    accumulating microbatch (its forward synchronizes too), a forward under
+    no_grad in training mode, and an evaluation on the running statistics,
+    which are the joint ones on every rank. (Eager SyncBatchNorm itself runs
+    on GPUs only, and ranks sharing one GPU talk over Gloo, whose all-gather
+    of CUDA tensors reads device pointers as host memory, pytorch#152645.)"""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    generator = torch.Generator().manual_seed(13)
+    rows = [3 + r for r in range(world)]
+    data = [[(torch.randn(n, 3, 5, 5, generator=generator), torch.randn(n, 2, generator=generator)) for n in rows]
+            for _ in range(5)]
+    mesh = init_device_mesh(DEVICE.type, (2, world // 2)) if world == 4 else None
+    synced = nn.SyncBatchNorm.convert_sync_batchnorm(ConvNormed())
+    sharded = fsdpc.shard(synced, tuple(t.to(DEVICE) for t in data[0][rank]), regression, gradient_accumulation=True,
+                          mesh=mesh)
+    reference = ConvNormed().double()
+    optimizers = [torch.optim.SGD(sharded.parameters(), lr=0.1), torch.optim.SGD(reference.parameters(), lr=0.1)]
+
+    def both(per_rank, sync: bool = True) -> None:
+        ours = sharded(*(t.to(DEVICE) for t in per_rank[rank]), sync=sync)
+        outputs = torch.split(reference(torch.cat([x for x, _ in per_rank]).double()), rows)
+        losses = [nn.functional.mse_loss(output, y.double()) for output, (_, y) in zip(outputs, per_rank)]
+        (sum(losses) / world).backward()
+        close(ours, losses[rank].detach().float(), "this rank's loss against one batch norm over every rank's batch")
+        if sync:
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad()
+
+    def same_statistics(what: str) -> None:
+        for (name, ours), (_, expected) in zip(sharded.named_buffers(), reference.named_buffers(), strict=True):
+            close(ours, expected.to(ours.dtype), f"{name} {what}")
+
+    two_steps_then_an_accumulated_one(both, same_statistics, data)
+    for (name, ours), (_, expected) in zip(sharded.named_parameters(), reference.named_parameters(), strict=True):
+        close(whole(ours), expected.float(), f"{name} after three steps")
+    with torch.no_grad():
+        outputs = torch.split(reference(torch.cat([x for x, _ in data[4]]).double()), rows)
+        close(sharded(*(t.to(DEVICE) for t in data[4][rank])),
+              nn.functional.mse_loss(outputs[rank], data[4][rank][1].double()).float(),
+              "a forward under no_grad in training mode")
+    same_statistics("after a forward under no_grad in training mode")
+    sharded.eval()
+    reference.eval()
+    with torch.no_grad():
+        close(sharded(*(t.to(DEVICE) for t in data[4][rank])),
+              regression(reference, *(t.double() for t in data[4][rank])).float(),
+              "an evaluation on the running statistics")
+
+
+def regression(model, x, y):
+    return nn.functional.mse_loss(model(x), y)
 
 
 def greedy_tokens(model: nn.Module, prompt: torch.Tensor, new: int) -> torch.Tensor:

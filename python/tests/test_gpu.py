@@ -46,7 +46,7 @@ def test_one_rank_on_nccl(scenario, tmp_path):
     ("offload", 2), ("llama", 2), ("llama_torch_norms", 2), ("into_results", 2), ("cuda_graph", 2),
     ("divide_factor", 2), ("freezing", 2), ("hooks", 2), ("attributes", 2), ("aux", 2), ("modes", 2),
     ("named_batch", 2), ("reshard_setter", 2), ("unsharded", 2), ("async_checkpoint", 2), ("uneven_batches", 2),
-    ("ignored_params", 2), ("hugging_face", 2), ("parametrized", 2),
+    ("ignored_params", 2), ("hugging_face", 2), ("parametrized", 2), ("sync_batch_norm", 2), ("sync_batch_norm", 4),
 ])
 def test_ranks_sharing_the_gpu_over_gloo(scenario, ranks, tmp_path):
     run(ranks, scenario, "--save", tmp_path)
