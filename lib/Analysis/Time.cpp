@@ -94,7 +94,8 @@ namespace {
 RankedTensorType tensorOf(Value value) { return dyn_cast<RankedTensorType>(value.getType()); }
 
 bool onTensorCores(Type type) {
-  auto tensor = dyn_cast<RankedTensorType>(type);
+  // Null where a kernel leaves an output out (convolution_backward's input gradient).
+  auto tensor = dyn_cast_or_null<RankedTensorType>(type);
   return tensor && (tensor.getElementType().isBF16() || tensor.getElementType().isF16());
 }
 
@@ -172,8 +173,12 @@ OpWork atenWork(AtenOp op) {
       work.kind = OpWork::Matmul;
       work.tensorCores = onTensorCores(weight);
       double perOutput = elements(weight) / double(weight.getShape()[0]);
-      // Backward computes the input's and the weight's gradients.
-      work.flops = (backward ? 4 : 2) * elements(output) * perOutput;
+      // Backward computes the input's and the weight's gradients, each as
+      // much as forward, where they are asked for (not `none`).
+      int products = backward ? int(isa<RankedTensorType>(op->getResult(0).getType())) +
+                                    int(isa<RankedTensorType>(op->getResult(1).getType()))
+                              : 1;
+      work.flops = 2 * products * elements(output) * perOutput;
     }
     return work;
   }

@@ -22,8 +22,8 @@ gradient is the sum of the ranks' gradients, so the backward all-reduces
 too and autograd writes the rest. The counts travel in the sum, so ranks
 whose batches differ in size weigh in as eager weighs them.
 
-A momentum that is a number, eval mode, and a job of one rank take torch's
-own forward.
+Eval mode takes torch's own forward, as does a BatchNorm whose momentum
+is a number.
 """
 
 from __future__ import annotations
@@ -86,8 +86,10 @@ def _averaging_forward(original: Callable) -> Callable:
 
 def _synced_forward(original: Callable) -> Callable:
     def forward(self, input):
-        # fsdpc.shard refuses a process group of fewer ranks (partly_synced).
-        if not (self.training and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        # Whatever the job's size, as the rest of the step: one program for any
+        # number of ranks, and `fsdpc plan` counts the sums. fsdpc.shard refuses
+        # a process group of fewer ranks (partly_synced).
+        if not self.training:
             return original(self, input)
         self._check_input_dim(input)
         self._check_non_zero_input_channels(input)

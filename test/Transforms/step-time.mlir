@@ -18,6 +18,7 @@
 // RUN: not fsdp-opt %s --fsdp-step-time="memory-gbps=-5" -o /dev/null 2>&1 | FileCheck %s --check-prefix=NEGATIVE
 // RUN: not fsdp-opt %s --fsdp-step-time="matmul-efficiency=1.5" -o /dev/null 2>&1 | FileCheck %s --check-prefix=EFFICIENCY
 // RUN: not fsdp-opt %s --fsdp-step-time="optimizer=lion" -o /dev/null 2>&1 | FileCheck %s --check-prefix=OPTIMIZER
+// RUN: fsdp-opt %S/Inputs/conv-step.mlir --fsdp-sharding-pipeline="ranks=2" --fsdp-step-time="%{machine} format=json" -o /dev/null | FileCheck %s --check-prefix=CONV
 
 // A 2-rank step, by hand, on a GPU of 1 TFLOP/s, 100 GB/s of memory
 // bandwidth, 1 GB/s inside a node and 0.5 GB/s across (ring steps: 1 us
@@ -154,3 +155,10 @@ module attributes {fsdp.device = "cuda"} {
 // ISSUED:   host-bound                       0.50 ms   compute waiting for the host to issue (20 instructions)
 // REPLAYED: step                             0.08 ms
 // REPLAYED: host-bound                       0.07 ms   compute waiting for the host to issue (20 instructions)
+
+// A convolution whose backward leaves an output out (before 2026-11-28 the
+// time model crashed on the `none` result): forward 2 x 288 outputs x 27
+// products, backward as much for the weight's gradient and nothing for the
+// input's, 31104 FLOP.
+// CONV: "flops": 31104,
+// CONV: "aten::convolution_backward": "matmul",
