@@ -65,7 +65,7 @@ from fsdpc.rms_norm import FusedRmsNormFor, fuse_written_out_rms_norms
 from fsdpc.transformer import nested_encoders_as_eager
 from fsdpc.units import ROOT_UNIT, Unit, UnitPlan
 from fsdpc.watch import (FSDPC_DIR, FSDPC_MODELS_DIR, MODULE_INTERNALS, TORCH_DIR, UNWATCHED, configurations,
-                         free_variables, machinery_file, watched_value)
+                         free_variables, machinery_file, user_stacklevel, watched_value)
 
 _MODEL_ATTR = "model"
 _NOISY_LOGGERS = ("torch.fx.experimental.symbolic_shapes", "torch._dynamo", "torch.export",
@@ -1038,7 +1038,7 @@ def say_ignored_hooks(lines: Sequence[str]) -> None:
                       "hooks (save_on_cpu, activation offloading) are not applied: the compiled step keeps its "
                       "activations on the device; checkpointing (the model's torch.utils.checkpoint, or the "
                       "pipeline's checkpoint=) trades compute for that memory, and the memory report shows the "
-                      "peak", stacklevel=3)
+                      "peak", stacklevel=user_stacklevel())
 
 
 @dataclass
@@ -1518,7 +1518,7 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
                             for region, name, index in sorted(saving.unfound))
         warnings.warn(f"fsdpc: the joint trace does not make calls the model's selective checkpoint policy saves "
                       f"({unfound}); they are recomputed instead; please report this with your torch version "
-                      f"({torch.__version__})", stacklevel=2)
+                      f"({torch.__version__})", stacklevel=user_stacklevel())
     # Export guards `.to()` calls with metadata assertions; capture has already
     # fixed every shape and dtype, so they check nothing the IR does not say.
     for node in list(traced.graph.nodes):

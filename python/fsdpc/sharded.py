@@ -66,7 +66,7 @@ from fsdpc.runtime import (NO_SYNC_STEP, STEP, CompiledProgram, StepError, compi
                            pipeline_options)
 from fsdpc.units import ROOT_UNIT, WrapPolicy, plan_units
 from fsdpc.transformer import fast_path_reads
-from fsdpc.watch import free_variable_reads, read_attribute, say_outside_assignments
+from fsdpc.watch import free_variable_reads, read_attribute, say_outside_assignments, user_stacklevel
 from fsdpc.watchdog import DUMPS_OFF_BEFORE_FIRST_GROUP, WATCHDOG, interrupt
 
 # Parameters of models handed to `shard`, by object: an optimizer that still
@@ -580,7 +580,7 @@ class ShardedModule(nn.Module):
             warnings.warn(f"fsdpc traced the forward hooks on {', '.join(traced[:3])}"
                           f"{' and more' if len(traced) > 3 else ''} into the step, once, on meta tensors: what they "
                           "compute is compiled in; their side effects (logging, storing activations) do not repeat "
-                          "per call (hooks on the sharded module itself run around every call)", stacklevel=3)
+                          "per call (hooks on the sharded module itself run around every call)", stacklevel=user_stacklevel())
         self.register_load_state_dict_post_hook(ShardedModule._loaded)
         self.register_state_dict_pre_hook(ShardedModule._settle_state)
         self.register_load_state_dict_pre_hook(ShardedModule._settle_state)
@@ -875,7 +875,7 @@ class ShardedModule(nn.Module):
         self._warned_many_shapes = True
         warnings.warn(f"fsdpc compiled steps for {len(shapes)} batch shapes ({self._compile_seconds():.1f} s so far): "
                       "each new shape compiles one (or loads it from the cache) and keeps it loaded; pad batches to "
-                      "a few fixed lengths (buckets), or to one", stacklevel=2)
+                      "a few fixed lengths (buckets), or to one", stacklevel=user_stacklevel())
 
     def _say_if_fp16(self, compiled: CompiledProgram) -> None:
         """Warns once (rank 0) when a training step computes in float16
@@ -888,7 +888,7 @@ class ShardedModule(nn.Module):
         warnings.warn("fsdpc: the training step computes in float16 without loss scaling: gradients smaller than "
                       "float16's 6e-8 become zero; pass grad_scaler=ShardedGradScaler() to fsdpc.shard (then "
                       "scaler.unscale_, step and update as with FSDP2), or compute in bfloat16, which has "
-                      "float32's range", stacklevel=3)
+                      "float32's range", stacklevel=user_stacklevel())
 
     def _compile_seconds(self) -> float:
         """Seconds spent compiling (or loading) the programs held."""
@@ -909,7 +909,7 @@ class ShardedModule(nn.Module):
         warnings.warn(f"fsdpc compiled steps for {len(values)} values of {', '.join(changing)} "
                       f"({self._compile_seconds():.1f} s so far): the step holds such plain values as constants, so "
                       "each new one compiles a step (or loads it from the cache); pass a value that changes every "
-                      "step as a tensor in the batch", stacklevel=2)
+                      "step as a tensor in the batch", stacklevel=user_stacklevel())
 
     def _let_graphs_go(self) -> None:
         """Every step replayed as a CUDA graph lets its graph and the working
@@ -936,7 +936,7 @@ class ShardedModule(nn.Module):
             warnings.warn(f"fsdpc: the step is replayed as a CUDA graph and the batch {_describe(batch)} has "
                           "another shape than the last call's: that shape's graph and its memory are let go, and "
                           "each change of shape captures anew (about an eager step more); pad batches to one "
-                          "shape to replay one graph", stacklevel=3)
+                          "shape to replay one graph", stacklevel=user_stacklevel())
 
     def _check_same_layout(self, program: Program) -> None:
         def layout(spec: ParamSpec):
@@ -953,7 +953,7 @@ class ShardedModule(nn.Module):
             warnings.warn("the job's first process group was created with TORCH_NCCL_DUMP_ON_TIMEOUT on (fsdpc was "
                           "imported after init_process_group, or the job set it): after a collective fails, "
                           "PyTorch's NCCL monitor ends this process 8 minutes later, and its exit waits for that; "
-                          "import fsdpc first, or set TORCH_NCCL_DUMP_ON_TIMEOUT=0 (fsdpc/watchdog.py)", stacklevel=3)
+                          "import fsdpc first, or set TORCH_NCCL_DUMP_ON_TIMEOUT=0 (fsdpc/watchdog.py)", stacklevel=user_stacklevel())
         for key, spec in program.groups.items():
             if key in self._groups:
                 continue
@@ -1218,7 +1218,7 @@ class ShardedModule(nn.Module):
         if torch.is_grad_enabled() and not self.training and not self._warned_eval:
             self._warned_eval = True
             warnings.warn("the sharded module is in eval mode: calls run forward only and leave no gradients "
-                          "(call .train() to train)", stacklevel=2)
+                          "(call .train() to train)", stacklevel=user_stacklevel())
         sync = self._gradient_sync if sync is None else sync
         name = STEP if (sync or not train) else NO_SYNC_STEP
         kind = (f"a forward-only ({'training' if self.training else 'eval'} mode)" if not train else
@@ -1228,7 +1228,7 @@ class ShardedModule(nn.Module):
             self._warned_all_frozen = True
             warnings.warn("every parameter of the model is frozen (requires_grad False): training calls compute "
                           "the loss and no gradients (eager's loss.backward() would raise); unfreeze parameters to "
-                          "train, or call under torch.no_grad() for forward only", stacklevel=2)
+                          "train, or call under torch.no_grad() for forward only", stacklevel=user_stacklevel())
         # Read once: they key the program too.
         read = (self._modes_apart(), self._attribute_values(), ambient_autocast(self.device.type))
         # A call that is wrong on one rank is refused on all, before any
@@ -1302,11 +1302,11 @@ class ShardedModule(nn.Module):
             cause, _, hints = out["replay_abandoned"].partition("\n")  # CUDA's errors go on with hints
             said = (f"fsdpc: {cause}; this step runs as instructions from now on (one launch per instruction, as "
                     "without cuda-graph=true)")
-            warnings.warn(said + ("\n" + hints if hints else ""), stacklevel=2)
+            warnings.warn(said + ("\n" + hints if hints else ""), stacklevel=user_stacklevel())
         if out["recaptured_for"]:
             warnings.warn(f"fsdpc: the step replayed as a CUDA graph was captured anew: its {out['recaptured_for']} "
                           "is another tensor than at the last capture (a capture costs about an eager step and "
-                          "more; keep parameters and buffers in place, e.g. copy_ into them)", stacklevel=2)
+                          "more; keep parameters and buffers in place, e.g. copy_ into them)", stacklevel=user_stacklevel())
         self.last_collectives = out["collectives"]
         if trace:
             self.last_trace = out["trace"]
@@ -1974,7 +1974,7 @@ def _say_sharded_on_dim_0(elsewhere: dict[str, int], layout: dict[str, ParamSpec
                   f"Shard({dim})); fsdpc shards every parameter on dim 0, padded to a multiple of the ranks: the "
                   "values, gradients, state dict and DCP checkpoints (which reshard on load) are the same, the "
                   "DTensors are Shard(0)" + (f", and {cost}{' and more' if len(padded) > 3 else ''}" if padded else
-                                             ", with no padding on this mesh"), stacklevel=4)
+                                             ", with no padding on this mesh"), stacklevel=user_stacklevel())
 
 
 def _unwrapped(model: nn.Module) -> nn.Module:
@@ -1985,7 +1985,7 @@ def _unwrapped(model: nn.Module) -> nn.Module:
     if type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), nn.Module):
         warnings.warn("fsdpc.shard was handed a torch.compile'd model: fsdpc compiles the training step itself, so it "
                       "shards the model inside (parameter names without '_orig_mod.'); the compiled wrapper is not "
-                      "used", stacklevel=4)
+                      "used", stacklevel=user_stacklevel())
         return _unwrapped(model._orig_mod)
     if isinstance(getattr(model, "module", None), nn.Module) and \
             type(model).__name__ in ("DistributedDataParallel", "FullyShardedDataParallel"):

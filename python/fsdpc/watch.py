@@ -23,6 +23,7 @@ import functools
 import inspect
 import os
 import site
+import sys
 import sysconfig
 import types
 import warnings
@@ -139,6 +140,16 @@ def machinery_file(path: str) -> bool:
     path = os.path.abspath(path)
     return ((path.startswith(FSDPC_DIR) and not path.startswith(FSDPC_MODELS_DIR)) or path.startswith(TORCH_DIR)
             or path.startswith(_STANDARD_DIR))
+
+
+def user_stacklevel() -> int:
+    """`warnings.warn`'s stacklevel, for the function that calls this, that
+    names the innermost line outside the machinery: the user's call, however
+    deep under nn.Module's and fsdpc's own calls the warning is raised."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and machinery_file(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def user_file(path: str) -> bool:
@@ -406,4 +417,4 @@ def say_outside_assignments(loss_fn: Callable, model: nn.Module) -> None:
         warnings.warn(f"fsdpc: {assignments[0]}{f' (and {len(assignments) - 1} more)' if len(assignments) > 1 else ''}"
                       ": the compiled step runs this Python once, when it is compiled, not in every call, so what it "
                       "assigns stays as capture left it (count or keep such things outside loss_fn, or return them "
-                      "as aux)", stacklevel=3)
+                      "as aux)", stacklevel=user_stacklevel())

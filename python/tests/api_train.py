@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import functools
 import gc
+import inspect
 import json
 import os
 import pickle
@@ -2014,10 +2015,13 @@ def scenario_freezing(args):
         param.requires_grad_(False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        adapted_line = inspect.currentframe().f_lineno + 1
         adapted(*mine(data[0]))
         adapted(*mine(data[0]))
-    said = [str(w.message) for w in caught if "every parameter of the model is frozen" in str(w.message)]
+    said = [w for w in caught if "every parameter of the model is frozen" in str(w.message)]
     assert len(said) == 1 and all(p.grad is None for p in adapted.parameters()), said
+    # It names the call's line here, not a frame of nn.Module's or fsdpc's.
+    assert (said[0].filename, said[0].lineno) == (__file__, adapted_line), (said[0].filename, said[0].lineno)
 
 
 def scenario_divide_factor(args):
