@@ -213,7 +213,7 @@ public:
       if (succeeded(split) && *split) {
         if (fits(group->members, /*complete=*/true))
           rewriteSplit(*group, **split);
-      } else if (succeeded(split)) {
+      } else if (succeeded(split) && !growsPastItsInputs(*group)) {
         rewrite(*group);
       }
     }
@@ -235,6 +235,19 @@ private:
   bool handsOutAView(Group &group) {
     return llvm::any_of(boundary(group.members).second,
                         [](Value output) { return isViewOf(output.getDefiningOp()); });
+  }
+
+  /// A kernel runs over its inputs' broadcast shape: a group whose results
+  /// are larger (an expand of all it reads, adaptive average pooling's
+  /// gradient) stays calls, as cheap, since the expand is a view. A group
+  /// grows through such states (RMSNorm's backward, before it reads x).
+  bool growsPastItsInputs(Group &group) {
+    auto [inputs, outputs] = boundary(group.members);
+    std::optional<SmallVector<int64_t>> read = SmallVector<int64_t>();
+    for (Value input : inputs)
+      if (read)
+        read = broadcastShape(*read, shapeOf(input));
+    return !read || ArrayRef<int64_t>(*read) != shapeOf(outputs.front());
   }
 
   void add(Group &group, AtenOp op) {

@@ -116,9 +116,11 @@ def _synced_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: t
     mean = sum_and_count[:channels] / count
     centered = x - mean.view(shape)
     var = data_parallel_sum(centered.square().sum(dims)) / count
-    output = centered * torch.rsqrt(var + eps).view(shape)
+    # One scale per channel, so that backward keeps only `centered` of the batch's size.
+    scale = torch.rsqrt(var + eps)
     if weight is not None:
-        output = output * weight.view(shape)
+        scale = scale * weight
+    output = centered * scale.view(shape)
     if bias is not None:
         output = output + bias.view(shape)
     if running_mean is not None:

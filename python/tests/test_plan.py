@@ -322,6 +322,15 @@ def test_the_command_prints_the_table_and_the_verdict(capsys):
     assert out.strip().splitlines()[-1].startswith("fits: ")
 
 
+def test_a_conv_net_is_planned(capsys):
+    """The conv net for a CUDA target: its first convolution's backward
+    leaves the images' gradient out (`none`), which the time model crashed
+    on, and its mean over pixels backward is an expand the pointwise fusion
+    made a kernel its verifier refused (both before 2026-11-28)."""
+    out = plan_command(capsys, "--model", "convnet", "--gpus", "2")
+    assert out.strip().splitlines()[-1].startswith("fits: ")
+
+
 def test_the_search_command_ranks_and_says_why(tmp_path, capsys):
     trace = tmp_path / "best.json"
     lines = plan_command(capsys, "--model", "mlp", "--gpus", "2", "--batch", "4", "--search", "--top", "3",

@@ -211,6 +211,19 @@ func.func @broadcast_read_outside(%r: tensor<4x1xf32>) -> (tensor<4x8xf32>, tens
 // CHECK-NOT: fsdp.pointwise
 // CHECK:     fsdp.aten "aten::expand"
 // CHECK:     fsdp.aten "aten::exp"
+
+// Adaptive average pooling's gradient: an expand of the kernel's only input
+// makes it grow past what it reads, so it stays calls (before 2026-11-28 it
+// became a kernel the verifier refused).
+// CHECK-LABEL: func.func @grows_past_its_inputs
+func.func @grows_past_its_inputs(%g: tensor<4x1xf32>) -> tensor<4x8xf32> {
+  %e = fsdp.aten "aten::expand"(%g) args [0 : index, [4, 8], false] : (tensor<4x1xf32>) -> tensor<4x8xf32>
+  %d = fsdp.aten "aten::div.Scalar"(%e) args [0 : index, 8] : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %d : tensor<4x8xf32>
+}
+// CHECK-NOT: fsdp.pointwise
+// CHECK:     fsdp.aten "aten::expand"
+// CHECK:     fsdp.aten "aten::div.Scalar"
 }
 
 // -----
