@@ -451,7 +451,8 @@ private:
   }
 
   /// Whether `members` may all move down to `op`'s place: nothing outside
-  /// them reads their results, or frees their operands, before `op`.
+  /// them reads their results, or frees their operands' storage (what a
+  /// view operand views: a gathered parameter unsqueezed), before `op`.
   bool canSinkTo(ArrayRef<AtenOp> members, AtenOp op) {
     llvm::SmallPtrSet<Operation *, 16> inside;
     for (AtenOp member : members)
@@ -465,7 +466,7 @@ private:
           return false;
       }
       for (Value input : member.getInputs())
-        for (Operation *user : input.getUsers()) {
+        for (Operation *user : storageOf(input).getUsers()) {
           Operation *top = body.findAncestorOpInBlock(*user);
           if (isa<ReshardOp, ReleaseOp>(top) && index[top] > from && index[top] < to)
             return false;

@@ -89,6 +89,34 @@ func.func @refused(%x: tensor<8x8xf32>) -> (tensor<8x8xf32>, tensor<8x8xf32>, te
 
 // -----
 
+// A call reading a view of a gathered buffer (Mamba's `dt + bias[:, None]`)
+// cannot move below the buffer's reshard either (before 2026-11-28 only a
+// reshard of the operand itself held it, and the kernel read freed memory).
+module attributes {fsdp.device = "cuda"} {
+fsdp.unit @root root
+fsdp.param @b : tensor<8xf32> unit @root sharded on @g axes = [0] padding = 0
+shard.grid @g(shape = 1)
+// CHECK-LABEL: func.func @view_of_a_resharded_buffer
+func.func @view_of_a_resharded_buffer(%x: tensor<8x8xf32>) -> tensor<8x8xf32> {
+  %x0 = fsdp.aten "aten::mm"(%x, %x) : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+  %s = fsdp.get_param @b : tensor<8xf32>
+  %f = fsdp.all_gather_start %s on @g axes = [0] : tensor<8xf32> -> !fsdp.future<tensor<8xf32>>
+  %b = fsdp.wait %f : !fsdp.future<tensor<8xf32>>
+  %u = fsdp.aten "aten::unsqueeze"(%b) args [0 : index, 1] : (tensor<8xf32>) -> tensor<8x1xf32>
+  %c = fsdp.aten "aten::add.Tensor"(%x0, %u) args [0 : index, 1 : index, 1] : (tensor<8x8xf32>, tensor<8x1xf32>) -> tensor<8x8xf32>
+  fsdp.reshard %b : tensor<8xf32>
+  %z = fsdp.aten "aten::mm"(%x, %x) : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+  %k = fsdp.aten "aten::mul.Tensor"(%c, %z) : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+  return %k : tensor<8x8xf32>
+}
+}
+// CHECK-NOT: fsdp.pointwise
+// CHECK:     fsdp.aten "aten::add.Tensor"
+// CHECK-NEXT: fsdp.reshard
+// CHECK-NOT: fsdp.pointwise
+
+// -----
+
 // No move may raise the step's peak: a kernel holds the operands of all its
 // calls until it runs. In SwiGLU's backward, the product of the gradient
 // and the up projection sunk to its silu_backward would keep both operands
