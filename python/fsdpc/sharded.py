@@ -279,14 +279,27 @@ def _divide_factor_option(factor) -> str:
     return repr(float(factor))
 
 
-def _reshard_option(reshard_after_forward) -> str:
-    """FSDP2's reshard_after_forward as the pipeline option takes it."""
+def _spans_the_grid(group) -> bool:
+    """Whether a program's group holds every rank of a grid of several axes."""
+    return len(group.grid_shape) > 1 and len(group.axes) == len(group.grid_shape)
+
+
+def _reshard_option(reshard_after_forward, shard_ranks: int) -> str:
+    """FSDP2's reshard_after_forward as the pipeline option takes it, by
+    FSDP2's rules: a group size divides the `shard_ranks`; 1 means False
+    (said once), all of them True."""
     if isinstance(reshard_after_forward, bool):
         return str(reshard_after_forward).lower()
-    if isinstance(reshard_after_forward, int) and reshard_after_forward >= 1:
-        return str(reshard_after_forward)
-    raise StepError(f"reshard_after_forward must be True, False or a group size of at least 1, "
-                    f"got {reshard_after_forward!r}")
+    if not isinstance(reshard_after_forward, int) or not 1 <= reshard_after_forward <= shard_ranks \
+            or shard_ranks % reshard_after_forward:
+        raise StepError(f"reshard_after_forward must be True, False or a group size that divides the "
+                        f"{shard_ranks} ranks parameters are sharded over, got {reshard_after_forward!r}")
+    if reshard_after_forward == 1:
+        warnings.warn("reshard_after_forward=1 (int) keeps parameters whole after forward on each rank (a group "
+                      "of 1), as reshard_after_forward=False does (FSDP2's reading too); True reshards them",
+                      stacklevel=user_stacklevel())
+        return "false"
+    return "true" if reshard_after_forward == shard_ranks else str(reshard_after_forward)
 
 
 def _with_overrides(options: str, overrides: dict[str, str]) -> str:
@@ -321,7 +334,8 @@ def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_af
         else:
             raise StepError(f"a {mesh.ndim}-D mesh: fsdpc takes a 1-D (shard) or 2-D (replicate, shard) mesh")
     if reshard_after_forward is not None:
-        wanted["reshard-after-forward"] = _reshard_option(reshard_after_forward)
+        shard_ranks = mesh.size(mesh.ndim - 1) if mesh is not None else world
+        wanted["reshard-after-forward"] = _reshard_option(reshard_after_forward, shard_ranks)
     if gradient_accumulation:
         wanted["gradient-accumulation"] = "true"
     if gradient_divide_factor is not None:
@@ -609,14 +623,26 @@ class ShardedModule(nn.Module):
         return offload_policy
 
     def _mesh_of(self, program: Program) -> DeviceMesh:
+        """The parameters' DTensor mesh: the program's grid, where a shard
+        group spanning all of it (an integer reshard_after_forward splits
+        the shard axis in two, for its collectives) is one dimension, as
+        FSDP2's parameters keep a 1-D mesh there."""
         shapes = {spec.grid_shape for spec in program.groups.values()}
         shape = max(shapes, key=len) if shapes else (dist.get_world_size(),)
+        if len(shape) > 1 and any(_spans_the_grid(program.groups[spec.group]) for spec in program.params
+                                  if spec.group is not None):
+            shape = (dist.get_world_size(),)
         return init_device_mesh(self.device.type, shape)
 
     def _placements(self, spec: ParamSpec) -> tuple:
         if spec.group is None:
             return tuple(Replicate() for _ in range(self.mesh.ndim))
         group = self._programs_any().program.groups[spec.group]
+        if self.mesh.ndim == 1 and _spans_the_grid(group):  # the ranks in order, one flat layout
+            if tuple(range(dist.get_world_size())) != group.members_of(dist.get_rank()):
+                raise StepError(f"the program's group '{group.key}' {group.members_of(dist.get_rank())} is not "
+                                "the job's ranks in order")
+            return (Shard(0),)
         if tuple(self.mesh.shape) != group.grid_shape:
             raise StepError(f"the mesh {tuple(self.mesh.shape)} is not the compiled grid {group.grid_shape}")
         if len(group.axes) == 1:  # the DTensor's shard dimension must hold the program's shard group
@@ -1623,11 +1649,13 @@ class ShardedModule(nn.Module):
             tensor = self._padded(fqn, named[fqn])
             if spec.group is None:
                 dist.broadcast(tensor, src=0)
-            elif self.mesh.ndim == 2:  # replicas of a shard: from the first replica
-                moved = tensor.to(self.device)  # an offloaded shard travels through the device
-                dist.broadcast(moved, group=self.mesh.get_group(0), group_src=0)
-                if moved is not tensor:
-                    tensor.copy_(moved)
+                continue
+            for dim, placement in enumerate(self._placements(spec)):
+                if isinstance(placement, Replicate):  # replicas of a shard (hybrid): from the first replica
+                    moved = tensor.to(self.device)  # an offloaded shard travels through the device
+                    dist.broadcast(moved, group=self.mesh.get_group(dim), group_src=0)
+                    if moved is not tensor:
+                        tensor.copy_(moved)
         for _, buffer in self.named_buffers():
             dist.broadcast(buffer, src=0)
 

@@ -764,6 +764,42 @@ def tempered_model() -> TemperedGPT:
     return TemperedGPT()
 
 
+def scenario_reshard_group(args):
+    """An integer reshard_after_forward (FSDP2's group size to reshard to
+    after forward), on uneven rows (the GPT's embedding over 4 ranks):
+    parameters are DTensors sharded on a 1-D mesh of every rank, as FSDP2's
+    (the program's grid splits the shard axis in two for its collectives
+    only), and training, clipping and the full state dict equal eager's.
+    Before 2026-11-28 the mesh was that grid: set-up broadcast shards from
+    ranks 0 and 1 onto 2 and 3, and the DTensors' nested chunks read rows
+    at other offsets. A group of 1 keeps parameters whole (False, said),
+    one of every rank reshards (True), as in FSDP2."""
+    from torch.distributed.tensor import Shard
+
+    data = batches(3)
+    expected, expected_norms = eager_losses(reference_model(), data, clip=0.5, schedule=False)
+    reference = reference_model()
+    eager_losses(reference, data, clip=0.5, schedule=False)
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, reshard_after_forward=2)
+    embedding = sharded.get_parameter("tok_emb.weight")
+    assert embedding.device_mesh.ndim == 1 and tuple(embedding.placements) == (Shard(0),), embedding.placements
+    losses, norms = train(sharded, optimizer_for(sharded), data, clip=0.5)
+    close(torch.tensor(losses), torch.tensor(expected), "reshard group 2: losses")
+    close(torch.tensor(norms), torch.tensor(expected_norms), "reshard group 2: clipped norms", rtol=1e-6, atol=0)
+    full = sharded.full_state_dict()
+    for name, value in reference.state_dict().items():
+        close(full[name], value, f"reshard group 2: {name}", atol=5e-6)
+    for size in (1, dist.get_world_size()):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, reshard_after_forward=size)
+        assert (size == 1) == any("reshard_after_forward=1 (int)" in str(w.message) for w in caught), size
+        close(torch.tensor(mean_over_ranks(sharded(*mine(data[0])))), torch.tensor(expected[0]),
+              f"reshard group {size}: the first loss")
+    expect_error(lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, reshard_after_forward=3),
+                 "a group size that divides the 4 ranks parameters are sharded over, got 3")
+
+
 def scenario_scalar(args):
     """A scalar parameter on every strategy: it stays whole on every rank
     (Replicate), its gradient is all-reduced, training equals eager, the
