@@ -59,6 +59,7 @@ from fsdpc.autocast import ambient_autocast
 from fsdpc.cache import source_digests
 from fsdpc.capture import (CaptureError, MixedPrecision, _definition_of, _TrainingStep, batch_leaves,
                            capture_modes, say_ignored_hooks)
+from fsdpc.watch import user_file
 
 _FORMAT = "fsdpc call trace 2"
 _PLAIN = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis), torch.dtype, torch.device,
@@ -73,17 +74,60 @@ class _Incomplete(Exception):
 class CallTrace:
     """A step's recorded calls: `fingerprint` digests them; `printed` and
     `complained` are what the step wrote to stdout and stderr while it ran
-    (a start served from the cache shows them)."""
+    (a start served from the cache shows them); `calls` and `frames` are the
+    record (`_CallRecorder`), which ranks compare (`computed`)."""
 
     fingerprint: str
     printed: str
     complained: str
     ignored_hooks: list[str]  # where the step entered saved-tensor hooks, which do not apply
+    calls: tuple
+    frames: tuple  # (file, line, function) of each frame the calls' stacks index
 
     def echo(self) -> None:
         sys.stdout.write(self.printed)
         sys.stderr.write(self.complained)
         say_ignored_hooks(self.ignored_hooks)
+
+    def computed(self) -> list[str]:
+        """Each call as what it computes, readably: `torch.Tensor.add(%17,
+        1.0) -> (4, 1) torch.float32 in model.head`, and its results' layout,
+        requires_grad and autocast region, without its stack: what every
+        rank running the same step records alike, wherever its files are."""
+        return [f"{name}({', '.join([*map(_shown, args[1]), *(f'{_shown(k)}={_shown(v)}' for k, v in kwargs[1])])})"
+                f" -> {_shown(results)} in {_module_named(modules)} (autocast {autocast})"
+                for name, args, kwargs, results, modules, stack, autocast in self.calls]
+
+    def where(self, index: int) -> str:
+        """`file:line` of the user's innermost frame above call `index`."""
+        stack = [self.frames[frame] for frame in self.calls[index][5]]
+        file, line, _ = next((frame for frame in stack if user_file(frame[0])), stack[0] if stack else ("?", 0, ""))
+        return f"{file}:{line}"
+
+
+def _module_named(modules: tuple) -> str:
+    """The innermost module running (`_module_stack`), as the user names it:
+    the step runs loss_fn as its root and the model as its `model`."""
+    name = modules[-1] if modules else ""
+    if not name:
+        return "loss_fn"
+    return "the model" if name == "model" else f"module '{name.removeprefix('model.')}'"
+
+
+def _shown(described) -> str:
+    """A recorded argument or result (`_CallRecorder.describe`, `results`) as code would write it."""
+    if isinstance(described, str):  # "float 1.0" -> "1.0"; tensors by origin ("%3", "parameter w")
+        kind, _, value = described.partition(" ")
+        return value if kind in {t.__name__ for t in _PLAIN} else described
+    if isinstance(described, tuple) and len(described) == 2 and described[0] in ("tuple", "list") \
+            and isinstance(described[1], tuple):
+        items = ", ".join(map(_shown, described[1]))
+        return f"[{items}]" if described[0] == "list" else f"({items})"
+    if isinstance(described, tuple) and described and isinstance(described[0], str) \
+            and described[0].startswith("%") and len(described) == 6:  # a new tensor
+        name, shape, dtype, layout, device, requires_grad = described
+        return f"{name} {tuple(shape)} {dtype} strides {layout} requires_grad={requires_grad}"
+    return repr(described)
 
 
 class _CallRecorder(TorchFunctionMode):
@@ -303,4 +347,4 @@ def trace_calls(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callab
               source_digests(file for file, _, _ in frames), functions.code_key(observed.applied),
               tuple(recorder.calls), result, sorted(observed.regions.saved))
     return CallTrace(hashlib.sha256(repr(record).encode()).hexdigest(), printed.getvalue(), complained.getvalue(),
-                     observed.ignored_hooks)
+                     observed.ignored_hooks, tuple(recorder.calls), frames)

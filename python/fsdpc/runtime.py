@@ -13,6 +13,7 @@ compiles one program per batch signature through this module.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import tempfile
@@ -29,6 +30,7 @@ from fsdpc import cache
 from fsdpc.autocast import ambient_autocast
 from fsdpc.capture import MixedPrecision
 from fsdpc.compiler import run_fsdp_opt
+from fsdpc.call_trace import CallTrace
 from fsdpc.export import call_trace, traced_forward
 from fsdpc.program import Program, translate
 from fsdpc.units import WrapPolicy
@@ -106,9 +108,12 @@ def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Ca
         share_result=True)
     _check_same_step(keys, rank)
     lap("set-up check")
-    entry = _compile_on_rank_0(rank, lambda: compile_entry(model, batch, loss_fn, options=options, wrap=wrap,
-                                                           mixed_precision=mixed_precision, lap=lap,
-                                                           device=device.type, scaled_loss=scaled_loss))
+    calls = call_trace(model, batch, loss_fn, wrap=wrap, mixed_precision=mixed_precision, device=device.type)
+    _check_same_calls(calls, rank)
+    lap("call trace")
+    entry = _compile_on_rank_0(rank, lambda: compile_recorded(model, batch, loss_fn, calls, options=options,
+                                                              wrap=wrap, mixed_precision=mixed_precision, lap=lap,
+                                                              device=device.type, scaled_loss=scaled_loss))
 
     def load() -> CompiledProgram:
         program = Program.parse(entry["program"], str(device))
@@ -154,6 +159,14 @@ def compile_entry(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Call
     sharding and lowering (keyed by the captured IR)."""
     calls = call_trace(model, batch, loss_fn, wrap=wrap, mixed_precision=mixed_precision, device=device)
     lap("call trace")
+    return compile_recorded(model, batch, loss_fn, calls, options=options, wrap=wrap,
+                            mixed_precision=mixed_precision, lap=lap, device=device, scaled_loss=scaled_loss)
+
+
+def compile_recorded(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, calls: CallTrace | None, *,
+                     options: str, wrap: WrapPolicy, mixed_precision: MixedPrecision | None,
+                     lap: Callable[[str], None], device: str, scaled_loss: bool) -> dict:
+    """`compile_entry` of a step whose calls are recorded (`calls`)."""
     # The forward's record does not say how backward starts: the key does.
     calls_key = calls and cache.forward_key(f"{calls.fingerprint} scaled-loss={scaled_loss}", pipeline=options)
     entry = cache.load(calls_key) if calls_key else None
@@ -214,6 +227,36 @@ def _check_same_step(everyone: list[str], rank: int) -> None:
             "shapes, options, grad_scaler or the torch.autocast it runs under differ) and would compile a different "
             "collective schedule; every rank must capture the same model, batch shapes and options, under "
             "the same autocast")
+
+
+def _check_same_calls(calls: CallTrace | None, rank: int) -> None:
+    """Collective: every rank's step makes the torch calls rank 0's does,
+    with the same arguments, since rank 0's capture serves them all. A value
+    the step reads that differs by rank (dist.get_rank(), an environment
+    variable, a global set per rank) would otherwise run with rank 0's value
+    everywhere, silently. Ranks whose record is incomplete (None) are not
+    compared."""
+    world = dist.get_world_size()
+    digests: list = [None] * world
+    computed = calls.computed() if calls is not None else None
+    dist.all_gather_object(digests, computed and hashlib.sha256(repr(computed).encode()).hexdigest())
+    differing = [other for other, digest in enumerate(digests)
+                 if digests[0] is not None and digest is not None and digest != digests[0]]
+    if not differing:
+        return
+    first = differing[0]
+    records: list = [None] * world
+    dist.all_gather_object(records, (computed, [calls.where(i) for i in range(len(computed))])
+                           if rank in (0, first) else None)
+    (ours, where), (theirs, _) = records[0], records[first]
+    index = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    said = (f"call {index + 1}, at {where[index]}, is {ours[index]} on rank 0 and {theirs[index]} on rank {first}"
+            if index < min(len(ours), len(theirs)) else
+            f"rank 0 makes {len(ours)} torch calls, rank {first} {len(theirs)}")
+    raise StepError(f"rank {rank}: ranks {differing} compute a different step from rank 0's: {said}. A value the "
+                    "step reads differs by rank (dist.get_rank(), an environment variable, a global or attribute "
+                    "set per rank); fsdpc compiles one step for every rank: hand rank-dependent values to the step "
+                    "as tensors in the batch")
 
 
 def _compile_on_rank_0(rank: int, build: Callable[[], dict]) -> dict:

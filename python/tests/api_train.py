@@ -610,6 +610,8 @@ def scenario_misuse(args):
 
     outside = torch.ones((), device=DEVICE)  # a tensor loss_fn reads that is not the model's
     first_rank_only = dist.new_group([0])
+    weighted_line = inspect.currentframe().f_lineno + 1
+    weighted_by_rank = lambda m, t, y: next_token_loss(m, t, y) * (1 + dist.get_rank())  # noqa: E731
     for attempt, expected in [
         (lambda: stale.step(), "build the optimizer over sharded.parameters()"),
         (lambda: sharded(*mine(data[0])).backward(), "loss.backward() after a training call of the sharded module: "
@@ -631,6 +633,10 @@ def scenario_misuse(args):
          "DTensors already: fsdpc shards plain parameters over a data-parallel mesh"),
         (lambda: sharded(tokens=mine(data[0])[0], targets=mine(data[0])[1]),
          "called with keyword arguments 'targets', 'tokens'; it takes the batch as fsdpc.shard's example batch"),
+        *([(lambda: fsdpc.shard(reference_model(), mine(data[0]), weighted_by_rank),
+            f"at {__file__}:{weighted_line}, is torch.Tensor.mul(%97, 1) -> %98 () torch.float32 strides () "
+            "requires_grad=True in loss_fn (autocast None) on rank 0 and torch.Tensor.mul(%97, 2)")]
+          if dist.get_world_size() == 2 else []),
         *([(lambda: fsdpc.shard(nn.Sequential(nn.Linear(4, 4), nn.SyncBatchNorm(4, process_group=first_rank_only)),
                                 (torch.randn(2, 4, device=DEVICE),), lambda m, x: m(x).sum()),
             "module '1' is SyncBatchNorm over a process group that is not all 2 ranks: fsdpc sums batch statistics "
