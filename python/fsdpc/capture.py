@@ -91,7 +91,9 @@ class MixedPrecision:
     """FSDP2's MixedPrecisionPolicy. `param_dtype`: parameters are cast to it
     where they are used, so forward and backward compute in it (the fp32
     shards stay the master copy); `reduce_dtype`: gradients are reduced in it
-    (None: the compute dtype); `output_dtype`: floating outputs of each wrap
+    (None: fsdpc.shard reduces where the installed torch's FSDP2 does, in
+    the gradients' own dtype from torch 2.15 and the compute dtype before;
+    the IR without it, in the compute dtype); `output_dtype`: floating outputs of each wrap
     unit are cast to it; `cast_forward_inputs`: floating inputs of each unit
     are cast to `param_dtype`."""
 

@@ -1201,6 +1201,25 @@ def mixed_against_fsdp2(make_model, blocks_of, what: str, by_unit: dict | None =
     return sharded
 
 
+def scenario_reduce_dtype_default(args):
+    """MixedPrecisionPolicy(param_dtype=bf16) without a reduce_dtype: the
+    gradients are reduced where the installed torch's FSDP2 reduces them
+    (torch 2.15 on: fp32, the fp32 parameters' gradients' dtype; before:
+    bf16), so that they equal FSDP2's. Before 2026-11-28 fsdpc reduced in
+    bf16 on every torch, silently further from the exact gradients."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    data = batches(1)
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, mp_policy=policy)
+    sharded(*mine(data[0]))
+    theirs = fully_sharded(reference_model().to(DEVICE), lambda model: model.blocks, policy)
+    next_token_loss(theirs, *mine(data[0])).backward()
+    for name, param in sharded.named_parameters():
+        close(whole(param.grad), whole(theirs.get_parameter(name).grad), f"{name}'s gradient against FSDP2's",
+              rtol=0, atol=2e-6)
+
+
 def hugging_face_models():
     """Hugging Face models at toy size as users load them: attention by
     `F.scaled_dot_product_attention` (their default, "sdpa") with the
