@@ -28,7 +28,10 @@ def norm_terms(tensors: list[torch.Tensor], norm_type: float, device: torch.devi
     """What `tensors` add to the global `norm_type`-norm, as a float64 0-dim
     tensor on `device`: the sum of their norms to the power `norm_type`, or
     their largest norm for the infinity norm. Summing these terms over all
-    tensors and taking the `1 / norm_type` root gives the global norm."""
+    tensors and taking the `1 / norm_type` root gives the global norm. An
+    empty tensor (a rank's shard of a parameter with fewer rows than ranks)
+    adds nothing; torch's infinity norm would raise on it."""
+    tensors = [tensor for tensor in tensors if tensor.numel()]
     if not tensors:
         return torch.zeros((), dtype=torch.float64, device=device)
     norms = torch.cat([torch.stack(torch._foreach_norm(group, norm_type, dtype=torch.float64)).to(device)

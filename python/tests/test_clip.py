@@ -86,6 +86,17 @@ def test_no_gradients_have_norm_zero():
     assert total.item() == 0.0 and total.dtype == torch.float32
 
 
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf])
+def test_an_empty_shard_adds_nothing(norm_type):
+    """A rank holding no rows of a 1-row parameter (2 ranks): before
+    2026-11-28 the infinity norm raised there while the other rank waited
+    in the all-reduce."""
+    grads = [torch.tensor([[3.0, -4.0]]), torch.empty(0, 2)]
+    expected = clip.norm_terms(grads[:1], norm_type, torch.device("cpu"))
+    torch.testing.assert_close(clip.norm_terms(grads, norm_type, torch.device("cpu")), expected)
+    assert float(clip.norm_terms(grads[1:], norm_type, torch.device("cpu"))) == 0.0
+
+
 def test_each_device_and_dtype_gets_one_group_in_first_seen_order():
     a, b, c = torch.zeros(2), torch.zeros(2, dtype=torch.bfloat16), torch.zeros(3)
     assert [[id(t) for t in group] for group in clip.by_device_and_dtype([a, b, c])] == [[id(a), id(c)], [id(b)]]
