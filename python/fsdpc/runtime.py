@@ -18,6 +18,7 @@ import json
 import re
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence, TypeVar
@@ -28,8 +29,8 @@ from torch import nn
 
 from fsdpc import cache
 from fsdpc.autocast import ambient_autocast
-from fsdpc.capture import MixedPrecision
-from fsdpc.compiler import run_fsdp_opt
+from fsdpc.capture import CaptureError, MixedPrecision
+from fsdpc.compiler import FsdpOptError, run_fsdp_opt
 from fsdpc.call_trace import CallTrace
 from fsdpc.export import call_trace, traced_forward
 from fsdpc.program import Program, translate
@@ -265,15 +266,27 @@ def _compile_on_rank_0(rank: int, build: Callable[[], dict]) -> dict:
     rank): one capture per job. A failure there reaches every rank as an
     error."""
     message: list = [None]
+    failure = None
     if rank == 0:
         try:
             message[0] = ("ok", build())
         except Exception as error:  # every rank must hear of it, not hang
-            message[0] = ("error", f"{type(error).__name__}: {error}")
+            failure = error
+            message[0] = ("error", f"{type(error).__name__}: {error}{_raised_at(error)}")
     dist.broadcast_object_list(message, src=0)
     status, payload = message[0]
     if status == "error":
         if rank == 0:
-            raise StepError(f"rank 0 could not compile the step: {payload}")
+            raise StepError(f"rank 0 could not compile the step: {payload}") from failure
         raise StepError(f"rank {rank}: rank 0 could not compile the step: {payload}")
     return payload
+
+
+def _raised_at(error: Exception) -> str:
+    """Where an unexpected error was raised (` (raised at file:line in
+    function)`), for the ranks that get its message only; fsdpc's own
+    errors name the user's line already."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if isinstance(error, (CaptureError, StepError, FsdpOptError)) or not frames:
+        return ""
+    return f" (raised at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})"

@@ -294,3 +294,25 @@ def test_a_traced_model_is_freed_by_reference_counting():
     finally:
         if collecting:
             gc.enable()
+
+
+def test_an_unexpected_compile_error_says_where_it_was_raised():
+    """Ranks other than 0 get rank 0's compile error as a message: an error
+    that is not fsdpc's own (which names the user's line) says where it
+    was raised; rank 0 raises it chained to the error itself."""
+    from fsdpc.capture import CaptureError
+    from fsdpc.runtime import _raised_at
+
+    def broken():
+        return {}["missing"]
+
+    for error_type, expected in ((KeyError, f" (raised at {__file__}:{broken.__code__.co_firstlineno + 1} in broken)"),
+                                 (CaptureError, "")):
+        try:
+            broken() if error_type is KeyError else _raise(CaptureError("model.py:3: says where"))
+        except error_type as error:
+            assert _raised_at(error) == expected
+
+
+def _raise(error: Exception):
+    raise error
