@@ -1229,14 +1229,18 @@ class ShardedModule(nn.Module):
     # from FSDP2 + compile) runs the call as it is instead of tracing fsdpc's
     # driver (20 s of recompiles of its Python on the 23M GPT, to no gain).
     @torch.compiler.disable
-    def forward(self, *batch, sync: bool | None = None, trace: bool = False, **named):
+    def forward(self, *batch, sync: bool | None = None, train: bool | None = None, trace: bool = False,
+                **named):
         """Forward and backward on this rank's batch (structured as the
         example batch: tensors, or dicts, lists or tuples of them); returns the loss (or
         `(loss, aux)` where loss_fn returns that) and leaves the gradients on
         the parameters. Under `torch.no_grad()` or in
         eval mode, forward only: the loss, no gradients, no communication of
-        gradients. `sync` overrides set_requires_gradient_sync for one call;
-        `trace` records every instruction as it ran (see `write_trace`)."""
+        gradients. `train` overrides that for one call: True trains with the
+        modules in their modes (in eval mode: dropout off, batch norm on its
+        running statistics, as eager's backward after `model.eval()`), False
+        runs forward only. `sync` overrides set_requires_gradient_sync for one
+        call; `trace` records every instruction as it ran (see `write_trace`)."""
         if named:  # `model(**batch)` from a Hugging Face loop; raised on every rank alike, before any collective
             raise StepError(f"the sharded module was called with keyword arguments {_listed(sorted(named))}; it "
                             "takes the batch as fsdpc.shard's example batch was given, positionally: for a dict "
@@ -1244,7 +1248,8 @@ class ShardedModule(nn.Module):
         self._refuse_failed()
         self._refuse_inside_unsharded("the sharded module called")
         started, caller = time.monotonic(), threading.get_ident()
-        train = torch.is_grad_enabled() and self.training
+        said_train = train
+        train = torch.is_grad_enabled() and self.training if train is None else bool(train)
         named = self._params_by_layout_name()
         given, structure = tree_flatten(batch)
         batch = given  # its tensors: the program takes them in order
@@ -1261,10 +1266,11 @@ class ShardedModule(nn.Module):
             problem = None
         except StepError as error:
             problem = error
-        if torch.is_grad_enabled() and not self.training and not self._warned_eval:
+        if said_train is None and torch.is_grad_enabled() and not self.training and not self._warned_eval:
             self._warned_eval = True
             warnings.warn("the sharded module is in eval mode: calls run forward only and leave no gradients "
-                          "(call .train() to train)", stacklevel=user_stacklevel())
+                          "(call .train() to train, or model(batch, train=True) to train with the modules in eval "
+                          "mode: dropout off, batch norm on its running statistics)", stacklevel=user_stacklevel())
         sync = self._gradient_sync if sync is None else sync
         name = STEP if (sync or not train) else NO_SYNC_STEP
         kind = (f"a forward-only ({'training' if self.training else 'eval'} mode)" if not train else

@@ -2723,6 +2723,12 @@ def scenario_batch_norm(args):
     with torch.no_grad():
         close(sharded(*mine(data[4])), classify(theirs, *mine(data[4])), "an evaluation on the running statistics")
     same_statistics("after an evaluation, which reads them only")
+    # Training in eval mode (FSDP2 trains where backward is called): normalized by the running statistics.
+    close(sharded(*mine(data[4]), train=True), classify(theirs, *mine(data[4])), "a training call in eval mode")
+    classify(theirs, *mine(data[4])).backward()
+    for (name, ours), (_, expected) in zip(sharded.named_parameters(), theirs.named_parameters(), strict=True):
+        close(whole(ours.grad), whole(expected.grad), f"{name}'s gradient from a training call in eval mode")
+    same_statistics("after a training call in eval mode, which reads them only")
 
 
 class ConvNormed(nn.Module):
