@@ -567,7 +567,10 @@ def Fsdp_AllReduceStartOp : Fsdp_ReducingStartOp<"all_reduce_start"> {
     the reduced tensors. It carries gradients for NO_SHARD (DDP-like) and
     the replicate axis of HYBRID_SHARD, and small reductions such as the
     global gradient norm. Copy-in casts to `reduce_dtype`, copy-out to each
-    result's element type.
+    result's element type. With `unit` it reduces that unit's gradients;
+    without, it sums activations (a lowered `fsdp.data_parallel_sum`), which
+    keep their dtype and their place: the passes that retype and schedule
+    gradient reductions leave it alone.
 
     ```mlir
     %f = fsdp.all_reduce_start %g on @hsdp axes = [0] reduction = average reduce_dtype = f32

@@ -68,6 +68,10 @@ bool mlir::fsdp::isCollectiveStart(Operation *op) {
   return isa_and_nonnull<AllGatherStartOp, ReduceScatterStartOp, AllReduceStartOp>(op);
 }
 
+bool mlir::fsdp::isGradientReduction(Operation *op) {
+  return isa<ReduceScatterStartOp, AllReduceStartOp>(op) && op->getAttr("unit");
+}
+
 int64_t mlir::fsdp::collectivePayloadBytes(Operation *start, int64_t ranks) {
   int64_t bytes = 0;
   if (isa<AllGatherStartOp>(start)) {

@@ -160,7 +160,8 @@ struct FuseCastsPass : public fsdp::impl::FuseCastsPassBase<FuseCastsPass> {
       for (auto start : step.body().getOps<ReduceScatterStartOp>())
         fuseIntoReduction(start, *reduceType);
       for (auto start : step.body().getOps<AllReduceStartOp>())
-        fuseIntoReduction(start, *reduceType);
+        if (isGradientReduction(start)) // a sum of activations keeps its own dtype
+          fuseIntoReduction(start, *reduceType);
     }
   }
 };

@@ -47,7 +47,7 @@ namespace {
 void overlapReductions(Step &step, int64_t depth) {
   SmallVector<Operation *> reductions;
   for (Operation &op : step.body())
-    if (isa<ReduceScatterStartOp, AllReduceStartOp>(op))
+    if (isGradientReduction(&op))
       reductions.push_back(&op);
   for (auto [index, start] : llvm::enumerate(reductions)) {
     WaitOp wait = waitOf(start);

@@ -83,7 +83,7 @@ public:
   void waitBeforeReductions() {
     SmallVector<Operation *> reductions;
     for (Operation &op : step.body())
-      if (isa<ReduceScatterStartOp, AllReduceStartOp>(op) && step.isBackward(&op))
+      if (isGradientReduction(&op) && step.isBackward(&op))
         reductions.push_back(&op);
     for (Operation *reduction : reductions)
       for (auto gather : step.body().getOps<AllGatherStartOp>()) {

@@ -93,6 +93,8 @@ def _synced_forward(original: Callable) -> Callable:
             return original(self, input)
         self._check_input_dim(input)
         self._check_non_zero_input_channels(input)
+        if input.numel() // input.shape[1] == 1 and not (dist.is_initialized() and dist.get_world_size() > 1):
+            raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.size()}")
         tracked = self.track_running_stats and self.running_mean is not None
         factor = _cumulative_factor(self) if tracked and self.num_batches_tracked is not None else self.momentum
         return _synced_batch_norm(input, self.weight, self.bias, self.running_mean if tracked else None,

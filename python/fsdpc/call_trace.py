@@ -42,6 +42,7 @@ import contextlib
 import gc
 import hashlib
 import io
+import re
 import sys
 import warnings
 from dataclasses import dataclass
@@ -93,16 +94,26 @@ class CallTrace:
         """Each call as what it computes, readably: `torch.Tensor.add(%17,
         1.0) -> (4, 1) torch.float32 in model.head`, and its results' layout,
         requires_grad and autocast region, without its stack: what every
-        rank running the same step records alike, wherever its files are."""
-        return [f"{name}({', '.join([*map(_shown, args[1]), *(f'{_shown(k)}={_shown(v)}' for k, v in kwargs[1])])})"
-                f" -> {_shown(results)} in {_module_named(modules)} (autocast {autocast})"
-                for name, args, kwargs, results, modules, stack, autocast in self.calls]
+        rank running the same step records alike, wherever its files and
+        objects are (addresses are each process's own)."""
+        return [_computed(*call) for call in self.calls]
 
     def where(self, index: int) -> str:
         """`file:line` of the user's innermost frame above call `index`."""
         stack = [self.frames[frame] for frame in self.calls[index][5]]
         file, line, _ = next((frame for frame in stack if user_file(frame[0])), stack[0] if stack else ("?", 0, ""))
         return f"{file}:{line}"
+
+
+# An object's address in a description (`Sequential at 0x7f6d...`): each process's own.
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+
+
+def _computed(name, args, kwargs, results, modules, stack, autocast) -> str:
+    """One recorded call, as `CallTrace.computed` lists it."""
+    arguments = [*map(_shown, args[1]), *(f"{_shown(key)}={_shown(value)}" for key, value in kwargs[1])]
+    text = f"{name}({', '.join(arguments)}) -> {_shown(results)} in {_module_named(modules)} (autocast {autocast})"
+    return _ADDRESS.sub(" at 0x...", text)
 
 
 def _module_named(modules: tuple) -> str:

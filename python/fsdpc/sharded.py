@@ -205,11 +205,13 @@ def _install_registration_hooks() -> None:
                                register_module_parameter_registration_hook(_noting("parameter")))
 
 
-def _mixed_precision(policy, model: nn.Module, wrap: WrapPolicy, ignored: tuple[str, ...] = ()) \
-        -> MixedPrecision | None:
+def _mixed_precision(policy, model: nn.Module, wrap: WrapPolicy, ignored: tuple[str, ...] = (),
+                     pipeline_reduce: str | None = None) -> MixedPrecision | None:
     """fsdpc's MixedPrecision from ours or from FSDP2's MixedPrecisionPolicy,
     or from a dict of them by wrap unit (`_per_unit_precision`); the
-    `ignored` parameters uncast, as FSDP2 leaves them."""
+    `ignored` parameters uncast, as FSDP2 leaves them. A policy without a
+    reduce_dtype takes the pipeline's `reduce-dtype` (`pipeline_reduce`),
+    else FSDP2's (`_reduce_dtype`)."""
     if isinstance(policy, Mapping):
         policy = _per_unit_precision(policy, model, wrap, ignored)
     if policy is None:
@@ -220,7 +222,7 @@ def _mixed_precision(policy, model: nn.Module, wrap: WrapPolicy, ignored: tuple[
             raise StepError(f"mp_policy must be fsdpc.MixedPrecision or torch.distributed.fsdp.MixedPrecisionPolicy "
                             f"(or a dict of them by wrap unit), got {type(policy).__name__}")
         policy = MixedPrecision(*(getattr(policy, name) for name in fields))
-    if policy.reduce_dtype is None and policy.param_dtype is not None:
+    if policy.reduce_dtype is None and policy.param_dtype is not None and pipeline_reduce is None:
         reduced = {p.dtype for name, p in model.named_parameters() if p.is_floating_point() and name not in ignored}
         own = max(reduced, key=lambda dtype: dtype.itemsize) if reduced else policy.param_dtype
         policy = dataclasses.replace(policy, reduce_dtype=_reduce_dtype(policy, own))
@@ -328,12 +330,29 @@ def _with_overrides(options: str, overrides: dict[str, str]) -> str:
     return " ".join(kept + [f"{name}={value}" for name, value in sorted(overrides.items())])
 
 
+def _shard_ranks(mesh: DeviceMesh | None, options: dict[str, str], world: int) -> int:
+    """How many ranks shard each parameter: the mesh's last dimension, the
+    `ranks` of a hybrid pipeline (its world over `replicas`), or the world."""
+    if mesh is not None:
+        return mesh.size(mesh.ndim - 1)
+    try:
+        replicas = int(options.get("replicas", 1)) if options.get("strategy") == "hybrid-shard" else 1
+        return int(options.get("ranks", world // max(replicas, 1)))
+    except ValueError:  # the pipeline reports a bad number
+        return world
+
+
+def _given_options(pipeline: str) -> dict[str, str]:
+    """The options a pipeline string gives, by name."""
+    return dict(option.partition("=")[::2] for option in pipeline.split())
+
+
 def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_after_forward, offload: bool,
                   policy: MixedPrecision | None, gradient_accumulation: bool, backend: str,
                   gradient_divide_factor: float | None, ignored: tuple[str, ...]) -> str:
     """The sharding pipeline's options from fully_shard's vocabulary; the
     same knob given twice with different values is an error."""
-    given = dict(option.partition("=")[::2] for option in pipeline.split())
+    given = _given_options(pipeline)
     if "ignored-params" in given:
         raise StepError("pipeline option 'ignored-params': pass the parameters as fsdpc.shard(..., ignored_params="
                         "{...}), which keeps them as the model's own, uncast, and checks them on every rank")
@@ -354,8 +373,8 @@ def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_af
         else:
             raise StepError(f"a {mesh.ndim}-D mesh: fsdpc takes a 1-D (shard) or 2-D (replicate, shard) mesh")
     if reshard_after_forward is not None:
-        shard_ranks = mesh.size(mesh.ndim - 1) if mesh is not None else world
-        wanted["reshard-after-forward"] = _reshard_option(reshard_after_forward, shard_ranks)
+        wanted["reshard-after-forward"] = _reshard_option(reshard_after_forward,
+                                                          _shard_ranks(mesh, {**given, **wanted}, world))
     if gradient_accumulation:
         wanted["gradient-accumulation"] = "true"
     if gradient_divide_factor is not None:
@@ -473,7 +492,8 @@ class ShardedModule(nn.Module):
             _check_grad_scaler(grad_scaler, world)
             ignored = _ignored_names(model, ignored_params, device)
             elsewhere = _placed_off_dim_0(model, shard_placement_fn, ignored)
-            policy = _mixed_precision(mp_policy, model, wrap, ignored)
+            policy = _mixed_precision(mp_policy, model, wrap, ignored,
+                                      _given_options(pipeline).get("reduce-dtype"))
             return device, policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, offload is not None,
                                                  policy, gradient_accumulation, backend,
                                                  gradient_divide_factor, ignored), offload, ignored, elsewhere
@@ -658,10 +678,10 @@ class ShardedModule(nn.Module):
         if spec.group is None:
             return tuple(Replicate() for _ in range(self.mesh.ndim))
         group = self._programs_any().program.groups[spec.group]
-        if self.mesh.ndim == 1 and _spans_the_grid(group):  # the ranks in order, one flat layout
-            if tuple(range(dist.get_world_size())) != group.members_of(dist.get_rank()):
-                raise StepError(f"the program's group '{group.key}' {group.members_of(dist.get_rank())} is not "
-                                "the job's ranks in order")
+        if self.mesh.ndim == 1 and _spans_the_grid(group):  # one flat layout over the grid's ranks in order
+            if tuple(self.mesh.mesh.flatten().tolist()) != group.members_of(dist.get_rank()):
+                raise StepError(f"the mesh's ranks {self.mesh.mesh.flatten().tolist()} are not the program's group "
+                                f"'{group.key}' {group.members_of(dist.get_rank())}: give the mesh in rank order")
             return (Shard(0),)
         if tuple(self.mesh.shape) != group.grid_shape:
             raise StepError(f"the mesh {tuple(self.mesh.shape)} is not the compiled grid {group.grid_shape}")

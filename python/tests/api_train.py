@@ -1218,6 +1218,10 @@ def scenario_reduce_dtype_default(args):
     for name, param in sharded.named_parameters():
         close(whole(param.grad), whole(theirs.get_parameter(name).grad), f"{name}'s gradient against FSDP2's",
               rtol=0, atol=2e-6)
+    # The pipeline's reduce-dtype is given where the policy has none: it wins, as before.
+    bf16_reduced = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss, mp_policy=policy,
+                               pipeline="reduce-dtype=bf16")
+    assert "reduce_dtype = bf16" in bf16_reduced.sharded_ir
 
 
 def hugging_face_models():
@@ -2804,6 +2808,15 @@ def scenario_sync_batch_norm(args):
         close(sharded(*(t.to(DEVICE) for t in data[4][rank])),
               regression(reference, *(t.double() for t in data[4][rank])).float(),
               "an evaluation on the running statistics")
+    # Under a bf16 policy the statistics are still summed in fp32 (the gradients in bf16).
+    low = fsdpc.shard(nn.SyncBatchNorm.convert_sync_batchnorm(ConvNormed()), tuple(t.to(DEVICE) for t in data[0][rank]),
+                      regression, mp_policy=fsdpc.MixedPrecision(param_dtype=torch.bfloat16,
+                                                                 reduce_dtype=torch.bfloat16), mesh=mesh)
+    assert low.sharded_ir.count("reduction =  sum reduce_dtype = f32 :") == 8, "two norms, two sums each way"
+    outputs = torch.split(ConvNormed().double()(torch.cat([x for x, _ in data[0]]).double()), rows)
+    close(low(*(t.to(DEVICE) for t in data[0][rank])).float(),
+          nn.functional.mse_loss(outputs[rank], data[0][rank][1].double()).float(),
+          "a bf16 step's loss against fp64", rtol=0, atol=3e-2)
 
 
 def regression(model, x, y):

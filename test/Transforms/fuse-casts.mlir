@@ -3,6 +3,7 @@
 // RUN: fsdp-opt %s --fsdp-shard-parameters="ranks=4" --fsdp-reshard-after-forward --fsdp-fuse-casts="reduce-dtype=f16" | FileCheck %s --check-prefix=F16
 // RUN: fsdp-opt %s --fsdp-shard-parameters="ranks=4 gradient-divide-factor=32" --fsdp-reshard-after-forward --fsdp-fuse-casts="reduce-dtype=f16" | FileCheck %s --check-prefix=F16-DIVIDE
 // RUN: not fsdp-opt %s --fsdp-fuse-casts="reduce-dtype=f8" 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: fsdp-opt %S/Inputs/synced-step.mlir --fsdp-shard-parameters="ranks=2" --fsdp-fuse-casts="reduce-dtype=f16" | FileCheck %s --check-prefix=SYNCED
 
 // FSDP2 mixed precision as capture writes it: the f32 master weight is cast
 // to bf16 where it is used, and its bf16 gradient cast back to f32.
@@ -42,3 +43,10 @@ module attributes {fsdp.mixed_precision = {param_dtype = bf16, reduce_dtype = f3
 // F16-DIVIDE: fsdp.reduce_scatter_start %{{.*}} reduction = sum reduce_dtype = f16 pre_divide = 4.000000e+00 post_divide = 8.000000e+00
 
 // BAD: error: reduce-dtype must be f32, bf16 or f16, got 'f8'
+
+// A sum of activations over the ranks (SyncBatchNorm's statistics) keeps
+// its own dtype under a low-precision reduce dtype, which is the
+// gradients': before 2026-11-28 it was summed in f16 too, where a count of
+// 100352 elements overflows.
+// SYNCED-COUNT-2: fsdp.all_reduce_start %{{.*}} reduction = sum reduce_dtype = f32 : tensor<6xf32>
+// SYNCED: fsdp.reduce_scatter_start %{{.*}} reduce_dtype = f16

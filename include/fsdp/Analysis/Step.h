@@ -42,6 +42,11 @@ ArrayRef<Type> futureTypes(Operation *start);
 WaitOp waitOf(Operation *start);
 /// Whether `op` is an fsdp.*_start.
 bool isCollectiveStart(Operation *op);
+/// Whether `op` starts a gradient reduction: a reduce-scatter or all-reduce
+/// naming the unit whose gradients it reduces. A unit-less all-reduce sums
+/// activations across the ranks (an `fsdp.data_parallel_sum` lowered): its
+/// dtype and its place in the schedule are the model's, not the policy's.
+bool isGradientReduction(Operation *op);
 /// The full padded tensors of a collective start over `ranks` ranks, in
 /// bytes of the dtype it communicates (the gathered tensors, or the tensors
 /// reduced).
