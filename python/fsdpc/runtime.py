@@ -86,11 +86,15 @@ class CompiledProgram:
 
 def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *, options: str,
                     wrap: WrapPolicy, mixed_precision: MixedPrecision | None,
-                    device: torch.device = torch.device("cpu"), scaled_loss: bool = False) -> CompiledProgram:
+                    device: torch.device = torch.device("cpu"), scaled_loss: bool = False,
+                    compare_calls: bool = True) -> CompiledProgram:
     """Collective: every rank calls it with the same step. `model` is what
     capture sees (shapes only: it may live on the meta device); the step is
     captured for `device`'s kind and loaded for `device`; with
-    `scaled_loss`, it takes a loss scale after the batch (a GradScaler's)."""
+    `scaled_loss`, it takes a loss scale after the batch (a GradScaler's).
+    With `compare_calls`, every rank records the step's torch calls and
+    compares them with rank 0's (`_check_same_calls`); else rank 0 alone
+    records them, for its cache."""
     rank, world = dist.get_rank(), dist.get_world_size()
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
@@ -109,8 +113,11 @@ def compile_program(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Ca
         share_result=True)
     _check_same_step(keys, rank)
     lap("set-up check")
-    calls = call_trace(model, batch, loss_fn, wrap=wrap, mixed_precision=mixed_precision, device=device.type)
-    _check_same_calls(calls, rank)
+    calls = None
+    if compare_calls or rank == 0:
+        calls = call_trace(model, batch, loss_fn, wrap=wrap, mixed_precision=mixed_precision, device=device.type)
+    if compare_calls:
+        _check_same_calls(calls, rank)
     lap("call trace")
     entry = _compile_on_rank_0(rank, lambda: compile_recorded(model, batch, loss_fn, calls, options=options,
                                                               wrap=wrap, mixed_precision=mixed_precision, lap=lap,

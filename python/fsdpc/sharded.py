@@ -886,9 +886,12 @@ class ShardedModule(nn.Module):
             with self._capture_view(train) as model:
                 shapes = tree_unflatten([torch.empty(t.shape, dtype=t.dtype, device="meta") for t in batch],
                                         self._batch_structure)
+                # The first step's calls are compared across ranks: the Python a later one runs (another
+                # shape, mode or option) reads the same values.
                 compiled = compile_program(model, shapes, config["loss_fn"], options=options, wrap=config["wrap"],
                                            mixed_precision=config["mixed_precision"], device=self.device,
-                                           scaled_loss=train and self._grad_scaler is not None)
+                                           scaled_loss=train and self._grad_scaler is not None,
+                                           compare_calls=not self._programs)
         except StepError as error:
             if not self._programs:
                 raise

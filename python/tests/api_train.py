@@ -2761,7 +2761,9 @@ def scenario_sync_batch_norm(args):
     of each rank's own, on any mesh; through training steps, an
     accumulating microbatch (its forward synchronizes too), a forward under
     no_grad in training mode, and an evaluation on the running statistics,
-    which are the joint ones on every rank. (Eager SyncBatchNorm itself runs
+    which are the joint ones on every rank. CI runs it at 2 ranks; at 4 it
+    runs on a hybrid mesh (passed 2026-11-28; the sums' lowering over every
+    axis is lit-tested). (Eager SyncBatchNorm itself runs
     on GPUs only, and ranks sharing one GPU talk over Gloo, whose all-gather
     of CUDA tensors reads device pointers as host memory, pytorch#152645.)"""
     from torch.distributed.device_mesh import init_device_mesh

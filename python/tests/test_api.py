@@ -47,7 +47,7 @@ def run_torchrun(script, *arguments, cwd=None, port_offset: int = 0) -> str:
     ("train,meta,accumulate,shapes,fsdp2,misuse,offload,llama,into_results,cuda_graph,uncapturable,checkpointed,"
      "freezing,hooks,divide_factor,attributes,aux,modes,named_batch,reshard_setter,unsharded,batch_norm,sync_batch_norm,async_checkpoint,uneven_batches,"
      "mixed_by_unit,reduce_dtype_default,autocast,grad_scaler,ignored_params,shard_placement,hugging_face,parametrized", 2),
-    ("hybrid,scalar,divide_factor,unsharded,uneven_batches,sync_batch_norm,reshard_group", 4),
+    ("hybrid,scalar,divide_factor,unsharded,uneven_batches,reshard_group", 4),
 ])
 def test_scenarios(scenarios, ranks, tmp_path):
     run(ranks, scenarios, "--save", tmp_path)
