@@ -101,6 +101,8 @@ def _holds_settings(value) -> bool:
     kind = value if isinstance(value, type) else type(value)
     if issubclass(kind, (nn.Module, torch.autograd.Function, torch.Tensor)):
         return False
+    if kind.__module__ == "__main__":  # the script's, also where `__main__` is not its module (cProfile, notebooks)
+        return True
     try:
         defined_in = inspect.getfile(kind)
     except (TypeError, OSError):  # a builtin or a class made at run time

@@ -1364,6 +1364,21 @@ class _Masked(nn.Linear):
         return super().forward(x) * MASK if self.masked else super().forward(x)
 
 
+def test_a_class_of_the_main_script_holds_settings_wherever_the_script_runs():
+    """A class the main script defines (`class Settings: weight = 1.0`) is
+    the user's even where `sys.modules["__main__"]` is not the script's
+    module: under `python -m cProfile train.py` it is cProfile's, in a
+    notebook it has no file (before 2026-11-28 its settings were not
+    watched there, and the step kept the first value silently)."""
+    from fsdpc.watch import free_variable_reads
+
+    settings = type("Settings", (), {"weight": 1.0, "__module__": "__main__"})
+    (described, read), = free_variable_reads(lambda m, x: m(x).sum() * settings.weight, nn.Linear(1, 1))
+    assert described == "loss_fn's closure variable 'settings'" and read() == (("weight", 1.0),), read()
+    settings.weight = 3.0
+    assert read() == (("weight", 3.0),)
+
+
 def test_what_a_modules_forward_reads_from_outside_itself_is_watched_or_named():
     """The model's own forwards are read like loss_fn: a plain global keys
     the programs, a tensor that is not the model's is named when capture
