@@ -347,12 +347,13 @@ def _given_options(pipeline: str) -> dict[str, str]:
     return dict(option.partition("=")[::2] for option in pipeline.split())
 
 
-def _pipeline_for(pipeline: str, mesh: DeviceMesh | None, world: int, reshard_after_forward, offload: bool,
+def _pipeline_for(given: dict[str, str], mesh: DeviceMesh | None, world: int, reshard_after_forward, offload: bool,
                   policy: MixedPrecision | None, gradient_accumulation: bool, backend: str,
                   gradient_divide_factor: float | None, ignored: tuple[str, ...]) -> str:
-    """The sharding pipeline's options from fully_shard's vocabulary; the
-    same knob given twice with different values is an error."""
-    given = _given_options(pipeline)
+    """The sharding pipeline's options from fully_shard's vocabulary, over
+    those the pipeline string `given`; the same knob given twice with
+    different values is an error."""
+    given = dict(given)
     if "ignored-params" in given:
         raise StepError("pipeline option 'ignored-params': pass the parameters as fsdpc.shard(..., ignored_params="
                         "{...}), which keeps them as the model's own, uncast, and checks them on every rank")
@@ -492,9 +493,9 @@ class ShardedModule(nn.Module):
             _check_grad_scaler(grad_scaler, world)
             ignored = _ignored_names(model, ignored_params, device)
             elsewhere = _placed_off_dim_0(model, shard_placement_fn, ignored)
-            policy = _mixed_precision(mp_policy, model, wrap, ignored,
-                                      _given_options(pipeline).get("reduce-dtype"))
-            return device, policy, _pipeline_for(pipeline, mesh, world, reshard_after_forward, offload is not None,
+            given = _given_options(pipeline)
+            policy = _mixed_precision(mp_policy, model, wrap, ignored, given.get("reduce-dtype"))
+            return device, policy, _pipeline_for(given, mesh, world, reshard_after_forward, offload is not None,
                                                  policy, gradient_accumulation, backend,
                                                  gradient_divide_factor, ignored), offload, ignored, elsewhere
 
