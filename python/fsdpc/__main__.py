@@ -30,6 +30,7 @@ def _export(args: argparse.Namespace) -> int:
     header = f"Captured by `python -m fsdpc export --model {args.model} --device {args.device}" \
              f"{f' --autocast {args.autocast}' if args.autocast else ''}`: " \
              f"{type(model).__name__}, batch {', '.join(str(tuple(t.shape)) for t in batch)}."
+    policy = _mixed_precision(args)
     autocast = contextlib.nullcontext()
     if args.autocast:
         if args.device == "cuda" and not torch.cuda.is_available():
@@ -38,7 +39,8 @@ def _export(args: argparse.Namespace) -> int:
         autocast = torch.autocast(args.device, dtype=_DTYPES[args.autocast])
     with autocast:  # as a training call under it: the step computes as eager does there (fsdpc.autocast)
         result = export_training_step(model, batch, loss_fn, wrap=wrap, header=header,
-                                      mixed_precision=_mixed_precision(args), device=args.device)
+                                      mixed_precision=policy and policy.as_fsdp2_reduces(model),
+                                      device=args.device)
     if args.verify:
         run_fsdp_opt(result.mlir, ["-o", "/dev/null"])
     Path(args.out).write_text(result.mlir)
@@ -134,6 +136,8 @@ _DTYPES = {name: torch_dtype(name) for name in MIXED_PRECISION_TYPES}
 
 
 def _mixed_precision(args: argparse.Namespace) -> MixedPrecision | None:
+    """The policy the dtype options give (without --reduce-dtype, the
+    commands reduce as fsdpc.shard would: `MixedPrecision.as_fsdp2_reduces`)."""
     if args.param_dtype is None:
         if args.reduce_dtype or args.output_dtype:
             raise ValueError("--reduce-dtype and --output-dtype need --param-dtype")
@@ -162,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--param-dtype", choices=sorted(_DTYPES),
                         help="mixed precision: compute dtype of parameters (FSDP2 param_dtype)")
     export.add_argument("--reduce-dtype", choices=sorted(_DTYPES),
-                        help="mixed precision: gradient reduction dtype (default: the compute dtype)")
+                        help="mixed precision: gradient reduction dtype (default: where the installed torch's "
+                             "FSDP2 reduces, as fsdpc.shard does: the parameters' dtype from torch 2.15, "
+                             "the compute dtype before)")
     export.add_argument("--output-dtype", choices=sorted(_DTYPES),
                         help="mixed precision: dtype of each wrap unit's floating outputs")
     export.add_argument("--cast-forward-inputs", action=argparse.BooleanOptionalAction, default=True,
@@ -216,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--seq", type=int, help="sequence length passed to the factory")
     plan.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd-momentum, sgd or none")
     plan.add_argument("--param-dtype", choices=sorted(_DTYPES), help="mixed precision compute dtype")
-    plan.add_argument("--reduce-dtype", choices=sorted(_DTYPES), help="mixed precision reduction dtype")
+    plan.add_argument("--reduce-dtype", choices=sorted(_DTYPES),
+                      help="mixed precision reduction dtype (default: as export's)")
     plan.add_argument("--pipeline", default="",
                       help="more fsdp-sharding-pipeline options (strategy=, checkpoint=, offload-to-fit=, ...)")
     plan.set_defaults(output_dtype=None, cast_forward_inputs=True)

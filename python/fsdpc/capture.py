@@ -38,7 +38,7 @@ import traceback
 import types
 import warnings
 from collections.abc import ItemsView, KeysView, ValuesView
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -86,16 +86,20 @@ class SourceLocation:
         return f"{self.file}:{self.line}"
 
 
+# FSDP2's reduce_dtype=None: from torch 2.15 the gradients' own dtype, before it the param_dtype.
+_FSDP2_REDUCES_IN_GRAD_DTYPE = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 15)
+
+
 @dataclass(frozen=True)
 class MixedPrecision:
     """FSDP2's MixedPrecisionPolicy. `param_dtype`: parameters are cast to it
     where they are used, so forward and backward compute in it (the fp32
     shards stay the master copy); `reduce_dtype`: gradients are reduced in it
-    (None: fsdpc.shard reduces where the installed torch's FSDP2 does, in
-    the gradients' own dtype from torch 2.15 and the compute dtype before;
-    the IR without it, in the compute dtype); `output_dtype`: floating outputs of each wrap
-    unit are cast to it; `cast_forward_inputs`: floating inputs of each unit
-    are cast to `param_dtype`."""
+    (None: fsdpc.shard and the command line reduce where the installed
+    torch's FSDP2 does, `as_fsdp2_reduces`; the IR without it, in the compute
+    dtype); `output_dtype`: floating outputs of each wrap unit are cast to
+    it; `cast_forward_inputs`: floating inputs of each unit are cast to
+    `param_dtype`."""
 
     param_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype | None = None
@@ -107,6 +111,25 @@ class MixedPrecision:
     units: tuple[tuple[str, "MixedPrecision"], ...] = ()
     # Parameters (FQNs) no policy casts: FSDP2's ignored_params keep their dtype.
     uncast: tuple[str, ...] = ()
+
+    def fsdp2_reduce_dtype(self, own: torch.dtype) -> torch.dtype:
+        """The dtype the installed torch's FSDP2 reduces the gradients of
+        parameters of dtype `own` in under this policy: its reduce_dtype,
+        else the parameters' own dtype (torch 2.15 on, their gradients'
+        dtype; fp32 for fp32 parameters computing in bf16), or the
+        param_dtype before 2.15."""
+        if self.reduce_dtype is not None:
+            return self.reduce_dtype
+        return own if _FSDP2_REDUCES_IN_GRAD_DTYPE or self.param_dtype is None else self.param_dtype
+
+    def as_fsdp2_reduces(self, model: nn.Module, ignored: tuple[str, ...] = ()) -> "MixedPrecision":
+        """This policy with the reduce_dtype FSDP2 would take for `model`'s
+        parameters (but the `ignored`), where it gives none and casts."""
+        if self.reduce_dtype is not None or self.param_dtype is None:
+            return self
+        reduced = {p.dtype for name, p in model.named_parameters() if p.is_floating_point() and name not in ignored}
+        own = max(reduced, key=lambda dtype: dtype.itemsize) if reduced else self.param_dtype
+        return replace(self, reduce_dtype=self.fsdp2_reduce_dtype(own))
 
     def of_unit(self, fqn: str) -> "MixedPrecision":
         """The policy of the wrap unit whose module is `fqn` ("" the root)."""

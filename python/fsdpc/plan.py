@@ -281,6 +281,8 @@ def capture_for_plan(model_spec: str, *, batch: int | None, seq: int | None,
     factory = load_factory(model_spec)
     options = {key: value for key, value in (("batch", batch), ("seq", seq)) if value is not None}
     model, example, loss_fn = build(factory, meta=True, **options)
+    # Without a reduce_dtype, reduced as fsdpc.shard reduces with this policy.
+    mixed_precision = mixed_precision and mixed_precision.as_fsdp2_reduces(model)
     calls = call_trace(model, example, loss_fn, mixed_precision=mixed_precision, device="cuda")
     calls_key = calls and cache.capture_key(calls.fingerprint)
     entry = cache.load(calls_key) if calls_key else None

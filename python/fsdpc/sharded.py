@@ -211,7 +211,7 @@ def _mixed_precision(policy, model: nn.Module, wrap: WrapPolicy, ignored: tuple[
     or from a dict of them by wrap unit (`_per_unit_precision`); the
     `ignored` parameters uncast, as FSDP2 leaves them. A policy without a
     reduce_dtype takes the pipeline's `reduce-dtype` (`pipeline_reduce`),
-    else FSDP2's (`_reduce_dtype`)."""
+    else FSDP2's (`MixedPrecision.as_fsdp2_reduces`)."""
     if isinstance(policy, Mapping):
         policy = _per_unit_precision(policy, model, wrap, ignored)
     if policy is None:
@@ -222,25 +222,9 @@ def _mixed_precision(policy, model: nn.Module, wrap: WrapPolicy, ignored: tuple[
             raise StepError(f"mp_policy must be fsdpc.MixedPrecision or torch.distributed.fsdp.MixedPrecisionPolicy "
                             f"(or a dict of them by wrap unit), got {type(policy).__name__}")
         policy = MixedPrecision(*(getattr(policy, name) for name in fields))
-    if policy.reduce_dtype is None and policy.param_dtype is not None and pipeline_reduce is None:
-        reduced = {p.dtype for name, p in model.named_parameters() if p.is_floating_point() and name not in ignored}
-        own = max(reduced, key=lambda dtype: dtype.itemsize) if reduced else policy.param_dtype
-        policy = dataclasses.replace(policy, reduce_dtype=_reduce_dtype(policy, own))
+    if pipeline_reduce is None:
+        policy = policy.as_fsdp2_reduces(model, ignored)
     return dataclasses.replace(policy, uncast=ignored) if ignored else policy
-
-
-# FSDP2's reduce_dtype=None: from torch 2.15 the gradients' own dtype, before it the param_dtype.
-_FSDP2_REDUCES_IN_GRAD_DTYPE = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 15)
-
-
-def _reduce_dtype(policy: MixedPrecision, own: torch.dtype) -> torch.dtype:
-    """The dtype the installed torch's FSDP2 reduces the gradients of
-    parameters of dtype `own` in under `policy`: its reduce_dtype, else the
-    parameters' own dtype (torch 2.15 on, their gradients' dtype; fp32 for
-    fp32 parameters computing in bf16), or the param_dtype before 2.15."""
-    if policy.reduce_dtype is not None:
-        return policy.reduce_dtype
-    return own if _FSDP2_REDUCES_IN_GRAD_DTYPE or policy.param_dtype is None else policy.param_dtype
 
 
 def _per_unit_precision(policies: Mapping, model: nn.Module, wrap: WrapPolicy,
@@ -268,7 +252,7 @@ def _per_unit_precision(policies: Mapping, model: nn.Module, wrap: WrapPolicy,
                         f"{', '.join(map(repr, units))} (\"\" the model; wrap= chooses them)")
     root = converted.pop("", MixedPrecision())
     own = {fqn: policy for fqn, policy in converted.items() if policy != root}
-    # Each unit with parameters it reduces does so where FSDP2 would (_reduce_dtype). fsdpc's
+    # Each unit with parameters it reduces does so where FSDP2 would (fsdp2_reduce_dtype). fsdpc's
     # reductions share one.
     names: dict[int, list[str]] = {}
     for fqn, param in model.named_parameters(remove_duplicate=False):
@@ -280,7 +264,7 @@ def _per_unit_precision(policies: Mapping, model: nn.Module, wrap: WrapPolicy,
             continue
         unit = plan.owner(fqns)
         policy = own.get(unit, root) if unit != ROOT_UNIT else root
-        dtype = _reduce_dtype(policy, model.get_parameter(fqns[0]).dtype)
+        dtype = policy.fsdp2_reduce_dtype(model.get_parameter(fqns[0]).dtype)
         reduced_in.setdefault("" if unit == ROOT_UNIT else unit, dtype)
     if len(set(reduced_in.values())) > 1:
         raise StepError("mp_policy by unit: fsdpc reduces every unit's gradients in one dtype, and these would "

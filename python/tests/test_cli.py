@@ -31,6 +31,21 @@ def test_export_builtin_prints_a_summary(tmp_path):
     assert "func.func @train_step(%batch0: tensor<4x16xf32>, %batch1: tensor<4x10xf32>)" in out.read_text()
 
 
+def test_a_param_dtype_alone_reduces_where_fsdpc_shard_would(tmp_path):
+    """`--param-dtype bf16` without `--reduce-dtype` writes the reduce dtype
+    fsdpc.shard takes for the same policy (the installed torch's FSDP2's:
+    fp32 parameters' gradients in fp32 from torch 2.15, in bf16 before), so
+    that a plan of it counts what the job moves; before 2026-11-28 the IR
+    left it out, and the compiler reduced in bf16 on every torch."""
+    from fsdpc.capture import _FSDP2_REDUCES_IN_GRAD_DTYPE
+
+    out = tmp_path / "mlp.mlir"
+    default = "f32" if _FSDP2_REDUCES_IN_GRAD_DTYPE else "bf16"
+    for given, reduced in [((), default), (("--reduce-dtype", "bf16"), "bf16")]:
+        assert main(["export", "--model", "mlp", "--param-dtype", "bf16", *given, "--out", str(out)]) == 0
+        assert f"fsdp.mixed_precision = {{param_dtype = bf16, reduce_dtype = {reduced}," in out.read_text(), given
+
+
 def test_the_commands_import_transformers_only_for_its_models():
     """Importing `transformers` costs a second (three on the GPU hosts): the
     commands pay it only when a Hugging Face model is built, and those
