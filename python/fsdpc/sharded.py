@@ -136,6 +136,17 @@ class _Absent:
 _ABSENT = _Absent()
 
 
+class _Unread:
+    """A watched read shown not to reach the steps of a mode: its value in
+    the keys of that mode's programs."""
+
+    def __repr__(self) -> str:
+        return "(not read in this mode)"
+
+
+_UNREAD = _Unread()
+
+
 def _retire(param: torch.Tensor, fqn: str) -> None:
     key = id(param)
     _RETIRED[key] = (weakref.ref(param, lambda _: _RETIRED.pop(key, None)), fqn)
@@ -530,7 +541,9 @@ class ShardedModule(nn.Module):
                          for described, read in free_variable_reads(loss_fn, model) + fast_path_reads(model)]
         if dist.get_rank() == 0:
             say_outside_assignments(loss_fn, model)
-        # Reads whose change compiled the same step: not watched (see _same_step_for_other_values).
+        # Reads whose change compiled the same step, by mode (see _same_step_for_other_values): the
+        # indices in `_watched` not watched in that mode, and every such read's name.
+        self._unread: dict[tuple, frozenset[int]] = {}
         self._unwatched: set[str] = set()
         # Per mode (train, training): the program whose CUDA graphs the last
         # call used, and that call's batch shapes.
@@ -817,30 +830,41 @@ class ShardedModule(nn.Module):
         """The current values of the watched reads, in `_watched`'s order."""
         return tuple(watched.read() for watched in self._watched)
 
+    def _in_mode(self, values: tuple, mode: tuple) -> tuple:
+        """The watched reads' `values` as the programs of `mode` (train,
+        training, the modules apart) are keyed by: `_UNREAD` for those not
+        reaching its steps."""
+        unread = self._unread.get(mode, ())
+        return tuple(_UNREAD if index in unread else value for index, value in enumerate(values))
+
     def _attributes_changed(self, values: tuple) -> str:
-        """The watched reads whose `values` differ from those first compiled
-        with, for the per-call agreement (usually nothing)."""
+        """The watched reads whose `values` (`_in_mode`) differ from those
+        first compiled with, for the per-call agreement (usually nothing)."""
         changed = [f"{watched.name}={value!r}" for watched, value in zip(self._watched, values)
-                   if value != watched.baseline]
+                   if value is not _UNREAD and value != watched.baseline]
         return f", attributes changed since compiling: {', '.join(changed)}" if changed else ""
 
     def _same_step_for_other_values(self, key: tuple, compiled: CompiledProgram) -> CompiledProgram | None:
         """Where a step compiled for changed read values is the step compiled
         for the earlier ones (the same IR), the values that differ do not
-        reach the step (a step counter that a logging helper reads, an
-        untaken branch): they are watched no more, so that a loop changing
-        them every call does not compile every call, and the earlier
-        program serves. Every rank decides alike: the same programs."""
+        reach the steps of this mode (a step counter that a logging helper
+        reads, an untaken branch, a dropout's p in eval): they are watched
+        no more in it, so that a loop changing them every call does not
+        compile every call, and the earlier program serves. Other modes
+        still watch them (p reaches the training step). Every rank decides
+        alike: the same programs."""
+        mode = key[:3]
         for other_key, other in self._programs.items():
             if other_key[:-1] != key[:-1] or len(other_key[-1]) != len(key[-1]) \
                     or other.sharded_ir != compiled.sharded_ir:
                 continue
             differing = {index for index, (now, before) in enumerate(zip(key[-1], other_key[-1])) if now != before}
             self._unwatched.update(self._watched[index].name for index in differing)
-            self._watched = [watched for index, watched in enumerate(self._watched) if index not in differing]
+            self._unread[mode] = self._unread.get(mode, frozenset()) | differing
             self._programs = {
-                held_key[:-1] + (tuple(value for index, value in enumerate(held_key[-1]) if index not in differing),):
-                program for held_key, program in self._programs.items() if len(held_key[-1]) == len(key[-1])}
+                held_key[:-1] + (self._in_mode(held_key[-1], mode),) if held_key[:3] == mode else held_key: program
+                for held_key, program in self._programs.items()
+                if held_key[:3] != mode or len(held_key[-1]) == len(key[-1])}
             return other
         return None
 
@@ -854,7 +878,8 @@ class ShardedModule(nn.Module):
         modes, values, autocast = read or (self._modes_apart(), self._attribute_values(),
                                            ambient_autocast(self.device.type))
         return (train, self.training, modes, tuple((tuple(t.shape), t.dtype) for t in batch),
-                frozen if train else (), tuple(sorted(self._overrides.items())) if train else (), autocast, values)
+                frozen if train else (), tuple(sorted(self._overrides.items())) if train else (), autocast,
+                self._in_mode(values, (train, self.training, modes)))
 
     def _program_for(self, batch: Sequence[torch.Tensor], *, train: bool, frozen: tuple[str, ...],
                      read: tuple[tuple[str, ...], tuple, torch.dtype | None] | None = None) -> CompiledProgram:
@@ -885,7 +910,7 @@ class ShardedModule(nn.Module):
         if self._programs:
             self._check_same_layout(compiled.program)
         self._make_groups(compiled.program)
-        known = {watched.name for watched in self._watched} | self._unwatched
+        known = {watched.name for watched in self._watched}
         for path, name in compiled.attribute_reads:
             if f"{path or 'the model'}.{name}" not in known:
                 read = functools.partial(read_attribute, self._original.get_submodule(path), name, _ABSENT)
@@ -1295,7 +1320,8 @@ class ShardedModule(nn.Module):
         # collective. Batch sizes may differ by rank (each padded to its own
         # longest sequence): they are agreed apart from the rest.
         rest = (f"{_frozen_text(frozen)}{_overrides_text(self._overrides) if train else ''}"
-                f"{self._attributes_changed(read[1])}{_modes_text(read[0], self.training)}"
+                f"{self._attributes_changed(self._in_mode(read[1], (train, self.training, read[0])))}"
+                f"{_modes_text(read[0], self.training)}"
                 f"{f' under torch.autocast(dtype={read[2]})' if read[2] else ''}")
         sizes_by_rank = self._agree_on_call(
             f"a call refused with: {problem}" if problem else f"{kind} step on {_describe(batch)}{rest}",

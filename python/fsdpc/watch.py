@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dis
+import enum
 import functools
 import inspect
 import os
@@ -42,24 +43,47 @@ FSDPC_MODELS_DIR = os.path.join(FSDPC_DIR, "models")  # the built-in models are 
 _PLAIN_VALUES = frozenset({bool, int, float, str, type(None)})
 # What nn.Module itself keeps in every module's __dict__ (`training` keys programs apart).
 MODULE_INTERNALS = frozenset(vars(nn.Module()))
-# A read value that the compiled step does not hold as a constant.
-UNWATCHED = object()
+class _Unwatched:
+    """A read value that the compiled step does not hold as a constant; in
+    a watched container, the same on every rank (keys are compared as text)."""
+
+    def __repr__(self) -> str:
+        return "<not watched>"
 
 
-def watched_value(value):
+UNWATCHED = _Unwatched()
+
+
+# How deep watched_value looks into tuples, lists and dicts held in each other.
+_NESTING = 4
+# Values of other kinds that key programs as they are.
+_ALSO_PLAIN = (enum.Enum, torch.dtype, torch.device)
+
+
+def watched_value(value, depth: int = 0):
     """`value` as the programs compiled with it are keyed by: a plain value
-    itself, a tuple or list of plain values as a tuple, a dict of them (a
-    loop's `HP["weight"]`) as a tuple of its items (snapshots: a list or
-    dict edited in place must compare unequal); anything else `UNWATCHED`."""
+    itself (also an enum member, a torch dtype or device, a numpy scalar as
+    its type and value); a tuple, list or dict (a loop's `HP["weight"]`) as
+    a tuple of its items' watched values (snapshots: one edited in place
+    must compare unequal), where any is watched or it is empty; anything
+    else `UNWATCHED` (also inside a container: its other items are watched)."""
     kind = type(value)
     if kind in _PLAIN_VALUES:
         return value
-    if kind in (tuple, list) and all(type(item) in _PLAIN_VALUES for item in value):
-        return tuple(value)
-    if kind is dict:
-        items = tuple((key, watched_value(item)) for key, item in value.items())
-        if all(type(key) in _PLAIN_VALUES and type(item) in (*_PLAIN_VALUES, tuple) for key, item in items):
-            return ("dict", items)
+    if kind in (tuple, list, dict):
+        if depth >= _NESTING:
+            return UNWATCHED
+        keyed = kind is dict
+        items = tuple((key, watched_value(item, depth + 1)) if keyed else watched_value(item, depth + 1)
+                      for key, item in (value.items() if keyed else enumerate(value)))
+        if items and all((item[1] if keyed else item) is UNWATCHED for item in items):
+            return UNWATCHED
+        return ("dict", items) if keyed else items
+    if isinstance(value, _ALSO_PLAIN):
+        return value
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.generic):  # np.float64(0.5): the step holds it as 0.5
+        return (kind.__name__, value.item())
     return UNWATCHED
 
 
@@ -302,7 +326,9 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
                 continue
             value = namespace[name]
             called = reached(value, described, depth)
-            if called is not None:
+            if called is not None:  # which function it holds keys the programs too (a loop may swap it)
+                yield (f"{described}'s global '{name}'", lambda name=name: namespace.get(name, _ABSENT_NAME),
+                       set(), f"{where}:{line}")
                 yield from called
             else:
                 yield (f"{described}'s global '{name}'", lambda name=name: namespace.get(name, _ABSENT_NAME),
@@ -313,6 +339,8 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
             value = cell_value(cell)
             called = reached(value, described, depth)
             if called is not None:
+                yield (f"{described}'s closure variable '{name}'", lambda cell=cell: cell_value(cell), set(),
+                       f"{where}:{reads.closure[name]}")
                 yield from called
             else:
                 yield (f"{described}'s closure variable '{name}'", lambda cell=cell: cell_value(cell),
@@ -367,12 +395,14 @@ def free_variable_reads(loss_fn: Callable, model: nn.Module) -> list[tuple[str, 
             return tuple((name, inner) for name, inner in read.items() if inner is not UNWATCHED)
         if isinstance(value, nn.Module):  # a loss module (its label smoothing): torch's code reads it
             return _module_settings(value)
+        if user_function(value) or _user_autograd_function(value):  # by name and line: the same on every host
+            return f"{value.__qualname__} at line {_first_line(value)}"
         return type(value).__name__  # not a setting; a different kind of value since is a change
 
     for described, read_now, attributes, _ in free_variables(loss_fn, model):
         value = read_now()
-        if watched_value(value) is not UNWATCHED or _holds_settings(value) \
-                or (isinstance(value, nn.Module) and id(value) not in inside):
+        if watched_value(value) is not UNWATCHED or _holds_settings(value) or user_function(value) \
+                or _user_autograd_function(value) or (isinstance(value, nn.Module) and id(value) not in inside):
             reads.setdefault(described, lambda read_now=read_now, attributes=attributes:
                              value_of(read_now(), attributes))
     return list(reads.items())
@@ -387,13 +417,20 @@ def _attribute_now(value, name: str):
         return f"<raises {type(error).__name__}>"
 
 
+def _first_line(value) -> int:
+    """Where a function (or a Function class's forward) begins."""
+    function = value if isinstance(value, types.FunctionType) else getattr(value, "forward", None)
+    return getattr(getattr(function, "__code__", None), "co_firstlineno", 0)
+
+
 def _module_settings(module: nn.Module) -> tuple:
-    """A module's plain attributes and modes, its submodules' too (a loss
-    module outside the model: `label_smoothing`, `reduction`)."""
-    return tuple((path, name, watched) for path, inner in module.named_modules()
-                 for name, value in vars(inner).items()
-                 if (name == "training" or name not in MODULE_INTERNALS)
-                 and (watched := watched_value(value)) is not UNWATCHED)
+    """A module's kind, plain attributes and modes, its submodules' too (a
+    loss module outside the model: `label_smoothing`, `reduction`; an
+    MSELoss swapped for an L1Loss)."""
+    return (type(module).__qualname__,) + tuple(
+        (path, name, watched) for path, inner in module.named_modules()
+        for name, value in vars(inner).items()
+        if (name == "training" or name not in MODULE_INTERNALS) and (watched := watched_value(value)) is not UNWATCHED)
 
 
 # The value of a global or closure variable a loss function read, once it is gone.

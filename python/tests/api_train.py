@@ -2283,6 +2283,7 @@ def scenario_attributes(args):
         close(sharded(*mine(data[0])), smoothed(reference, *mine(data[0])).detach(),
               f"the loss with label smoothing {smoothing}")
     settings_held_elsewhere()
+    read_in_training_only()
 
 
 LOSS_WEIGHTS = {"weight": 1.0}  # a loop's hyperparameters in a dict
@@ -2319,6 +2320,37 @@ def settings_held_elsewhere() -> None:
         close(sharded(*mine((x,))), 3 * plain, f"the loss after setting {index} changed from 1 to 3")
         change(1.0)
     assert model.weight == 1.0 and "weight" not in sharded.__dict__, "the model attribute was not set on the model"
+
+
+class ScaledInTraining(nn.Module):
+    """A linear layer whose output is scaled in training only (as a
+    dropout's p reaches only the training step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 1)
+        self.scale = 1.0
+
+    def forward(self, x):
+        return self.fc(x) * self.scale if self.training else self.fc(x)
+
+
+def read_in_training_only() -> None:
+    """A value only the training step reads, changed while evaluating (the
+    eval step compiled again is the same step): the training step still
+    takes its new value, as eager does (before 2026-11-28 the value was then
+    watched in no mode, and training kept the first value, silently)."""
+    torch.manual_seed(0)
+    model = ScaledInTraining()
+    x = torch.randn(GLOBAL_BATCH, 8, generator=torch.Generator().manual_seed(5))
+    sharded = fsdpc.shard(model, mine((x,)), lambda m, x: m(x).square().mean())
+    plain = sharded(*mine((x,)), train=False)
+    sharded.eval()
+    for scale in (1.0, 3.0):
+        sharded.scale = scale
+        close(sharded(*mine((x,)), train=False), plain, f"the eval loss at scale {scale}")
+    sharded.train()
+    close(sharded(*mine((x,)), train=False), 9 * plain, "the training loss after the scale changed in eval")
 
 
 def loss_with_metrics(model, tokens, targets):

@@ -3,6 +3,7 @@ whatever the code reads while it traces; the cache directory is private and
 written atomically."""
 
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -104,9 +105,10 @@ def job(setting: str, cache_dir: Path) -> dict[str, str]:
     (functions / "negation.py").write_text(NEGATION.format(scale=scale))
     (functions / "by_helper.py").write_text(FUNCTION.format(imports="\nimport negation\n", name="ReversalByHelper",
                                                             backward="negation.negated(grad)"))
-    # No bytecode: an edit within the second of the last one keeps the size, which Python's check reads.
-    env = environment(SETTING=setting, FSDPC_CACHE=str(cache_dir), FUNCTION_DIR=str(functions),
-                      PYTHONDONTWRITEBYTECODE="1")
+    # No bytecode of the last job's files: an edit within the same second keeps their size and time, which
+    # Python's check reads.
+    shutil.rmtree(functions / "__pycache__", ignore_errors=True)
+    env = environment(SETTING=setting, FSDPC_CACHE=str(cache_dir), FUNCTION_DIR=str(functions))
     done = run_ranks(2, [WORKER], env=env, port=29600 + os.getpid() % 200, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return {line.split()[0]: line.split(maxsplit=1)[1] for line in done.stdout.splitlines() if line.strip()}

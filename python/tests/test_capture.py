@@ -3,6 +3,7 @@ describes the model's parameters, buffers, units and gradients exactly."""
 
 import collections
 import copy
+import enum
 import functools
 import inspect
 import re
@@ -1277,10 +1278,12 @@ def test_what_loss_fn_reads_from_outside_itself_is_found_in_its_code():
     def reads(loss_fn):
         return {described: read() for described, read in free_variable_reads(loss_fn, nn.Linear(1, 1))}
 
-    assert reads(counted) == {"_smoothed (called by loss_fn)'s global 'SMOOTHING'": 0.1,
+    smoothed = f"_smoothed at line {_smoothed.__code__.co_firstlineno}"  # which function: a loop may swap it
+    assert reads(counted) == {"loss_fn's global '_smoothed'": smoothed,
+                              "_smoothed (called by loss_fn)'s global 'SMOOTHING'": 0.1,
                               "loss_fn's closure variable 'weights'": (("aux", 0.5),)}
     loss = _WeightedLoss()
-    assert reads(loss) == {"loss_fn's attribute 'weight'": 2.0,
+    assert reads(loss) == {"loss_fn's attribute 'weight'": 2.0, "loss_fn's global '_smoothed'": smoothed,
                            "_smoothed (called by loss_fn)'s global 'SMOOTHING'": 0.1}
     assert reads(loss.method) == {"loss_fn's attribute 'weight'": 2.0}
     assert reads(functools.partial(counted)) == reads(counted)
@@ -1362,6 +1365,57 @@ class _Masked(nn.Linear):
 
     def forward(self, x):
         return super().forward(x) * MASK if self.masked else super().forward(x)
+
+
+class _Reduction(enum.Enum):
+    MEAN = "mean"
+    SUM = "sum"
+
+
+def test_numpy_scalars_enums_dtypes_and_mixed_containers_are_watched():
+    """Values a loop changes that the step holds as constants, beyond plain
+    numbers and strings: a numpy scalar (`np.linspace(...)[step]`), an enum
+    member, a torch dtype, a dict holding one of those beside a weight, a
+    list of lists, a swapped function, a loss module swapped for another
+    kind (before 2026-11-28 each was unwatched, and the step kept the first
+    value silently)."""
+    import numpy as np
+
+    from fsdpc.watch import free_variable_reads
+
+    settings = {"weight": np.float64(0.5), "mode": _Reduction.MEAN, "dtype": torch.float32, "table": [[1, 2]],
+                "model": nn.Linear(1, 1)}
+    criterion = nn.MSELoss()
+
+    def first(y):
+        return y.sum()
+
+    def second(y):
+        return y.mean()
+
+    def loss_fn(m, x):
+        return criterion(m(x), x) * settings["weight"] if settings["mode"] is _Reduction.MEAN else m(x).sum()
+
+    reads = dict(free_variable_reads(loss_fn, nn.Linear(1, 1)))
+    read_settings, read_criterion = (reads[f"loss_fn's closure variable '{name}'"] for name in ("settings", "criterion"))
+    before = (read_settings(), read_criterion())
+    assert "weight" in repr(before[0]) and "MEAN" in repr(before[0]) and "MSELoss" in repr(before[1]), before
+    for change in [lambda: settings.update(weight=np.float64(0.25)), lambda: settings.update(mode=_Reduction.SUM),
+                   lambda: settings.update(dtype=torch.bfloat16), lambda: settings["table"][0].append(3)]:
+        now = read_settings()
+        change()
+        assert read_settings() != now, read_settings()
+    criterion = nn.L1Loss()  # loss_fn's closure reads the new one
+    assert read_criterion() != before[1]
+
+    def swapping(m, x):
+        return CHOSEN(m(x))
+
+    globals()["CHOSEN"] = first
+    (described, read), = [(d, r) for d, r in free_variable_reads(swapping, nn.Linear(1, 1)) if "CHOSEN" in d]
+    chosen = read()
+    globals()["CHOSEN"] = second
+    assert read() != chosen and "second" in read(), (chosen, read())
 
 
 def test_a_class_of_the_main_script_holds_settings_wherever_the_script_runs():
