@@ -472,6 +472,7 @@ class ShardedModule(nn.Module):
                             "looks up in place in every forward: a change of a parameter outside the optimizer step, "
                             "which the compiled step does not make; set max_norm=None and renormalize after "
                             "optimizer.step() under torch.no_grad()")
+        _refuse_module_backward_hooks(model, "")
         super().__init__()
         world = dist.get_world_size()
 
@@ -1290,6 +1291,7 @@ class ShardedModule(nn.Module):
             self._check_tree()
             self._check_ready()
             self._check_forward_hooks()
+            _refuse_module_backward_hooks(self._original, " since fsdpc.shard")
             self._check_batch(given, structure)
             self._check_ignored(named)
             if train:
@@ -1856,6 +1858,22 @@ def _gradient_dtensor(param: nn.Parameter, local: torch.Tensor) -> DTensor:
         raise StepError(f"the program returned a {local.dtype} gradient for a {param.dtype} parameter of shape "
                         f"{tuple(param.shape)}: the compiled step and this module disagree")
     return DTensor(local, param._spec, requires_grad=False)
+
+
+def _refuse_module_backward_hooks(model: nn.Module, when: str) -> None:
+    """Module backward hooks (register_full_backward_hook and its pre and
+    old forms) fire at module boundaries of eager's autograd graph, which the
+    compiled step's backward does not have: they would not run, and the
+    gradients would differ from eager's silently. Global ones (a profiler's)
+    are not the model's and are left out."""
+    hooked = [name for name, module in model.named_modules() if module._backward_hooks or module._backward_pre_hooks]
+    if hooked:
+        raise StepError(f"{_modules_named(hooked)} hooked{when} with a module backward hook "
+                        "(register_full_backward_hook, register_full_backward_pre_hook or register_backward_hook), "
+                        "which the compiled step does not "
+                        "run: its backward has no module boundaries; compute what the hook does in a custom "
+                        "torch.autograd.Function called in forward (captured with its backward), or hook a parameter "
+                        "(register_hook runs on its reduced gradient)")
 
 
 def _forward_hook_ids(modules: Iterable[nn.Module]) -> tuple:

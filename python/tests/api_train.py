@@ -608,6 +608,13 @@ def scenario_misuse(args):
         finally:
             handle.remove()
 
+    def backward_hooked(model: nn.Module, attempt):  # a module backward hook: eager's backward runs it
+        handle = model.get_submodule("blocks.1").register_full_backward_hook(lambda module, grads, outputs: grads)
+        try:
+            return attempt(model)
+        finally:
+            handle.remove()
+
     outside = torch.ones((), device=DEVICE)  # a tensor loss_fn reads that is not the model's
     first_rank_only = dist.new_group([0])
     weighted_line = inspect.currentframe().f_lineno + 1
@@ -618,6 +625,10 @@ def scenario_misuse(args):
                                                      "the call ran backward itself"),
         (lambda: hooked_since_shard(lambda: sharded(*mine(data[0]))),
          "the forward hooks on blocks.0 changed after fsdpc.shard compiled the step"),
+        (lambda: backward_hooked(model, lambda _: sharded(*mine(data[0]))),
+         "module 'blocks.1' is hooked since fsdpc.shard with a module backward hook"),
+        (lambda: backward_hooked(reference_model(), lambda hooked: fsdpc.shard(hooked, mine(data[0]), next_token_loss)),
+         "module 'blocks.1' is hooked with a module backward hook (register_full_backward_hook"),
         (lambda: model(mine(data[0])[0]), "call the sharded module it returned"),
         (lambda: fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
                              mp_policy=fsdpc.MixedPrecision(reduce_dtype=torch.bfloat16),
