@@ -102,13 +102,15 @@ def read_attribute(module: nn.Module, dotted: str, absent):
 
 def is_configuration(value) -> bool:
     """A configuration object of the kind models keep and their forwards
-    read (a dataclass instance, a Hugging Face PretrainedConfig): its reads
-    are watched like a module's own attributes."""
+    read (a dataclass instance, a Hugging Face PretrainedConfig, an argparse
+    namespace, an instance of a plain class of the user's): its reads are
+    watched like a module's own attributes."""
     kind = type(value)
     return (not isinstance(value, type) and hasattr(value, "__dict__")
-            and (hasattr(kind, "__dataclass_fields__")
+            and (hasattr(kind, "__dataclass_fields__") or isinstance(value, argparse.Namespace)
                  or any(base.__module__.startswith("transformers.") and base.__name__ in
-                        ("PretrainedConfig", "PreTrainedConfig") for base in kind.__mro__)))
+                        ("PretrainedConfig", "PreTrainedConfig") for base in kind.__mro__)
+                 or _settings_class(kind)))
 
 
 # Objects that only hold settings: all their plain attributes are watched.
@@ -118,11 +120,19 @@ _NAMESPACES = (argparse.Namespace, types.SimpleNamespace)
 def _holds_settings(value) -> bool:
     """What loss_fn's and the forwards' code may read settings off, by
     attribute: a configuration object, a namespace (`args.weight` of
-    argparse), or a class or an instance of a class of the user's
-    (`Config.weight`)."""
+    argparse), a class or an instance of a class of the user's
+    (`Config.weight`), or a module of the user's (`import config`,
+    `config.weight`)."""
     if is_configuration(value) or isinstance(value, _NAMESPACES):
         return True
-    kind = value if isinstance(value, type) else type(value)
+    if isinstance(value, types.ModuleType):
+        path = getattr(value, "__file__", None)
+        return bool(path) and user_file(path)
+    return _settings_class(value if isinstance(value, type) else type(value))
+
+
+def _settings_class(kind: type) -> bool:
+    """A class of the user's that is not a module, a Function or a tensor."""
     if issubclass(kind, (nn.Module, torch.autograd.Function, torch.Tensor)):
         return False
     if kind.__module__ == "__main__":  # the script's, also where `__main__` is not its module (cProfile, notebooks)

@@ -36,6 +36,7 @@ from fsdpc.models.gpt import GPT, GPTConfig
 from fsdpc.models.language import cross_entropy_over_tokens, next_token_loss
 from fsdpc.profiling import device_stream_intervals, peak_allocated_above_start
 from fsdpc.sharded import new_shard
+import loss_settings
 from launch import nccl_sharing_one_gpu
 
 DEVICE = torch.device("cpu")  # where the sharded side runs (--device)
@@ -2295,6 +2296,7 @@ def scenario_attributes(args):
               f"the loss with label smoothing {smoothing}")
     settings_held_elsewhere()
     read_in_training_only()
+    settings_held_by_modules_and_files()
 
 
 LOSS_WEIGHTS = {"weight": 1.0}  # a loop's hyperparameters in a dict
@@ -2331,6 +2333,51 @@ def settings_held_elsewhere() -> None:
         close(sharded(*mine((x,))), 3 * plain, f"the loss after setting {index} changed from 1 to 3")
         change(1.0)
     assert model.weight == 1.0 and "weight" not in sharded.__dict__, "the model attribute was not set on the model"
+
+
+class Options:
+    """A plain class of the user's holding settings."""
+
+    def __init__(self):
+        self.shift = 0.0
+
+
+class HeldSettings(nn.Module):
+    """A linear layer scaled and shifted by settings it holds: an argparse
+    namespace and a plain object of the user's."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 1)
+        self.args, self.options = argparse.Namespace(scale=1.0), Options()
+
+    def forward(self, x):
+        return self.fc(x) * self.args.scale + self.options.shift
+
+
+def weighted_by_module(model, x):
+    return model(x).square().mean() * loss_settings.weight
+
+
+def settings_held_by_modules_and_files() -> None:
+    """Settings a module holds in an argparse namespace or a plain object of
+    the user's (`self.args.scale`), and a module of settings the loss reads
+    (`loss_settings.weight`), changed between calls: each change compiles
+    for the new value, as eager computes with it (before 2026-11-28 none
+    was watched, and the step kept the first values, silently)."""
+    torch.manual_seed(0)
+    model = HeldSettings()
+    reference = copy.deepcopy(model)
+    x = torch.randn(GLOBAL_BATCH, 8, generator=torch.Generator().manual_seed(7))
+    sharded = fsdpc.shard(model, mine((x,)), weighted_by_module)
+    changes = [lambda held, value: setattr(held.args, "scale", value),
+               lambda held, value: setattr(held.options, "shift", value),
+               lambda held, value: setattr(loss_settings, "weight", value)]
+    for index, change in enumerate(changes):
+        for held in (model, reference):
+            change(held, 3.0)
+        close(sharded(*mine((x,)), train=False), weighted_by_module(reference, *mine((x,))).detach(),
+              f"the loss after setting {index} changed to 3")
 
 
 class ScaledInTraining(nn.Module):
