@@ -1012,7 +1012,7 @@ def _attribute_reads(model: nn.Module) -> Iterator[set[tuple[str, str]]]:
     def read(self, name):
         value = object.__getattribute__(self, name)
         if name not in MODULE_INTERNALS and id(self) in paths and watched_value(value) is not UNWATCHED \
-                and name in object.__getattribute__(self, "__dict__"):
+                and (name in object.__getattribute__(self, "__dict__") or class_setting(type(self), name)):
             reads.add((paths[id(self)], name))
         return value
 
@@ -1034,6 +1034,20 @@ def _attribute_reads(model: nn.Module) -> Iterator[set[tuple[str, str]]]:
         for kind in {type(value): None for value, _, _ in held.values()}:
             stack.enter_context(patched(kind, __getattribute__=reading(kind)))
         yield reads
+
+
+def class_setting(kind: type, name: str) -> bool:
+    """`name` is a plain value a module class below nn.Module holds
+    (`class Block(nn.Module): scale = 1.0`), which a loop may change on the
+    class or override on an instance; not a property or a dunder."""
+    if name.startswith("__"):
+        return False
+    for cls in kind.__mro__:
+        if cls is nn.Module:
+            return False
+        if name in cls.__dict__:
+            return watched_value(cls.__dict__[name]) is not UNWATCHED
+    return False
 
 
 @contextlib.contextmanager

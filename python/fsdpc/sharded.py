@@ -55,7 +55,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 from fsdpc import clip, liveness
 from fsdpc.autocast import ambient_autocast
 from fsdpc.batch_norm import partly_synced
-from fsdpc.capture import CaptureError, MixedPrecision, aux_count, batch_leaves
+from fsdpc.capture import CaptureError, MixedPrecision, aux_count, batch_leaves, class_setting
 from fsdpc.checkpoint import full_state_dict as gather_full_state_dict
 from fsdpc.device import DeviceError, collective_backend, dtensor_where_it_is, job_device, seed_generators
 from fsdpc.emit import MIXED_PRECISION_TYPES, torch_dtype
@@ -1129,12 +1129,13 @@ class ShardedModule(nn.Module):
             raise
 
     def __setattr__(self, name: str, value) -> None:
-        """A plain attribute of the model's own set on the sharded module
-        (`model.scale = 0.5` after `model = fsdpc.shard(model, ...)`) is set
-        on the model, whose forward and loss_fn read it, as on FSDP2's
+        """A plain attribute of the model's own (or of its class) set on the
+        sharded module (`model.scale = 0.5` after `model = fsdpc.shard(model,
+        ...)`) is set on the model, whose forward and loss_fn read it, as on FSDP2's
         module, which is the model itself."""
         original = self.__dict__.get("_original")
-        if original is not None and name not in self.__dict__ and name in original.__dict__ \
+        if original is not None and name not in self.__dict__ \
+                and (name in original.__dict__ or class_setting(type(original), name)) \
                 and not isinstance(value, (nn.Module, torch.Tensor)) and not hasattr(type(self), name):
             setattr(original, name, value)
             return

@@ -2344,7 +2344,9 @@ class Options:
 
 class HeldSettings(nn.Module):
     """A linear layer scaled and shifted by settings it holds: an argparse
-    namespace and a plain object of the user's."""
+    namespace, a plain object of the user's and its class's `offset`."""
+
+    offset = 0.0
 
     def __init__(self):
         super().__init__()
@@ -2352,7 +2354,7 @@ class HeldSettings(nn.Module):
         self.args, self.options = argparse.Namespace(scale=1.0), Options()
 
     def forward(self, x):
-        return self.fc(x) * self.args.scale + self.options.shift
+        return self.fc(x) * self.args.scale + self.options.shift + self.offset
 
 
 def weighted_by_module(model, x):
@@ -2361,10 +2363,12 @@ def weighted_by_module(model, x):
 
 def settings_held_by_modules_and_files() -> None:
     """Settings a module holds in an argparse namespace or a plain object of
-    the user's (`self.args.scale`), and a module of settings the loss reads
-    (`loss_settings.weight`), changed between calls: each change compiles
-    for the new value, as eager computes with it (before 2026-11-28 none
-    was watched, and the step kept the first values, silently)."""
+    the user's (`self.args.scale`), or as a class attribute (changed on the
+    class, then set on the sharded module), and a module of settings the
+    loss reads (`loss_settings.weight`), changed between calls: each change
+    compiles for the new value, as eager computes with it (before
+    2026-11-28 none but the namespace was watched, and the step kept the
+    first values, silently)."""
     torch.manual_seed(0)
     model = HeldSettings()
     reference = copy.deepcopy(model)
@@ -2372,7 +2376,9 @@ def settings_held_by_modules_and_files() -> None:
     sharded = fsdpc.shard(model, mine((x,)), weighted_by_module)
     changes = [lambda held, value: setattr(held.args, "scale", value),
                lambda held, value: setattr(held.options, "shift", value),
-               lambda held, value: setattr(loss_settings, "weight", value)]
+               lambda held, value: setattr(loss_settings, "weight", value),
+               lambda held, value: setattr(HeldSettings, "offset", value),
+               lambda held, value: setattr(sharded if held is model else held, "offset", 2 * value)]
     for index, change in enumerate(changes):
         for held in (model, reference):
             change(held, 3.0)
