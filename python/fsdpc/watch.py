@@ -216,6 +216,8 @@ def nested_codes(code: types.CodeType) -> Iterator[types.CodeType]:
 # Instructions that push a named variable, after which a LOAD_ATTR reads an attribute of it.
 _NAMED_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FAST",
                           "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_FAST_AND_CLEAR"})
+# Python 3.13's pairs of local loads (argval: both names); the second is on top, where LOAD_ATTR reads.
+_PAIRED_LOADS = frozenset({"LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW_LOAD_FAST_BORROW", "STORE_FAST_LOAD_FAST"})
 _ASSIGNMENTS = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_DEREF", "DELETE_DEREF", "STORE_ATTR",
                           "DELETE_ATTR"})
 
@@ -265,6 +267,8 @@ def _code_reads(function: types.FunctionType) -> _CodeReads:
             if opname in ("LOAD_ATTR", "LOAD_METHOD") and chain is not None:
                 attributes_of.setdefault(chain, {}).setdefault(name, line)
                 chain = f"{chain}.{name}"
+            elif opname in _PAIRED_LOADS:
+                chain = name[1]
             else:
                 chain = name if opname in _NAMED_LOADS else None
     return _CodeReads({name: at for name, at in globals_read.items() if name not in assigned},
