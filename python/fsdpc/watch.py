@@ -35,9 +35,10 @@ import torch
 from torch import nn
 
 # Where code is not the user's: torch's, and fsdpc's own outside its models.
-TORCH_DIR = os.path.dirname(torch.__file__)
-FSDPC_DIR = os.path.dirname(__file__)
-FSDPC_MODELS_DIR = os.path.join(FSDPC_DIR, "models")  # the built-in models are code like the user's
+# Folders end with the separator, so that a prefix test does not take `fsdpc_runs/` for `fsdpc/`.
+TORCH_DIR = os.path.join(os.path.dirname(torch.__file__), "")
+FSDPC_DIR = os.path.join(os.path.dirname(__file__), "")
+FSDPC_MODELS_DIR = os.path.join(FSDPC_DIR, "models", "")  # the built-in models are code like the user's
 
 # Values the compiled step holds as constants when forward reads them.
 _PLAIN_VALUES = frozenset({bool, int, float, str, type(None)})
@@ -91,10 +92,14 @@ def read_attribute(module: nn.Module, dotted: str, absent):
     """The current value of a watched read: `dotted` is an attribute of
     `module` (`scale`) or of a configuration object it holds
     (`config.use_cache`, `config.text_config.rope_theta`); `absent` where
-    any link is gone."""
+    any link is gone; a property that raises gives its error's type (as
+    `_attribute_now`), never the call's failure."""
     value = module
     for name in dotted.split("."):
-        value = getattr(value, name, absent)
+        try:
+            value = getattr(value, name, absent)
+        except Exception as error:  # a user's property may raise anything
+            return f"<raises {type(error).__name__}>"
         if value is absent:
             return absent
     return watched_value(value)
@@ -164,9 +169,9 @@ def configurations(model: nn.Module) -> dict[int, tuple[object, str, str]]:
     return found
 
 
-_STANDARD_DIR = os.path.abspath(sysconfig.get_paths()["stdlib"])
+_STANDARD_DIR = os.path.join(os.path.abspath(sysconfig.get_paths()["stdlib"]), "")
 # Installed packages, the user's own site-packages included.
-_LIBRARY_DIRS = tuple({os.path.abspath(path) for path in (
+_LIBRARY_DIRS = tuple({os.path.join(os.path.abspath(path), "") for path in (
     sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], site.getusersitepackages())})
 
 
