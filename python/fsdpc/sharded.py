@@ -873,13 +873,16 @@ class ShardedModule(nn.Module):
                    read: tuple[tuple[str, ...], tuple, torch.dtype | None] | None = None) -> tuple:
         """What picks a program: mode (and the modules in the other one),
         batch shapes, frozen parameters, the options set since fsdpc.shard,
-        the autocast the call runs under and the values of the module
-        attributes the steps read (`read`: the modes apart, the values and
-        the autocast, where the call has them already)."""
+        the autocast the call runs under, torch's default dtype (which
+        factories without a dtype make) and deterministic-algorithms switch
+        (which picks kernels), and the values of the module attributes the
+        steps read (`read`: the modes apart, the values and the autocast,
+        where the call has them already)."""
         modes, values, autocast = read or (self._modes_apart(), self._attribute_values(),
                                            ambient_autocast(self.device.type))
         return (train, self.training, modes, tuple((tuple(t.shape), t.dtype) for t in batch),
                 frozen if train else (), tuple(sorted(self._overrides.items())) if train else (), autocast,
+                (torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled()),
                 self._in_mode(values, (train, self.training, modes)))
 
     def _program_for(self, batch: Sequence[torch.Tensor], *, train: bool, frozen: tuple[str, ...],

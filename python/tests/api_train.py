@@ -2297,6 +2297,7 @@ def scenario_attributes(args):
     settings_held_elsewhere()
     read_in_training_only()
     settings_held_by_modules_and_files()
+    default_dtype_changed()
 
 
 LOSS_WEIGHTS = {"weight": 1.0}  # a loop's hyperparameters in a dict
@@ -2384,6 +2385,26 @@ def settings_held_by_modules_and_files() -> None:
             change(held, 3.0)
         close(sharded(*mine((x,)), train=False), weighted_by_module(reference, *mine((x,))).detach(),
               f"the loss after setting {index} changed to 3")
+
+
+def default_dtype_changed() -> None:
+    """torch.set_default_dtype between calls: the step's factories without a
+    dtype (`torch.ones(1)`) make the new default's, as in eager (before
+    2026-11-28 the step kept the first default, silently)."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    x = torch.randn(GLOBAL_BATCH, 8, generator=torch.Generator().manual_seed(9))
+
+    def shifted(m, x):
+        return (m(x) + torch.ones(1, device=x.device)).square().mean()
+
+    reference = copy.deepcopy(model)
+    sharded = fsdpc.shard(model, mine((x,)), shifted)
+    for default in (torch.float64, torch.float32):
+        torch.set_default_dtype(default)
+        loss, expected = sharded(*mine((x,)), train=False), shifted(reference, *mine((x,))).detach()
+        assert loss.dtype == expected.dtype == default, (loss.dtype, expected.dtype, default)
+        close(loss, expected, f"the loss with default dtype {default}")
 
 
 class ScaledInTraining(nn.Module):
