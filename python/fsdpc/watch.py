@@ -282,6 +282,14 @@ def _code_reads(function: types.FunctionType) -> _CodeReads:
                        for of, read in attributes_of.items()}, assigns)
 
 
+def _users_method(kind: type, name: str) -> types.FunctionType | None:
+    """The function of the user's behind `kind`'s method, static or class
+    method, or property `name`; None for anything else."""
+    held = inspect.getattr_static(kind, name, None)
+    function = held.fget if isinstance(held, property) else getattr(held, "__func__", held)
+    return function if user_function(function) else None
+
+
 def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] | None = None
                    ) -> Iterator[tuple[str, Callable[[], object], set[str], str]]:
     """What the loss function and the forwards of the model's own module
@@ -296,9 +304,11 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
     added to `assignments`, said as "file:line: who assigns what"."""
     seen: set[int] = set()
 
-    def visit(function, described: str, depth: int, on_context: bool = False):
+    def visit(function, described: str, depth: int, on_context: bool = False, cls: type | None = None):
         """`on_context`: a custom Function's forward or backward, whose first
-        argument is its `ctx` (what it sets there is its own, for backward)."""
+        argument is its `ctx` (what it sets there is its own, for backward).
+        `cls`: the class whose method an unbound `function` is (a module
+        class's forward), for the helper methods it calls on `self`."""
         if id(function) in seen or depth > 3:
             return
         seen.add(id(function))
@@ -339,6 +349,13 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
                 if name in getattr(owner, "__dict__", ()):
                     yield (f"{described}'s attribute '{name}'", lambda name=name: getattr(owner, name, _ABSENT_NAME),
                            set(reads.attributes_of.get(f"{itself}.{name}", ())), f"{where}:{line}")
+        kind = type(owner) if owner is not None else cls
+        if kind is not None and code.co_argcount and not on_context:  # `self._attend(x)`, `self.scale_now`
+            for name in sorted(reads.attributes_of.get(code.co_varnames[0], {})):
+                method = _users_method(kind, name)
+                if method is not None:
+                    yield from visit(method if owner is None else types.MethodType(method, owner),
+                                     f"{kind.__name__}.{name} (called by {described})", depth + 1, cls=kind)
         namespace = function.__globals__
         for name, line in reads.globals.items():
             if name not in namespace:  # a builtin
@@ -380,7 +397,7 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
 
     yield from visit(loss_fn, "loss_fn", 0)
     for kind in dict.fromkeys(type(module) for module in model.modules()):
-        yield from visit(getattr(kind, "forward", None), f"{kind.__name__}.forward", 0)
+        yield from visit(getattr(kind, "forward", None), f"{kind.__name__}.forward", 0, cls=kind)
     # A Function the model holds (`self.fn = MyFunction`, or as a class
     # attribute) is called as `self.fn.apply(...)`, which the code does not name.
     for module in model.modules():

@@ -1358,6 +1358,28 @@ class _Gated(nn.Linear):
         return super().forward(x) * GATE
 
 
+class _Helped(nn.Linear):
+    """A forward that reads its globals in a helper method, a static method
+    and a property."""
+
+    def forward(self, x):
+        return self._gated(super().forward(x)) + self._shift(x) * self.scale
+
+    def _gated(self, y):
+        return y * GATE
+
+    @staticmethod
+    def _shift(x):
+        return x.sum() * SHIFT
+
+    @property
+    def scale(self):
+        return SCALE
+
+
+SHIFT, SCALE = 0.0, 1.0
+
+
 class _Masked(nn.Linear):
     def __init__(self, *args, masked: bool = True):
         super().__init__(*args)
@@ -1448,6 +1470,19 @@ def test_what_a_modules_forward_reads_from_outside_itself_is_watched_or_named():
                                            r"whose forward reads it"):
         _captured(_Masked(4, 3), summed)
     _captured(_Masked(4, 3, masked=False), summed)
+
+
+def test_what_a_forwards_helper_methods_read_is_watched():
+    """Globals a forward reads through `self._gated(...)`, a static method
+    and a property of its class are watched as its own (before 2026-11-28
+    only the forward's own code was read, and they kept their first
+    values silently)."""
+    from fsdpc.watch import free_variable_reads
+
+    reads = dict(free_variable_reads(lambda m, x: m(x).sum(), _Helped(1, 1)))
+    assert {"_Helped._gated (called by _Helped.forward)'s global 'GATE'",
+            "_Helped._shift (called by _Helped.forward)'s global 'SHIFT'",
+            "_Helped.scale (called by _Helped.forward)'s global 'SCALE'"} <= set(reads), sorted(reads)
 
 
 def test_a_loss_module_outside_the_model_is_watched_or_named():
