@@ -398,6 +398,10 @@ def free_variables(loss_fn: Callable, model: nn.Module, assignments: list[str] |
     yield from visit(loss_fn, "loss_fn", 0)
     for kind in dict.fromkeys(type(module) for module in model.modules()):
         yield from visit(getattr(kind, "forward", None), f"{kind.__name__}.forward", 0, cls=kind)
+    # Forward hooks registered before fsdpc.shard are traced into the step: what they read is the step's too.
+    for path, module in model.named_modules():
+        for hook in (*module._forward_pre_hooks.values(), *module._forward_hooks.values()):
+            yield from visit(hook, f"a forward hook of {path or 'the model'}", 0)
     # A Function the model holds (`self.fn = MyFunction`, or as a class
     # attribute) is called as `self.fn.apply(...)`, which the code does not name.
     for module in model.modules():

@@ -1485,6 +1485,18 @@ def test_what_a_forwards_helper_methods_read_is_watched():
             "_Helped.scale (called by _Helped.forward)'s global 'SCALE'"} <= set(reads), sorted(reads)
 
 
+def test_what_a_forward_hook_reads_is_watched():
+    """A forward hook registered before fsdpc.shard is traced into the step,
+    so the globals it reads key the programs too (before 2026-11-28 they
+    kept their first values silently)."""
+    from fsdpc.watch import free_variable_reads
+
+    model = nn.Sequential(nn.Linear(1, 1))
+    model[0].register_forward_hook(lambda module, inputs, output: output * GATE)
+    reads = dict(free_variable_reads(lambda m, x: m(x).sum(), model))
+    assert reads["a forward hook of 0's global 'GATE'"]() == GATE, sorted(reads)
+
+
 def test_a_loss_module_outside_the_model_is_watched_or_named():
     """A loss module in a global, closure or partial (nn.CrossEntropyLoss):
     its settings key the programs (torch's code reads them), and one holding
