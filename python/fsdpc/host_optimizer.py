@@ -14,8 +14,9 @@ The thread steps a twin of the user's optimizer: the same class, defaults
 and state dictionary (an optimizer's own pickling path builds it), with the
 unit's parameters in groups whose hyperparameters were copied when `step()`
 was called, so an LR scheduler stepped right after changes the next step, as
-without overlap. `optimizer.zero_grad()` clears the device's gradients at
-once and an offloaded unit's once its update is done.
+without overlap. `optimizer.zero_grad()` (and the sharded module's
+`zero_grad()`, which Hugging Face's Trainer calls) clears the device's
+gradients at once and an offloaded unit's once its update is done.
 
 What waits for the thread: the next call of the sharded module (each unit
 at its gather, every unit before the call returns), `optimizer.step`,
@@ -204,13 +205,24 @@ class HostOptimizer:
             return
         with self._device_params_only():
             self._user_zero_grad(set_to_none)
+        pending = self._clear_when_stepped(set_to_none)
+        _clear([p for task in self._tasks for p in task.params if id(p) not in pending], set_to_none)
+
+    def zero_grad_of(self, params: Sequence[nn.Parameter], set_to_none: bool) -> None:
+        """`params`' gradients cleared (the sharded module's zero_grad, which
+        Hugging Face's Trainer calls) as `zero_grad` clears the optimizer's:
+        a unit the thread has yet to step keeps its gradients until it has."""
+        pending = self._clear_when_stepped(set_to_none) if self._thread is not None else set()
+        _clear([p for p in params if id(p) not in pending], set_to_none)
+
+    def _clear_when_stepped(self, set_to_none: bool) -> set[int]:
+        """Has each unit the thread has yet to step clear its gradients once
+        stepped; their parameters' ids."""
         with self._lock:
-            done = [task for task in self._tasks if task.stepped]
-            for task in self._tasks:
-                if not task.stepped:
-                    task.clear = set_to_none
-        for task in done:
-            _clear(task.params, set_to_none)
+            pending = [task for task in self._tasks if not task.stepped]
+            for task in pending:
+                task.clear = set_to_none
+        return {id(p) for task in pending for p in task.params}
 
     @contextlib.contextmanager
     def _device_params_only(self) -> Iterator[None]:

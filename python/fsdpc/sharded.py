@@ -1063,6 +1063,15 @@ class ShardedModule(nn.Module):
     def sharded_ir(self) -> str:
         return self._programs_any().sharded_ir
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """nn.Module's, but under overlap_host_optimizer an offloaded unit the
+        host thread has yet to step keeps its gradients until it has (cleared
+        before, it would step without them, or keep them for the next call)."""
+        if self._host_optimizer is None:
+            super().zero_grad(set_to_none)
+        else:
+            self._host_optimizer.zero_grad_of(list(self.parameters()), set_to_none)
+
     def overlap_host_optimizer(self, optimizer: torch.optim.Optimizer, *, in_backward: bool = False) -> None:
         """Runs `optimizer`'s steps of offloaded units on a host thread, beside
         the next call's forward: `optimizer.step()` steps the device's

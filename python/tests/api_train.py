@@ -1765,7 +1765,8 @@ def check_host_optimizer_in_backward(data, pin):
     unit): equal to eager with two parameter groups, an LR scheduler and an
     eval call between steps; what the contract forbids is refused (clipping,
     a second training call before step(), a hyperparameter changed between
-    the call and step()); a failed host step raises at its unit's gather."""
+    the call and step()); the module's zero_grad leaves a unit's gradients
+    until it has stepped; a failed host step raises at its unit's gather."""
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
@@ -1812,11 +1813,11 @@ def check_host_optimizer_in_backward(data, pin):
     partial.overlap_host_optimizer(optimizer, in_backward=True)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
     partial_losses = []
-    for batch in data:
+    for batch in data:  # as Hugging Face's Trainer: the module's zero_grad, after the scheduler's step
         partial_losses.append(mean_over_ranks(partial(*mine(batch))))
         optimizer.step()
-        optimizer.zero_grad(set_to_none=False)
         scheduler.step()
+        partial.zero_grad()
     close(torch.tensor(partial_losses), torch.tensor(expected), "losses, host optimizer in backward, blocks.1 only")
     full = partial.full_state_dict()
     for name, value in reference.state_dict().items():
