@@ -1309,6 +1309,7 @@ class ShardedModule(nn.Module):
             self._check_ignored(named)
             if train:
                 self._check_gradient_hooks(named, self._gradient_sync if sync is None else sync)
+                self._check_accumulated_trainable(named)
             if train and self._host_optimizer is not None and self._host_optimizer.in_backward:
                 self._host_optimizer.check_training_call()
             problem = None
@@ -1432,6 +1433,19 @@ class ShardedModule(nn.Module):
             for hook in list((param._post_accumulate_grad_hooks or {}).values()):
                 hook(param)
         return _returned(compiled.aux, out, trained=True)
+
+    def _check_accumulated_trainable(self, named: dict[str, nn.Parameter]) -> None:
+        """A parameter frozen since an accumulating call gathered a gradient
+        for it: a training call's step neither reduces nor returns gradients
+        of frozen parameters, so what accumulated would be lost, where eager
+        keeps it in .grad for the optimizer."""
+        frozen = sorted(fqn for fqn in self._accumulated if not named[fqn].requires_grad)
+        if frozen:
+            many = len(frozen) > 1
+            raise StepError(f"parameter{'s' if many else ''} {_listed(frozen, 3)} {'were' if many else 'was'} frozen "
+                            "(requires_grad False) after accumulating calls gathered gradients for "
+                            f"{'them' if many else 'it'}, which training calls would drop (eager keeps them in "
+                            ".grad): freeze before the first accumulating call or after the synchronizing one")
 
     def _check_gradient_hooks(self, named: dict[str, nn.Parameter], sync: bool) -> None:
         """Gradient hooks on the parameters (`register_hook`,

@@ -550,6 +550,16 @@ def scenario_accumulate(args):
         optimizer.zero_grad()
         expected.append(total)
     close(torch.tensor(losses), torch.tensor(expected), "accumulated losses")
+    # A parameter frozen after an accumulating call gathered its gradient: the next training call would drop
+    # it (eager keeps it in .grad), so the call is refused, naming it; unfrozen, training goes on.
+    rows = tuple(t[:local] for t in mine(data[0]))
+    with sharded.no_sync():
+        sharded(*rows)
+    name, param = next(iter(sharded.named_parameters()))
+    param.requires_grad_(False)
+    expect_error(lambda: sharded(*rows), f"parameter '{name}' was frozen \\(requires_grad False\\) after accumulating")
+    param.requires_grad_(True)
+    sharded(*rows)
 
 
 def scenario_shapes(args):
