@@ -129,6 +129,7 @@ class HostOptimizer:
     # -- the user's optimizer ----------------------------------------------
 
     def step(self, closure: Callable | None):
+        self._refuse_step_hooks()
         if closure is not None:
             raise StepError("optimizer.step(closure) evaluates the loss again, which a host optimizer that runs "
                             "beside the next step cannot: call step() without a closure")
@@ -155,8 +156,20 @@ class HostOptimizer:
         self._thread.start()
         return result
 
+    def _refuse_step_hooks(self) -> None:
+        """The optimizer's own step hooks would see the device's parameters
+        only, while the thread steps the offloaded units' apart (under FSDP2
+        they see every parameter)."""
+        if getattr(self.optimizer, "_optimizer_step_pre_hooks", None) \
+                or getattr(self.optimizer, "_optimizer_step_post_hooks", None):
+            raise StepError("the optimizer has step hooks (register_step_pre_hook or register_step_post_hook), which "
+                            "would see only the parameters on the device while the host thread steps the offloaded "
+                            "units' apart: remove them, or step without overlap_host_optimizer")
+
     def check_training_call(self) -> None:
-        """In backward: the last training call's step must have been taken."""
+        """In backward: the optimizer has no step hooks, and the last
+        training call's step must have been taken."""
+        self._refuse_step_hooks()
         if self._uncommitted is not None:
             raise StepError("the host optimizer steps offloaded units in backward, so every training call must be "
                             "followed by optimizer.step() before the next one (gradient accumulation: "

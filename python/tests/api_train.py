@@ -1723,6 +1723,9 @@ def check_overlapped_host_optimizer(data, pin, save):
                                        overlap=True)
     check_freed_when_dropped(data, overlap=True, offload_policy=CPUOffloadPolicy(pin_memory=pin))
     expect_error(lambda: optimizer.step(lambda: 0.0), r"step\(\) without a closure")
+    hooked = optimizer.register_step_post_hook(lambda *_: None)  # it would see the device's parameters only
+    expect_error(optimizer.step, "the optimizer has step hooks")
+    hooked.remove()
     expect_error(lambda: sharded.overlap_host_optimizer(optimizer), "already overlaps")
     if save:  # a checkpoint taken while the host thread steps waits for it
         sharded(*mine(data[0]))
@@ -1814,6 +1817,9 @@ def check_host_optimizer_in_backward(data, pin):
     full = sharded.full_state_dict()
     for name, value in reference.state_dict().items():
         close(full[name], value, f"{name}, host optimizer in backward", atol=5e-6)
+    hooked = optimizer.register_step_pre_hook(lambda *_: None)  # refused at the call, before units step
+    expect_error(lambda: sharded(*mine(data[0])), "the optimizer has step hooks")
+    hooked.remove()
 
     # Units left on the device beside offloaded ones, equal to eager: the user's step swaps its state to local
     # tensors while the host thread steps blocks.1 (each host task holds the state dictionary itself; the race
