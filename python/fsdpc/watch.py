@@ -44,6 +44,8 @@ FSDPC_MODELS_DIR = os.path.join(FSDPC_DIR, "models", "")  # the built-in models 
 _PLAIN_VALUES = frozenset({bool, int, float, str, type(None)})
 # What nn.Module itself keeps in every module's __dict__ (`training` keys programs apart).
 MODULE_INTERNALS = frozenset(vars(nn.Module()))
+
+
 class _Unwatched:
     """A read value that the compiled step does not hold as a constant; in
     a watched container, the same on every rank (keys are compared as text)."""
