@@ -65,6 +65,7 @@ from fsdpc.watch import user_file
 _FORMAT = "fsdpc call trace 2"
 _PLAIN = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis), torch.dtype, torch.device,
           torch.layout, torch.memory_format, torch.Size)
+_PLAIN_NAMES = frozenset(kind.__name__ for kind in _PLAIN)  # as `_shown` reads descriptions
 
 
 class _Incomplete(Exception):
@@ -129,7 +130,7 @@ def _shown(described) -> str:
     """A recorded argument or result (`_CallRecorder.describe`, `results`) as code would write it."""
     if isinstance(described, str):  # "float 1.0" -> "1.0"; tensors by origin ("%3", "parameter w")
         kind, _, value = described.partition(" ")
-        return value if kind in {t.__name__ for t in _PLAIN} else described
+        return value if kind in _PLAIN_NAMES else described
     if isinstance(described, tuple) and len(described) == 2 and described[0] in ("tuple", "list") \
             and isinstance(described[1], tuple):
         items = ", ".join(map(_shown, described[1]))

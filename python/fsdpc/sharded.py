@@ -66,7 +66,7 @@ from fsdpc.runtime import (NO_SYNC_STEP, STEP, CompiledProgram, StepError, compi
                            pipeline_options)
 from fsdpc.units import ROOT_UNIT, WrapPolicy, plan_units
 from fsdpc.transformer import fast_path_reads
-from fsdpc.watch import free_variable_reads, read_attribute, say_outside_assignments, user_stacklevel
+from fsdpc.watch import Marker, free_variable_reads, read_attribute, say_outside_assignments, user_stacklevel
 from fsdpc.watchdog import DUMPS_OFF_BEFORE_FIRST_GROUP, WATCHDOG, interrupt
 
 # Parameters of models handed to `shard`, by object: an optimizer that still
@@ -126,25 +126,10 @@ FSDP2_METHODS_INSTEAD = {
 }
 
 
-class _Absent:
-    """A read module attribute deleted since: its value in a program's key."""
-
-    def __repr__(self) -> str:
-        return "(deleted)"
-
-
-_ABSENT = _Absent()
-
-
-class _Unread:
-    """A watched read shown not to reach the steps of a mode: its value in
-    the keys of that mode's programs."""
-
-    def __repr__(self) -> str:
-        return "(not read in this mode)"
-
-
-_UNREAD = _Unread()
+# In a program's key: a read module attribute deleted since; a watched read
+# shown not to reach the steps of a mode, in the keys of that mode's programs.
+_ABSENT = Marker("(deleted)")
+_UNREAD = Marker("(not read in this mode)")
 
 
 def _retire(param: torch.Tensor, fqn: str) -> None:
@@ -472,7 +457,7 @@ class ShardedModule(nn.Module):
                             "looks up in place in every forward: a change of a parameter outside the optimizer step, "
                             "which the compiled step does not make; set max_norm=None and renormalize after "
                             "optimizer.step() under torch.no_grad()")
-        _refuse_module_backward_hooks(model, "")
+        _refuse_module_backward_hooks(dict(model.named_modules()), "")
         super().__init__()
         world = dist.get_world_size()
 
@@ -1304,7 +1289,7 @@ class ShardedModule(nn.Module):
             self._check_tree()
             self._check_ready()
             self._check_forward_hooks()
-            _refuse_module_backward_hooks(self._original, " since fsdpc.shard")
+            _refuse_module_backward_hooks(self._hooked_modules, " since fsdpc.shard")
             self._check_batch(given, structure)
             self._check_ignored(named)
             if train:
@@ -1887,13 +1872,13 @@ def _gradient_dtensor(param: nn.Parameter, local: torch.Tensor) -> DTensor:
     return DTensor(local, param._spec, requires_grad=False)
 
 
-def _refuse_module_backward_hooks(model: nn.Module, when: str) -> None:
+def _refuse_module_backward_hooks(modules: Mapping[str, nn.Module], when: str) -> None:
     """Module backward hooks (register_full_backward_hook and its pre and
     old forms) fire at module boundaries of eager's autograd graph, which the
     compiled step's backward does not have: they would not run, and the
     gradients would differ from eager's silently. Global ones (a profiler's)
     are not the model's and are left out."""
-    hooked = [name for name, module in model.named_modules() if module._backward_hooks or module._backward_pre_hooks]
+    hooked = [name for name, module in modules.items() if module._backward_hooks or module._backward_pre_hooks]
     if hooked:
         raise StepError(f"{_modules_named(hooked)} hooked{when} with a module backward hook "
                         "(register_full_backward_hook, register_full_backward_pre_hook or register_backward_hook), "

@@ -46,15 +46,20 @@ _PLAIN_VALUES = frozenset({bool, int, float, str, type(None)})
 MODULE_INTERNALS = frozenset(vars(nn.Module()))
 
 
-class _Unwatched:
-    """A read value that the compiled step does not hold as a constant; in
-    a watched container, the same on every rank (keys are compared as text)."""
+class Marker:
+    """A value standing for something that is not a value in programs'
+    keys, equal only to itself and printed the same on every rank (keys
+    are compared across ranks as text)."""
+
+    def __init__(self, text: str):
+        self._text = text
 
     def __repr__(self) -> str:
-        return "<not watched>"
+        return self._text
 
 
-UNWATCHED = _Unwatched()
+# A read value that the compiled step does not hold as a constant.
+UNWATCHED = Marker("<not watched>")
 
 
 # How deep watched_value looks into tuples, lists and dicts held in each other.
