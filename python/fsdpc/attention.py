@@ -11,7 +11,9 @@ told otherwise): cuDNN, flash or memory-efficient attention. The
 operator's own meta kernel gives the shapes, autograd its backward
 operator, and both reach the IR whole. No GPU is needed to capture: the
 choice restates the rules of PyTorch's CUDA dispatcher (`sdp_utils.cpp`,
-torch 2.11 to 2.15).
+torch 2.11 to 2.15), its backend switches and priority order included
+(`torch.nn.attention.sdpa_kernel`, `torch.backends.cuda.enable_*_sdp`), as
+they stand when the call is captured.
 
 Keys and values repeated to the query's heads before the call
 (`k.repeat_interleave(q_heads // kv_heads, dim=1)`, grouped-query
@@ -98,11 +100,63 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _GRID_LIMIT = 65535  # batch and heads of one launch
 
 
+class NoAttentionKernel(RuntimeError):
+    """No kernel the backend switches leave on takes the call: eager PyTorch
+    raises "No available kernel" there too."""
+
+
+# torch's backend numbers (`torch.nn.attention.SDPBackend`) in its priority order.
+_BACKEND_KERNELS = {0: AttentionKernel.MATH, 1: AttentionKernel.FLASH, 2: AttentionKernel.EFFICIENT,
+                    3: AttentionKernel.CUDNN}
+_DEFAULT_PRIORITY = (1, 2, 0, 3, 4)
+_CUDNN_FIRST = (AttentionKernel.CUDNN, AttentionKernel.FLASH, AttentionKernel.EFFICIENT, AttentionKernel.MATH)
+
+
+def backend_switches() -> tuple:
+    """What of torch's global state picks attention kernels besides the
+    call: the four backend switches (`torch.backends.cuda.enable_*_sdp`,
+    which `torch.nn.attention.sdpa_kernel` sets; the flash one also rules
+    the CPU's kernel) and the priority order (`sdpa_kernel(...,
+    set_priority=True)`). A program compiled under other switches holds
+    other kernels."""
+    backends = torch.backends.cuda
+    return (backends.flash_sdp_enabled(), backends.mem_efficient_sdp_enabled(), backends.math_sdp_enabled(),
+            backends.cudnn_sdp_enabled(), tuple(torch._C._get_sdp_priority_order()))
+
+
+def _switched_on(kernel: AttentionKernel) -> bool:
+    backends = torch.backends.cuda
+    return {AttentionKernel.CUDNN: backends.cudnn_sdp_enabled, AttentionKernel.FLASH: backends.flash_sdp_enabled,
+            AttentionKernel.CPU_FLASH: backends.flash_sdp_enabled,
+            AttentionKernel.EFFICIENT: backends.mem_efficient_sdp_enabled,
+            AttentionKernel.MATH: backends.math_sdp_enabled}[kernel]()
+
+
+def _cuda_order(target: CudaTarget) -> tuple[AttentionKernel, ...]:
+    """The order eager tries kernels in: torch's priority order, which its
+    first CUDA call replaces by cuDNN's first where cuDNN is preferred (an
+    order the user set is kept)."""
+    priority = tuple(torch._C._get_sdp_priority_order())
+    if priority == _DEFAULT_PRIORITY and target.prefers_cudnn():
+        return _CUDNN_FIRST
+    return tuple(_BACKEND_KERNELS[backend] for backend in priority if backend in _BACKEND_KERNELS)
+
+
+def _no_kernel(device: str, fits: dict[AttentionKernel, bool]) -> NoAttentionKernel:
+    switched_off = [kernel.value for kernel in fits if not _switched_on(kernel)]
+    unfit = [kernel.value for kernel, fit in fits.items() if _switched_on(kernel) and not fit]
+    return NoAttentionKernel(
+        f"scaled_dot_product_attention: no available kernel for this call on the {device} target, as in eager "
+        f"PyTorch (switched off: {', '.join(switched_off) or 'none'}; on, but not taking these inputs: "
+        f"{', '.join(unfit) or 'none'}); switch math attention back on (torch.backends.cuda.enable_math_sdp(True) "
+        f"or sdpa_kernel's list) or change the call")
+
+
 def cuda_attention_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                           attn_mask: torch.Tensor | None, is_causal: bool, enable_gqa: bool,
                           target: CudaTarget = CudaTarget()) -> AttentionKernel:
-    """The kernel eager PyTorch picks on `target` for dense 4-D inputs, in
-    its order: cuDNN (where preferred), flash, memory-efficient, math,
+    """The kernel eager PyTorch picks on `target` for dense 4-D inputs: the
+    first, in its priority order, that is switched on and takes the call,
     with the limits of the cuDNN that torch loads (`target.cudnn()`)."""
     dense = all(t.dim() == 4 and not t.is_nested and t.stride(-1) == 1 for t in (query, key, value))
     same_dtype = query.dtype == key.dtype == value.dtype
@@ -110,25 +164,32 @@ def cuda_attention_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.T
     seq_k, value_dim = key.shape[2], value.shape[-1]
     same_heads = heads == key.shape[1] == value.shape[1]
     grouped = enable_gqa and key.shape[1] == value.shape[1] and heads % key.shape[1] == 0
-    if not dense or not same_dtype or not (same_heads or grouped) or seq_q == 0 or seq_k == 0:
-        return AttentionKernel.MATH
+    fused = dense and same_dtype and (same_heads or grouped) and seq_q > 0 and seq_k > 0
     low_precision = query.dtype in _LOW_PRECISION
-    cudnn = (target.prefers_cudnn() and low_precision and not torch.are_deterministic_algorithms_enabled()
-             and head_dim == key.shape[-1] == value_dim and head_dim % 8 == 0
-             and head_dim <= target.cudnn_head_dim_limit()
-             and seq_k != 1 and batch <= _GRID_LIMIT and heads <= _GRID_LIMIT
-             and (attn_mask is None or (attn_mask.dim() in (2, 4) and not attn_mask.requires_grad)))
-    if cudnn:
-        return AttentionKernel.CUDNN
-    flash = (low_precision and attn_mask is None and head_dim == key.shape[-1] == value_dim and head_dim <= 256
-             and (not is_causal or seq_q == seq_k) and batch <= _GRID_LIMIT and heads <= _GRID_LIMIT)
-    if flash:
-        return AttentionKernel.FLASH
+    deterministic = torch.are_deterministic_algorithms_enabled() and \
+        not torch.is_deterministic_algorithms_warn_only_enabled()
     alignment = 4 if query.dtype == torch.float32 else 8
-    efficient = (query.dtype in (*_LOW_PRECISION, torch.float32) and same_heads and head_dim == key.shape[-1]
-                 and head_dim % alignment == 0 and value_dim % alignment == 0
-                 and (attn_mask is None or attn_mask.stride(-1) == 1))
-    return AttentionKernel.EFFICIENT if efficient else AttentionKernel.MATH
+    fits = {
+        AttentionKernel.CUDNN: (
+            fused and low_precision and not deterministic and target.capability >= (8, 0)
+            and target.cudnn() >= 90000 and head_dim == key.shape[-1] == value_dim and head_dim % 8 == 0
+            and head_dim <= target.cudnn_head_dim_limit() and seq_k != 1 and batch <= _GRID_LIMIT
+            and heads <= _GRID_LIMIT and (attn_mask is None or (attn_mask.dim() in (2, 4)
+                                                                and not attn_mask.requires_grad))),
+        AttentionKernel.FLASH: (
+            fused and low_precision and attn_mask is None and head_dim == key.shape[-1] == value_dim
+            and head_dim <= 256 and (not is_causal or seq_q == seq_k) and batch <= _GRID_LIMIT
+            and heads <= _GRID_LIMIT),
+        AttentionKernel.EFFICIENT: (
+            fused and query.dtype in (*_LOW_PRECISION, torch.float32) and same_heads and head_dim == key.shape[-1]
+            and head_dim % alignment == 0 and value_dim % alignment == 0
+            and (attn_mask is None or attn_mask.stride(-1) == 1)),
+        AttentionKernel.MATH: True,
+    }
+    for kernel in _cuda_order(target):
+        if _switched_on(kernel) and fits[kernel]:
+            return kernel
+    raise _no_kernel("cuda", fits)
 
 
 _CPU_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -141,27 +202,34 @@ def cpu_attention_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     heads (or grouped ones, with `enable_gqa`) and head widths, no dropout
     and a mask of (batch or 1, heads or 1, queries or 1, keys or 1) that
     takes no gradient, while `torch.backends.cuda.enable_flash_sdp` (one
-    switch for both devices) is on; else math. (Newer torch also takes
-    flash for 3-D inputs; capture takes math there, as torch 2.11 does.)"""
+    switch for both devices) is on; else math, while its switch is on.
+    (Newer torch also takes flash for 3-D inputs; capture takes math there,
+    as torch 2.11 does.)"""
+    fits = {AttentionKernel.CPU_FLASH: _cpu_flash_fits(query, key, value, attn_mask, dropout_p, enable_gqa),
+            AttentionKernel.MATH: True}
+    for kernel, fit in fits.items():
+        if _switched_on(kernel) and fit:
+            return kernel
+    raise _no_kernel("cpu", fits)
+
+
+def _cpu_flash_fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attn_mask: torch.Tensor | None, dropout_p: float, enable_gqa: bool) -> bool:
     tensors = (query, key, value)
-    if not (torch.backends.cuda.flash_sdp_enabled() and dropout_p == 0.0
-            and all(t.dim() == 4 and not t.is_nested and t.stride(-1) == 1 for t in tensors)
+    if not (dropout_p == 0.0 and all(t.dim() == 4 and not t.is_nested and t.stride(-1) == 1 for t in tensors)
             and query.dtype == key.dtype == value.dtype and query.dtype in _CPU_FLASH_DTYPES):
-        return AttentionKernel.MATH
+        return False
     batch, heads, seq_q, head_dim = query.shape
     kv_heads = key.shape[1]
     heads_fit = heads == kv_heads if not enable_gqa else heads % kv_heads == 0
     if not (batch == key.shape[0] == value.shape[0] and kv_heads == value.shape[1] and heads_fit
             and head_dim == key.shape[-1] == value.shape[-1] and seq_q > 0 and key.shape[2] > 0):
-        return AttentionKernel.MATH
-    if attn_mask is not None:
-        shape, seq_k = attn_mask.shape, key.shape[2]
-        fits = (not attn_mask.requires_grad and attn_mask.dim() in (2, 4) and shape[-2] in (seq_q, 1)
-                and shape[-1] in (seq_k, 1)
-                and (attn_mask.dim() == 2 or (shape[0] in (batch, 1) and shape[1] in (heads, 1))))
-        if not fits:
-            return AttentionKernel.MATH
-    return AttentionKernel.CPU_FLASH
+        return False
+    if attn_mask is None:
+        return True
+    shape, seq_k = attn_mask.shape, key.shape[2]
+    return (not attn_mask.requires_grad and attn_mask.dim() in (2, 4) and shape[-2] in (seq_q, 1)
+            and shape[-1] in (seq_k, 1) and (attn_mask.dim() == 2 or (shape[0] in (batch, 1) and shape[1] in (heads, 1))))
 
 
 def draws_random(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
@@ -316,7 +384,10 @@ class FusedAttentionFor(TorchFunctionMode):
         (k_heads, repeats), (v_heads, _) = key, value
         if q.shape[1] != k_heads.shape[1] * repeats or k_heads.shape[1] != v_heads.shape[1]:
             return k, v, False
-        grouped = cuda_attention_kernel(q, k_heads, v_heads, mask, is_causal, True, self.gpu)
+        try:
+            grouped = cuda_attention_kernel(q, k_heads, v_heads, mask, is_causal, True, self.gpu)
+        except NoAttentionKernel:  # the repeated call may still have one
+            return k, v, False
         if grouped not in (AttentionKernel.CUDNN, AttentionKernel.FLASH):
             return k, v, False
         return k_heads, v_heads, True

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import threading
 import types
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from fsdpc.device import use_in_this_thread
 from fsdpc.runtime import StepError
@@ -80,6 +82,41 @@ def _overlapped_step(optimizer: torch.optim.Optimizer, closure: Callable | None 
 
 def _overlapped_zero_grad(optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
     optimizer._fsdpc_host_optimizer.zero_grad(set_to_none)
+
+
+# Parameters an optimizer steps in backward -> their names. Torch's clipping
+# refuses them: they stepped before any norm of the call's gradients was known.
+_STEPPED_IN_BACKWARD = WeakIdKeyDictionary()
+_TORCH_CLIPPING = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "clip_grads_with_norm_")
+
+
+def _refusing_stepped(name: str, clipping: Callable) -> Callable:
+    """`clipping` (one of torch.nn.utils' functions that scale gradients in
+    place), refusing parameters stepped in backward and otherwise as it is."""
+    @functools.wraps(clipping)
+    def refusing(parameters, *args, **kwargs):
+        listed = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        stepped = [_STEPPED_IN_BACKWARD[p] for p in listed if p in _STEPPED_IN_BACKWARD]
+        if stepped:
+            raise StepError(
+                f"torch.nn.utils.{name} over parameters whose host optimizer steps in backward "
+                f"({', '.join(stepped[:3])}{', ...' if len(stepped) > 3 else ''}): each offloaded unit steps as "
+                "soon as its gradients land, before the clipping, which would scale gradients already used "
+                "(overlap_host_optimizer(optimizer) without in_backward steps after clipping)")
+        return clipping(listed, *args, **kwargs)
+    refusing._fsdpc_refuses_stepped = True
+    return refusing
+
+
+def _guard_torch_clipping() -> None:
+    """Torch's clipping functions refuse parameters stepped in backward
+    (installed once, the first time an optimizer steps in backward; they
+    are looked up by attribute, as Hugging Face's Trainer calls them)."""
+    for module in (torch.nn.utils, torch.nn.utils.clip_grad):
+        for name in _TORCH_CLIPPING:
+            clipping = getattr(module, name, None)
+            if clipping is not None and not getattr(clipping, "_fsdpc_refuses_stepped", False):
+                setattr(module, name, _refusing_stepped(name, clipping))
 
 
 @dataclass
@@ -111,6 +148,11 @@ class HostOptimizer:
         self.optimizer = optimizer
         self._host_update = host_update
         self._in_backward = in_backward
+        if in_backward is not None:
+            _guard_torch_clipping()
+            for _, named in self._names:
+                for fqn, p in named:
+                    _STEPPED_IN_BACKWARD[p] = fqn
         self._device = device  # the step's, made current in the thread (it waits for and drops its events)
         self._uncommitted: list[dict] | None = None  # in backward: the hyperparameters a call began stepping with
         self._twin = type(optimizer).__new__(type(optimizer))

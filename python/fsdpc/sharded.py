@@ -53,6 +53,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from fsdpc import clip, liveness
+from fsdpc.attention import backend_switches
 from fsdpc.autocast import ambient_autocast
 from fsdpc.batch_norm import partly_synced
 from fsdpc.capture import CaptureError, MixedPrecision, aux_count, batch_leaves, class_setting
@@ -859,15 +860,15 @@ class ShardedModule(nn.Module):
         """What picks a program: mode (and the modules in the other one),
         batch shapes, frozen parameters, the options set since fsdpc.shard,
         the autocast the call runs under, torch's default dtype (which
-        factories without a dtype make) and deterministic-algorithms switch
-        (which picks kernels), and the values of the module attributes the
+        factories without a dtype make), its deterministic-algorithms switch
+        and attention backend switches (which pick kernels), and the values of the module attributes the
         steps read (`read`: the modes apart, the values and the autocast,
         where the call has them already)."""
         modes, values, autocast = read or (self._modes_apart(), self._attribute_values(),
                                            ambient_autocast(self.device.type))
         return (train, self.training, modes, tuple((tuple(t.shape), t.dtype) for t in batch),
                 frozen if train else (), tuple(sorted(self._overrides.items())) if train else (), autocast,
-                (torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled()),
+                (torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(), backend_switches()),
                 self._in_mode(values, (train, self.training, modes)))
 
     def _program_for(self, batch: Sequence[torch.Tensor], *, train: bool, frozen: tuple[str, ...],
@@ -892,7 +893,7 @@ class ShardedModule(nn.Module):
                                            scaled_loss=train and self._grad_scaler is not None,
                                            compare_calls=not self._programs)
         except StepError as error:
-            if not self._programs:
+            if not self._programs or _describe(batch) == _describe(self._example):
                 raise
             raise StepError(f"{error}\n(the batch {_describe(batch)} is new: the step was compiled for "
                             f"{_describe(self._example)})") from error

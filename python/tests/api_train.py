@@ -1777,7 +1777,7 @@ def check_host_optimizer_in_backward(data, pin):
     still stepping when the call returns and the next forward waits unit by
     unit): equal to eager with two parameter groups, an LR scheduler and an
     eval call between steps; what the contract forbids is refused (clipping,
-    a second training call before step(), a hyperparameter changed between
+    fsdpc's or torch's, a second training call before step(), a hyperparameter changed between
     the call and step()); the module's zero_grad leaves a unit's gradients
     until it has stepped; a failed host step raises at its unit's gather."""
     from torch.distributed.fsdp import CPUOffloadPolicy
@@ -1796,6 +1796,8 @@ def check_host_optimizer_in_backward(data, pin):
         if index == 1:
             expect_error(lambda: sharded.clip_grad_norm_(1.0), "clip_grad_norm_ with the host optimizer stepping in "
                                                                 "backward")
+            expect_error(lambda: torch.nn.utils.clip_grad_norm_(sharded.parameters(), 1.0),
+                         r"torch\.nn\.utils\.clip_grad_norm_ over parameters whose host optimizer steps in backward")
             expect_error(lambda: sharded(*mine(batch)), r"every training call must be followed by optimizer\.step\(\)")
             lr = optimizer.param_groups[1]["lr"]
             optimizer.param_groups[1]["lr"] = 1.0
@@ -1829,8 +1831,13 @@ def check_host_optimizer_in_backward(data, pin):
     partial.overlap_host_optimizer(optimizer, in_backward=True)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
     partial_losses = []
-    for batch in data:  # as Hugging Face's Trainer: the module's zero_grad, after the scheduler's step
+    for index, batch in enumerate(data):  # as Hugging Face's Trainer: the module's zero_grad, after the scheduler's
         partial_losses.append(mean_over_ranks(partial(*mine(batch))))
+        if index == 0:  # the Trainer clips with torch's function unless max_grad_norm is 0: only blocks.1 is refused
+            expect_error(lambda: torch.nn.utils.clip_grad_value_(partial.parameters(), 1.0),
+                         r"clip_grad_value_ over parameters whose host optimizer steps in backward \(blocks\.1\.")
+            torch.nn.utils.clip_grad_norm_([p for name, p in partial.named_parameters()
+                                            if not name.startswith("blocks.1.")], 1e9)
         optimizer.step()
         scheduler.step()
         partial.zero_grad()
@@ -2315,6 +2322,7 @@ def scenario_attributes(args):
     read_in_training_only()
     settings_held_by_modules_and_files()
     default_dtype_changed()
+    attention_switches_changed()
 
 
 LOSS_WEIGHTS = {"weight": 1.0}  # a loop's hyperparameters in a dict
@@ -2422,6 +2430,51 @@ def default_dtype_changed() -> None:
         loss, expected = sharded(*mine((x,)), train=False), shifted(reference, *mine((x,))).detach()
         assert loss.dtype == expected.dtype == default, (loss.dtype, expected.dtype, default)
         close(loss, expected, f"the loss with default dtype {default}")
+
+
+class DroppedAttention(nn.Module):
+    """Self-attention with dropout in training, which the CPU's fused
+    attention kernel does not take: eager computes math attention there."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).unflatten(-1, (3, 2, 8)).permute(2, 0, 3, 1, 4)
+        return nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.1 if self.training else 0.0)
+
+
+def attention_switches_changed() -> None:
+    """The attention backends switched between calls (`sdpa_kernel`, the
+    `torch.backends.cuda.enable_*_sdp` switches) pick the step's kernels
+    as in eager: with only flash attention on, a call that needs math
+    attention is refused as eager refuses it, naming the line (before
+    2026-11-28 the step kept the kernels of its first call, silently); the
+    switches restored, the first program runs again."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    torch.manual_seed(0)
+    model = DroppedAttention()
+    x = torch.randn(GLOBAL_BATCH, 6, 16, generator=torch.Generator().manual_seed(10))
+
+    def loss_fn(m, x):
+        return m(x).square().mean()
+
+    reference = copy.deepcopy(model)
+    sharded = fsdpc.shard(model, mine((x,)), loss_fn)
+    sharded(*mine((x,)))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        try:
+            with warnings.catch_warnings():  # eager's own account of why each kernel does not fit
+                warnings.simplefilter("ignore")
+                loss_fn(reference, *mine((x,)))
+        except RuntimeError as error:
+            assert "No available kernel" in str(error), error
+        else:
+            raise AssertionError("eager ran attention with dropout on the CPU with only flash attention on")
+        expect_error(lambda: sharded(*mine((x,))), r"api_train.py:\d+: cannot capture .*no available kernel for this "
+                     r"call on the (cpu|cuda) target.*switched off: .*math")
+    assert torch.isfinite(sharded(*mine((x,)))), "the training call after the switches were restored"
 
 
 class ScaledInTraining(nn.Module):

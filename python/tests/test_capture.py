@@ -1935,3 +1935,27 @@ def test_the_cpu_attention_kernel_is_the_one_eager_picks(case):
     eager = torch._fused_sdp_choice(q, k, v, mask, dropout, causal, scale=None, enable_gqa=gqa)
     expected = AttentionKernel.CPU_FLASH if eager == SDPBackend.FLASH_ATTENTION.value else AttentionKernel.MATH
     assert cpu_attention_kernel(q, k, v, mask, dropout, gqa) is expected, case
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+@pytest.mark.parametrize("backends", [["MATH"], ["FLASH_ATTENTION"], ["FLASH_ATTENTION", "MATH"]])
+def test_the_cpu_attention_kernel_follows_the_backend_switches(backends, dropout):
+    """Under `sdpa_kernel` the CPU's choice is eager's: flash where it is on
+    and takes the call, else math where it is on, else refused as eager
+    refuses ("No available kernel")."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from fsdpc.attention import AttentionKernel, NoAttentionKernel, cpu_attention_kernel
+
+    q = torch.randn(2, 4, 6, 8)
+    with sdpa_kernel([getattr(SDPBackend, name) for name in backends]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager's account of why flash does not fit
+        try:
+            eager = torch._fused_sdp_choice(q, q, q, None, dropout, False, scale=None, enable_gqa=False)
+        except RuntimeError as error:
+            assert "No available kernel" in str(error)
+            with pytest.raises(NoAttentionKernel, match="on the cpu target"):
+                cpu_attention_kernel(q, q, q, None, dropout, False)
+            return
+        expected = AttentionKernel.CPU_FLASH if eager == SDPBackend.FLASH_ATTENTION.value else AttentionKernel.MATH
+        assert cpu_attention_kernel(q, q, q, None, dropout, False) is expected

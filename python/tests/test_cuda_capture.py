@@ -222,6 +222,49 @@ def test_the_kernel_eager_pytorch_would_pick(case, gpu, expected):
     assert cuda_attention_kernel(q, k, v, mask, causal, grouped, gpu) is expected
 
 
+SDPA = torch.nn.attention.SDPBackend
+
+
+@pytest.mark.parametrize("case, gpu, backends, set_priority, expected", [
+    ("bf16 causal", H100, [SDPA.EFFICIENT_ATTENTION], False, AttentionKernel.EFFICIENT),
+    ("bf16 causal", H100, [SDPA.FLASH_ATTENTION, SDPA.MATH], False, AttentionKernel.FLASH),
+    ("bf16 causal", H100, [SDPA.MATH], False, AttentionKernel.MATH),
+    ("bf16 causal", H100, [SDPA.FLASH_ATTENTION, SDPA.CUDNN_ATTENTION], True, AttentionKernel.FLASH),
+    ("bf16 causal", A100, [SDPA.EFFICIENT_ATTENTION, SDPA.FLASH_ATTENTION], True, AttentionKernel.EFFICIENT),
+    # Not preferred, cuDNN comes after math in torch's order: only math off lets it run.
+    ("bf16 with a mask", A100, [SDPA.FLASH_ATTENTION, SDPA.CUDNN_ATTENTION], False, AttentionKernel.CUDNN),
+    ("bf16 with a mask", H100, [SDPA.FLASH_ATTENTION], False, None),
+    ("fp32", H100, [SDPA.FLASH_ATTENTION, SDPA.CUDNN_ATTENTION], False, None),
+])
+def test_the_backend_switches_pick_as_in_eager(case, gpu, backends, set_priority, expected):
+    """`sdpa_kernel` (the `torch.backends.cuda.enable_*_sdp` switches, and
+    its priority order) rules capture's choice as it rules eager's: the
+    first kernel in the order that is on and takes the call; none is
+    refused, as eager refuses it ("No available kernel")."""
+    from fsdpc.attention import NoAttentionKernel
+
+    q = k = v = meta(2, 4, 64, 64, dtype=torch.float32 if case == "fp32" else torch.bfloat16)
+    mask = meta(64, 64) if case == "bf16 with a mask" else None
+    with torch.nn.attention.sdpa_kernel(backends, set_priority=set_priority):
+        if expected is None:
+            with pytest.raises(NoAttentionKernel, match="switched off: .*math"):
+                cuda_attention_kernel(q, k, v, mask, case == "bf16 causal", False, gpu)
+        else:
+            assert cuda_attention_kernel(q, k, v, mask, case == "bf16 causal", False, gpu) is expected
+    assert cuda_attention_kernel(q, k, v, None, False, False, H100) is not AttentionKernel.MATH  # restored
+
+
+def test_capture_under_sdpa_kernel_keeps_the_kernel_it_leaves_on():
+    """The switches reach capture: a bf16 call captured for an H100 under
+    `sdpa_kernel(EFFICIENT_ATTENTION)` is the memory-efficient kernel."""
+    from fsdpc.attention import FusedAttentionFor
+
+    q = meta(2, 4, 64, 64)
+    with torch.nn.attention.sdpa_kernel(SDPA.EFFICIENT_ATTENTION), FusedAttentionFor("cuda", H100) as mode:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert mode.chosen == [AttentionKernel.EFFICIENT]
+
+
 class _KernelsByMath(torch.utils._python_dispatch.TorchDispatchMode):
     """The CUDA attention kernels computed on the CPU by their definition
     (softmax(q k^T * scale + mask) v, grouped key/value heads read per
