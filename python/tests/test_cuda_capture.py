@@ -3,6 +3,7 @@ stays whole (the kernel eager PyTorch picks), with its backward kernel; the
 program records its device and passes the runtime's validation, which
 refuses to load it for a CPU."""
 
+import contextlib
 import re
 
 import pytest
@@ -688,12 +689,17 @@ def test_fused_attention_without_dropout_leaves_the_generator_alone(kernel):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
-@pytest.mark.parametrize("case", ["bf16 causal", "bf16 grouped heads", "fp16 head dim 256", "bf16 with a mask", "fp32"])
+@pytest.mark.parametrize("case", ["bf16 causal", "bf16 grouped heads", "fp16 head dim 256", "bf16 with a mask", "fp32",
+                                  "bf16 causal, efficient or math", "bf16 with a mask, flash or cudnn"])
 def test_capture_picks_the_attention_kernel_eager_runs_on_this_gpu(case):
     """On the GPU at hand, eager's own dispatch (the operator it calls, and
     whether grouped keys reach it unrepeated) against what capture records
-    for the same call."""
+    for the same call, also under `sdpa_kernel`."""
     from fsdpc.attention import FusedAttentionFor
+
+    switched = {"bf16 causal, efficient or math": [SDPA.EFFICIENT_ATTENTION, SDPA.MATH],
+                "bf16 with a mask, flash or cudnn": [SDPA.FLASH_ATTENTION, SDPA.CUDNN_ATTENTION]}.get(case)
+    case = case.split(",")[0]
 
     major, minor = torch.cuda.get_device_capability()
     dtype = {"fp16 head dim 256": torch.float16, "fp32": torch.float32}.get(case, torch.bfloat16)
@@ -702,10 +708,12 @@ def test_capture_picks_the_attention_kernel_eager_runs_on_this_gpu(case):
     k = v = torch.randn(2, 2 if case == "bf16 grouped heads" else 8, 128, dim, device="cuda", dtype=dtype)
     mask = torch.randn(128, 128, device="cuda", dtype=dtype) if case == "bf16 with a mask" else None
     call = dict(attn_mask=mask, is_causal=case == "bf16 causal", enable_gqa=case == "bf16 grouped heads")
-    with _FusedCalls() as eager:
+    backends = torch.nn.attention.sdpa_kernel(switched) if switched else contextlib.nullcontext()
+    with backends, _FusedCalls() as eager:
         torch.nn.functional.scaled_dot_product_attention(q, k, v, **call)
     metas = [t.to("meta") for t in (q, k, v)]
-    with _FusedCalls() as captured, FusedAttentionFor("cuda", CudaTarget((major, minor))):
+    backends = torch.nn.attention.sdpa_kernel(switched) if switched else contextlib.nullcontext()
+    with backends, _FusedCalls() as captured, FusedAttentionFor("cuda", CudaTarget((major, minor))):
         torch.nn.functional.scaled_dot_product_attention(*metas, **{**call, "attn_mask": None if mask is None
                                                                     else mask.to("meta")})
     assert captured.calls == eager.calls, (case, captured.calls, eager.calls)
