@@ -1002,7 +1002,9 @@ def _attribute_reads(model: nn.Module) -> Iterator[set[tuple[str, str]]]:
     a dropout's `p`, a norm's `eps`, a scale of the user's own,
     `config.use_cache`. The compiled step holds the values they
     had, so the sharded module compiles anew for a call after one of them
-    changed."""
+    changed. Public names read and found absent count too (`getattr(self,
+    "shift", None)`, `hasattr(config, "scale")`): setting one later changes
+    what the step computes."""
     paths: dict[int, str] = {}
     for path, module in model.named_modules(remove_duplicate=False):
         paths.setdefault(id(module), path)
@@ -1010,7 +1012,13 @@ def _attribute_reads(model: nn.Module) -> Iterator[set[tuple[str, str]]]:
     reads: set[tuple[str, str]] = set()
 
     def read(self, name):
-        value = object.__getattribute__(self, name)
+        try:
+            value = object.__getattribute__(self, name)
+        except AttributeError:
+            if id(self) in paths and not name.startswith("_") and name not in MODULE_INTERNALS \
+                    and not _module_member(self, name):
+                reads.add((paths[id(self)], name))
+            raise
         if name not in MODULE_INTERNALS and id(self) in paths and watched_value(value) is not UNWATCHED \
                 and (name in object.__getattribute__(self, "__dict__") or class_setting(type(self), name)):
             reads.add((paths[id(self)], name))
@@ -1020,8 +1028,13 @@ def _attribute_reads(model: nn.Module) -> Iterator[set[tuple[str, str]]]:
         inner = kind.__getattribute__
 
         def read_configuration(self, name):
-            value = inner(self, name)
             holder = held.get(id(self))
+            try:
+                value = inner(self, name)
+            except AttributeError:
+                if holder is not None and not name.startswith("_"):
+                    reads.add((holder[1], f"{holder[2]}.{name}"))
+                raise
             # Any plain value, properties and aliases included (`use_return_dict`, GPT-2's `hidden_size`):
             # reading it again after training began gives its value then.
             if holder is not None and not name.startswith("__") and watched_value(value) is not UNWATCHED:
@@ -1034,6 +1047,13 @@ def _attribute_reads(model: nn.Module) -> Iterator[set[tuple[str, str]]]:
         for kind in {type(value): None for value, _, _ in held.values()}:
             stack.enter_context(patched(kind, __getattribute__=reading(kind)))
         yield reads
+
+
+def _module_member(module: nn.Module, name: str) -> bool:
+    """`name` is one of the module's parameters, buffers or submodules,
+    which nn.Module's __getattr__ finds after plain lookup fails."""
+    return any(name in object.__getattribute__(module, members)
+               for members in ("_parameters", "_buffers", "_modules"))
 
 
 def class_setting(kind: type, name: str) -> bool:

@@ -1127,13 +1127,15 @@ class ShardedModule(nn.Module):
             raise
 
     def __setattr__(self, name: str, value) -> None:
-        """A plain attribute of the model's own (or of its class) set on the
-        sharded module (`model.scale = 0.5` after `model = fsdpc.shard(model,
-        ...)`) is set on the model, whose forward and loss_fn read it, as on FSDP2's
+        """A plain attribute of the model's own (or of its class, or one its
+        step looked for and did not find) set on the sharded module
+        (`model.scale = 0.5` after `model = fsdpc.shard(model, ...)`) is set
+        on the model, whose forward and loss_fn read it, as on FSDP2's
         module, which is the model itself."""
         original = self.__dict__.get("_original")
+        probed = any(watched.name == f"the model.{name}" for watched in self.__dict__.get("_watched", ()))
         if original is not None and name not in self.__dict__ \
-                and (name in original.__dict__ or class_setting(type(original), name)) \
+                and (name in original.__dict__ or class_setting(type(original), name) or probed) \
                 and not isinstance(value, (nn.Module, torch.Tensor)) and not hasattr(type(self), name):
             setattr(original, name, value)
             return

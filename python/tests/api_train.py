@@ -2323,6 +2323,7 @@ def scenario_attributes(args):
     settings_held_by_modules_and_files()
     default_dtype_changed()
     attention_switches_changed()
+    settings_absent_at_first()
 
 
 LOSS_WEIGHTS = {"weight": 1.0}  # a loop's hyperparameters in a dict
@@ -2430,6 +2431,43 @@ def default_dtype_changed() -> None:
         loss, expected = sharded(*mine((x,)), train=False), shifted(reference, *mine((x,))).detach()
         assert loss.dtype == expected.dtype == default, (loss.dtype, expected.dtype, default)
         close(loss, expected, f"the loss with default dtype {default}")
+
+
+class OptionalSettings(nn.Module):
+    """Settings a forward looks for and does without (`getattr` with a
+    default, `hasattr`), on the module and on an options object it holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 1)
+        self.options = argparse.Namespace()
+
+    def forward(self, x):
+        y = self.fc(x) + getattr(self, "shift", 0.0)
+        return y * self.options.scale if hasattr(self.options, "scale") else y
+
+
+def settings_absent_at_first() -> None:
+    """A setting absent when the step compiled and set later (on the
+    sharded module, as on FSDP2's, or on the options object) reaches the
+    step, as eager reads it (before 2026-11-28 the step kept computing
+    without it, silently)."""
+    torch.manual_seed(0)
+    model = OptionalSettings()
+    x = torch.randn(GLOBAL_BATCH, 8, generator=torch.Generator().manual_seed(11))
+    reference = copy.deepcopy(model)
+
+    def loss_fn(m, x):
+        return m(x).square().mean()
+
+    sharded = fsdpc.shard(model, mine((x,)), loss_fn)
+    close(sharded(*mine((x,))), loss_fn(reference, *mine((x,))).detach(), "the loss without the settings")
+    for where in (sharded, reference):
+        where.shift = 0.5
+    close(sharded(*mine((x,))), loss_fn(reference, *mine((x,))).detach(), "the loss once shift was set")
+    assert model.shift == 0.5 and "shift" not in sharded.__dict__, "shift was not set on the model"
+    model.options.scale = reference.options.scale = 3.0
+    close(sharded(*mine((x,))), loss_fn(reference, *mine((x,))).detach(), "the loss once options.scale was set")
 
 
 class DroppedAttention(nn.Module):
