@@ -905,6 +905,10 @@ class ShardedModule(nn.Module):
             if f"{path or 'the model'}.{name}" not in known:
                 read = functools.partial(read_attribute, self._original.get_submodule(path), name, _ABSENT)
                 self._watched.append(_Watched(f"{path or 'the model'}.{name}", read, read()))
+        # A function swapped in since (a global or closure naming another) reads values of its own.
+        for described, read in free_variable_reads(config["loss_fn"], self._original):
+            if described not in known:
+                self._watched.append(_Watched(described, read, read()))
         key = self._signature(batch, train, frozen)  # the values the step now holds
         same = self._same_step_for_other_values(key, compiled)
         if same is not None:

@@ -2324,6 +2324,7 @@ def scenario_attributes(args):
     default_dtype_changed()
     attention_switches_changed()
     settings_absent_at_first()
+    function_swapped_in()
 
 
 LOSS_WEIGHTS = {"weight": 1.0}  # a loop's hyperparameters in a dict
@@ -2431,6 +2432,45 @@ def default_dtype_changed() -> None:
         loss, expected = sharded(*mine((x,)), train=False), shifted(reference, *mine((x,))).detach()
         assert loss.dtype == expected.dtype == default, (loss.dtype, expected.dtype, default)
         close(loss, expected, f"the loss with default dtype {default}")
+
+
+FIRST_WEIGHT, SECOND_WEIGHT = 1.0, 2.0
+
+
+def first_scale(y):
+    return y * FIRST_WEIGHT
+
+
+def second_scale(y):
+    return y * SECOND_WEIGHT
+
+
+SCALE = first_scale  # a loop may swap which function the loss calls
+
+
+def swappable_loss(m, x):
+    return SCALE(m(x)).square().mean()
+
+
+def function_swapped_in() -> None:
+    """A global swapped to another function compiles for it, and what that
+    function reads from outside itself is watched from then on (before
+    2026-11-28 only the first function's reads were: a change to
+    SECOND_WEIGHT kept the step's first value, silently)."""
+    global SCALE, SECOND_WEIGHT
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    x = torch.randn(GLOBAL_BATCH, 8, generator=torch.Generator().manual_seed(12))
+    reference = copy.deepcopy(model)
+    sharded = fsdpc.shard(model, mine((x,)), swappable_loss)
+    try:
+        for change in (lambda: None, lambda: globals().update(SCALE=second_scale),
+                       lambda: globals().update(SECOND_WEIGHT=5.0)):
+            change()
+            close(sharded(*mine((x,))), swappable_loss(reference, *mine((x,))).detach(),
+                  f"the loss with {SCALE.__name__} and weight {SECOND_WEIGHT}")
+    finally:
+        SCALE, SECOND_WEIGHT = first_scale, 2.0
 
 
 class OptionalSettings(nn.Module):
