@@ -861,9 +861,9 @@ class ShardedModule(nn.Module):
         batch shapes, frozen parameters, the options set since fsdpc.shard,
         the autocast the call runs under, torch's default dtype (which
         factories without a dtype make), its deterministic-algorithms switch
-        and attention backend switches (which pick kernels), and the values of the module attributes the
-        steps read (`read`: the modes apart, the values and the autocast,
-        where the call has them already)."""
+        and attention backend switches (which pick kernels), and the values
+        of the module attributes the steps read (`read`: the modes apart,
+        the values and the autocast, where the call has them already)."""
         modes, values, autocast = read or (self._modes_apart(), self._attribute_values(),
                                            ambient_autocast(self.device.type))
         return (train, self.training, modes, tuple((tuple(t.shape), t.dtype) for t in batch),
@@ -1137,13 +1137,16 @@ class ShardedModule(nn.Module):
         on the model, whose forward and loss_fn read it, as on FSDP2's
         module, which is the model itself."""
         original = self.__dict__.get("_original")
-        probed = any(watched.name == f"the model.{name}" for watched in self.__dict__.get("_watched", ()))
         if original is not None and name not in self.__dict__ \
-                and (name in original.__dict__ or class_setting(type(original), name) or probed) \
-                and not isinstance(value, (nn.Module, torch.Tensor)) and not hasattr(type(self), name):
+                and not isinstance(value, (nn.Module, torch.Tensor)) and not hasattr(type(self), name) \
+                and (name in original.__dict__ or class_setting(type(original), name) or self._probed(name)):
             setattr(original, name, value)
             return
         super().__setattr__(name, value)
+
+    def _probed(self, name: str) -> bool:
+        """The model's step looked for `name` on the model and did not find it."""
+        return any(watched.name == f"the model.{name}" for watched in self.__dict__.get("_watched", ()))
 
     def __deepcopy__(self, memo):
         raise StepError("a sharded module cannot be copied: it holds this rank's shards, its process groups and "
