@@ -1459,6 +1459,9 @@ class _Composites(fx.Interpreter):
         autocast_on = self.device is not None and ambient_autocast(self.device.type) is not None
         if python_kernel is not None and (not autocast_on or target is torch.ops.aten.dropout.default):
             return python_kernel(*args, **kwargs)
+        if target in _WITHOUT_GRADIENT:
+            with torch.no_grad():
+                return super().call_function(target, args, kwargs)
         return super().call_function(target, args, kwargs)
 
 
@@ -1590,6 +1593,10 @@ def _trace_joint(forward: fx.GraphModule, flat_args: list[torch.Tensor], input_n
 
 
 _STATIC_ASSERTIONS = {torch.ops.aten._assert_tensor_metadata.default}
+# Random integers drawn like a tensor: eager's `torch.randint_like` returns
+# them without gradient, while the ATen operator's autograd kernel attaches
+# a "not implemented" one, which backward would reach.
+_WITHOUT_GRADIENT = {getattr(torch.ops.aten.randint_like, overload) for overload in ("default", "low_dtype", "Tensor")}
 
 
 @contextlib.contextmanager

@@ -39,6 +39,20 @@ def element_type(dtype: torch.dtype, where: str) -> str:
         raise CaptureError(f"{where}: dtype {dtype} is not supported by fsdpc") from None
 
 
+# c10's ScalarType numbers, which schemas give a default dtype as
+# (`randint(..., ScalarType? dtype=4)`: int64).
+_SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16,
+                 6: torch.float32, 7: torch.float64, 9: torch.complex64, 10: torch.complex128, 11: torch.bool,
+                 15: torch.bfloat16}
+
+
+def scalar_type_dtype(number: int, where: str) -> torch.dtype:
+    try:
+        return _SCALAR_TYPES[number]
+    except KeyError:
+        raise CaptureError(f"{where}: a default dtype numbered {number} is not one fsdpc knows") from None
+
+
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype of an element type name (the table's inverse)."""
     for dtype, element in _ELEMENT_TYPES.items():
@@ -222,6 +236,8 @@ class _StepPrinter:
                 value = node.kwargs[argument.name]
             elif argument.has_default_value():
                 value = argument.default_value
+                if isinstance(value, int) and "ScalarType" in str(argument.real_type):  # randint's dtype=4
+                    value = scalar_type_dtype(value, self.where(node))
             else:
                 value = None
             args.append(self.encode(value, node, operands, operand_types))

@@ -188,6 +188,53 @@ def scenario_train(args):
     close(torch.tensor(mean_over_ranks(loss)), expected, "eval loss", rtol=1e-4, atol=1e-5)
     sharded.train()
     check_freed_when_dropped(data)
+    check_random_integers()
+
+
+class Denoiser(nn.Module):
+    """A diffusion model's denoiser, conditioned on the timestep."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(7, 32), nn.SiLU(), nn.Linear(32, 6))
+        self.register_buffer("alpha_bar", torch.linspace(0.99, 0.01, 100))
+
+    def forward(self, x, t):
+        return self.net(torch.cat([x, t[:, None].float() / 100], -1))
+
+
+def diffusion_loss(m, x):
+    """A diffusion step's loss: a random timestep per sample, noise mixed in
+    by it; the columns in a random order and a random integer offset
+    (`randperm`, `randint_like`) besides."""
+    t = torch.randint(0, 100, (x.shape[0],), device=x.device)
+    order = torch.randperm(x.shape[1], device=x.device)
+    shift = torch.randint_like(x, 3)
+    noise = torch.randn_like(x)
+    a = m.alpha_bar[t][:, None]
+    noisy = a.sqrt() * (x[:, order] + shift) + (1 - a).sqrt() * noise
+    return nn.functional.mse_loss(m(noisy, t), noise), (t, order, shift)
+
+
+def check_random_integers() -> None:
+    """Random integers drawn in the step (`torch.randint`, `randperm`,
+    `randint_like`, as a diffusion model's timesteps) are fresh each call
+    and what eager draws: in range, a permutation, int64 where eager's are
+    (before 2026-11-28 `randint` and `randperm` failed to load, "an int
+    literal cannot be a ScalarType", and `randint_like` failed to compile)."""
+    torch.manual_seed(0)
+    x = torch.randn(GLOBAL_BATCH, 6, generator=torch.Generator().manual_seed(13))
+    sharded = fsdpc.shard(Denoiser(), mine((x,)), diffusion_loss)
+    draws = []
+    for _ in range(2):
+        loss, (t, order, shift) = sharded(*mine((x,)))
+        assert torch.isfinite(loss), loss
+        assert t.dtype == order.dtype == torch.int64 and shift.dtype == x.dtype, (t.dtype, order.dtype, shift.dtype)
+        assert 0 <= int(t.min()) and int(t.max()) < 100, t
+        assert sorted(order.tolist()) == list(range(6)), order
+        assert set(shift.unique().tolist()) <= {0.0, 1.0, 2.0}, shift
+        draws.append(t)
+    assert not torch.equal(*draws), "the same timesteps in two calls"
 
 
 def check_freed_when_dropped(data, overlap: bool = False, **options):
