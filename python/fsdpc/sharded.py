@@ -51,6 +51,7 @@ from torch.nn.modules.module import (register_module_module_registration_hook,
                                       register_module_parameter_registration_hook)
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
+from torch.utils.weak import WeakIdKeyDictionary
 
 from fsdpc import clip, liveness
 from fsdpc.attention import backend_switches
@@ -78,6 +79,10 @@ _RETIRED: dict[int, tuple[weakref.ref, str]] = {}
 # Shards lent to an unsharded() block that writes back, by object, with their
 # FQN: an optimizer step there would be overwritten by the write-back.
 _LENT: dict[int, str] = {}
+# Shards with gradients accumulated by calls without synchronization, held
+# unreduced by their module until a synchronizing call, with their FQN: not
+# in `.grad` yet, so an optimizer step would leave them out.
+_UNREDUCED = WeakIdKeyDictionary()
 _optimizer_hooks = None
 _registration_hooks = None
 _SERIALS = itertools.count()
@@ -151,6 +156,13 @@ def _refuse_retired(optimizer, args, kwargs) -> None:
                 raise StepError(f"optimizer.step() inside unsharded(): '{_LENT[id(param)]}' is whole in the model "
                                 "now, and leaving the block writes it back over what the step would do; step "
                                 "after the block (or enter it with writeback=False)")
+            if param in _UNREDUCED:
+                raise StepError(
+                    f"optimizer.step() while '{_UNREDUCED[param]}' has gradients accumulated by calls without "
+                    "synchronization (sync=False, no_sync, set_requires_gradient_sync(False)) and not reduced: "
+                    "they reach .grad with the next synchronizing call, so this step would leave them out; end "
+                    "the accumulation with a synchronizing call before step(), or drop them with "
+                    "model.zero_grad()")
 
 
 def _install_optimizer_hooks() -> None:
@@ -1054,9 +1066,13 @@ class ShardedModule(nn.Module):
         return self._programs_any().sharded_ir
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """nn.Module's, but under overlap_host_optimizer an offloaded unit the
-        host thread has yet to step keeps its gradients until it has (cleared
-        before, it would step without them, or keep them for the next call)."""
+        """nn.Module's, also dropping gradients accumulated by calls without
+        synchronization, as eager's zero_grad drops them from .grad (DDP's
+        no_sync too; FSDP2's module keeps them); under overlap_host_optimizer
+        an offloaded unit the host thread has yet to step keeps its
+        gradients until it has (cleared before, it would step without them,
+        or keep them for the next call)."""
+        self._drop_accumulated()
         if self._host_optimizer is None:
             super().zero_grad(set_to_none)
         else:
@@ -1417,8 +1433,9 @@ class ShardedModule(nn.Module):
         if not sync:
             for fqn, grad in out["grads"].items():
                 self._accumulated[fqn] = self._accumulated[fqn] + grad if fqn in self._accumulated else grad
+                _UNREDUCED[named[fqn]] = fqn
             return _returned(compiled.aux, out, trained=True)
-        self._accumulated.clear()
+        self._drop_accumulated()
         stepping = self._host_optimizer.stepped_in_backward() if landings is not None else set()
         for fqn, grad in out["grads"].items():
             if fqn not in stepping:  # those the host thread attached as they landed
@@ -1428,6 +1445,15 @@ class ShardedModule(nn.Module):
             for hook in list((param._post_accumulate_grad_hooks or {}).values()):
                 hook(param)
         return _returned(compiled.aux, out, trained=True)
+
+    def _drop_accumulated(self) -> None:
+        """Forgets the gradients accumulated since the last synchronizing
+        call: that call reduced them, or zero_grad drops them."""
+        if self._accumulated:
+            named = self._params_by_layout_name()
+            for fqn in self._accumulated:
+                _UNREDUCED.pop(named[fqn], None)
+            self._accumulated.clear()
 
     def _check_accumulated_trainable(self, named: dict[str, nn.Parameter]) -> None:
         """A parameter frozen since an accumulating call gathered a gradient
@@ -1440,7 +1466,8 @@ class ShardedModule(nn.Module):
             raise StepError(f"parameter{'s' if many else ''} {_listed(frozen, 3)} {'were' if many else 'was'} frozen "
                             "(requires_grad False) after accumulating calls gathered gradients for "
                             f"{'them' if many else 'it'}, which training calls would drop (eager keeps them in "
-                            ".grad): freeze before the first accumulating call or after the synchronizing one")
+                            ".grad): freeze before the first accumulating call or after the synchronizing one, "
+                            "or drop them with model.zero_grad()")
 
     def _check_gradient_hooks(self, named: dict[str, nn.Parameter], sync: bool) -> None:
         """Gradient hooks on the parameters (`register_hook`,

@@ -608,6 +608,25 @@ def scenario_accumulate(args):
     param.requires_grad_(True)
     sharded(*rows)
 
+    # Accumulated gradients are not in .grad until a synchronizing call: an optimizer step before one would leave
+    # them out, so it is refused; the module's zero_grad drops them, as eager's (and DDP's under no_sync) drops
+    # them from .grad, and the next call's gradients are its own (before 2026-11-28 the step went on without
+    # them and zero_grad kept them for the next synchronizing call, silently).
+    sharded.zero_grad()
+    with sharded.no_sync():
+        sharded(*rows)
+    expect_error(optimizer_for(sharded).step, r"optimizer\.step\(\) while '.*' has gradients accumulated by calls "
+                                              r"without synchronization")
+    sharded.zero_grad()
+    sharded(*(t[local:2 * local] for t in mine(data[0])))
+    reference = reference_model()
+    reference.load_state_dict(sharded.full_state_dict())
+    part = [rank * local * micro + local + r for rank in range(world) for r in range(local)]
+    next_token_loss(reference, *(t[part] for t in data[0])).backward()
+    for name, param in sharded.named_parameters():
+        close(param.grad.full_tensor(), reference.get_parameter(name).grad, f"{name}'s gradient after zero_grad",
+              rtol=1e-4, atol=1e-6)
+
 
 def scenario_shapes(args):
     """A shorter sequence compiles another step; a dtype change names the argument and both types."""
