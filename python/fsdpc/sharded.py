@@ -590,6 +590,8 @@ class ShardedModule(nn.Module):
                 f"rank {rank}: {kinds}{'' if structure == examples[0][0] else ', structured otherwise'}"
                 for rank, (structure, kinds, _) in enumerate(examples)) + "): only sizes may differ between ranks")
         sizes_by_rank = [sizes for _, _, sizes in examples]
+        # Where each call finds the buffers it hands the runtime (their types key the programs).
+        self._buffer_slots = {name: _owner(self, name) for name, _ in self.named_buffers()}
         frozen = _frozen(dict(self.named_parameters()))
         first = self._program_for(_meta_batch(sizes_by_rank[0], self._example), train=True, frozen=frozen)
         self.layout: dict[str, ParamSpec] = {spec.name: spec for spec in first.program.params}
@@ -607,10 +609,9 @@ class ShardedModule(nn.Module):
         self._storage: dict[str, torch.Tensor] = {}
         on_every_rank("placing the parameter shards", lambda: self._place_shards(model))
         self._move_buffers()
-        # Where each call finds the parameters and buffers it hands the
-        # runtime: a lookup per tensor instead of a walk of the module tree.
+        # Where each call finds the parameters it hands the runtime: a lookup
+        # per tensor instead of a walk of the module tree.
         self._param_slots = {fqn: _owner(self, fqn) for fqn in self.layout}
-        self._buffer_slots = {name: _owner(self, name) for name, _ in self.named_buffers()}
         self._local_rows = {fqn: self._shard_rows(spec)[1] for fqn, spec in self.layout.items()}
         if elsewhere and dist.get_rank() == 0:
             _say_sharded_on_dim_0(elsewhere, self.layout)
@@ -818,6 +819,13 @@ class ShardedModule(nn.Module):
             for owner, leaf, kind, real, _ in slots:
                 (owner._parameters if kind == "param" else owner._buffers)[leaf] = real
 
+    def _buffer_types(self) -> tuple:
+        """Each buffer's shape and dtype: one replaced by a buffer of another
+        (`model.scale = torch.ones(6)`) compiles the step for it, as eager
+        computes with it."""
+        return tuple(None if buffer is None else (tuple(buffer.shape), buffer.dtype)
+                     for buffer in (owner._buffers[leaf] for owner, leaf in self._buffer_slots.values()))
+
     def _modes_apart(self) -> tuple[str, ...]:
         """The modules in the other mode than the sharded module (an encoder
         kept in eval while the rest trains): each is traced in its own mode,
@@ -870,7 +878,7 @@ class ShardedModule(nn.Module):
     def _signature(self, batch: Sequence[torch.Tensor], train: bool, frozen: tuple[str, ...],
                    read: tuple[tuple[str, ...], tuple, torch.dtype | None] | None = None) -> tuple:
         """What picks a program: mode (and the modules in the other one),
-        batch shapes, frozen parameters, the options set since fsdpc.shard,
+        batch shapes, buffer shapes and dtypes, frozen parameters, the options set since fsdpc.shard,
         the autocast the call runs under, torch's default dtype (which
         factories without a dtype make), its deterministic-algorithms switch
         and attention backend switches (which pick kernels), and the values
@@ -878,7 +886,7 @@ class ShardedModule(nn.Module):
         the values and the autocast, where the call has them already)."""
         modes, values, autocast = read or (self._modes_apart(), self._attribute_values(),
                                            ambient_autocast(self.device.type))
-        return (train, self.training, modes, tuple((tuple(t.shape), t.dtype) for t in batch),
+        return (train, self.training, modes, tuple((tuple(t.shape), t.dtype) for t in batch), self._buffer_types(),
                 frozen if train else (), tuple(sorted(self._overrides.items())) if train else (), autocast,
                 (torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(), backend_switches()),
                 self._in_mode(values, (train, self.training, modes)))

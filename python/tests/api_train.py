@@ -2391,6 +2391,7 @@ def scenario_attributes(args):
     attention_switches_changed()
     settings_absent_at_first()
     function_swapped_in()
+    buffers_replaced()
 
 
 LOSS_WEIGHTS = {"weight": 1.0}  # a loop's hyperparameters in a dict
@@ -2498,6 +2499,53 @@ def default_dtype_changed() -> None:
         loss, expected = sharded(*mine((x,)), train=False), shifted(reference, *mine((x,))).detach()
         assert loss.dtype == expected.dtype == default, (loss.dtype, expected.dtype, default)
         close(loss, expected, f"the loss with default dtype {default}")
+
+
+class Shifted(nn.Module):
+    """A linear layer on inputs shifted and scaled by buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 1)
+        self.register_buffer("shift", torch.zeros(6))
+        self.register_buffer("scale", torch.ones(1), persistent=False)
+
+    def forward(self, x):
+        return self.fc((x - self.shift) * self.scale)
+
+
+def buffers_replaced() -> None:
+    """A buffer replaced by one of another shape or layout is what the step
+    computes with, as in eager (a per-feature scale for a scalar one, a
+    broadcast view); one eager cannot compute with is refused at the line
+    using it, and the module goes on once it is put back (before 2026-11-28
+    the runtime ran the old step on it: right where ATen broadcast it, else
+    failing mid-step and refusing every later call)."""
+    torch.manual_seed(0)
+    model = Shifted()
+    x = torch.randn(GLOBAL_BATCH, 6, generator=torch.Generator().manual_seed(14))
+    reference = copy.deepcopy(model)
+
+    def loss_fn(m, x):
+        return m(x).square().mean()
+
+    sharded = fsdpc.shard(model, mine((x,)), loss_fn)
+    replacements = [("scale", torch.linspace(0.5, 2.0, 6)), ("shift", torch.tensor([0.3]).expand(6)),
+                    ("shift", torch.arange(12.0).view(6, 2)[:, 0] / 10)]
+    for name, value in replacements:
+        for where in (sharded, reference):
+            setattr(where, name, value.clone() if where is reference else value)
+        close(sharded(*mine((x,))), loss_fn(reference, *mine((x,))).detach(), f"the loss after replacing {name}")
+    kept = sharded.shift
+    sharded.shift = torch.ones(3)
+    try:
+        sharded(*mine((x,)))
+    except fsdpc.StepError as error:
+        assert re.search(r"api_train.py:\d+: cannot capture `return self.fc\(\(x - self.shift\)", str(error)), error
+    else:
+        raise AssertionError("a shift of 3 values for 6 features was not refused")
+    sharded.shift = kept
+    close(sharded(*mine((x,))), loss_fn(reference, *mine((x,))).detach(), "the loss with the shift put back")
 
 
 FIRST_WEIGHT, SECOND_WEIGHT = 1.0, 2.0

@@ -306,6 +306,35 @@ def test_a_callers_autocast_does_not_change_what_a_program_computes():
     torch.testing.assert_close(under_autocast, a @ b, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("buffer, message", [
+    (torch.ones(3), "buffer 'scale' is [3] Float; the step was compiled for [6] f32"),
+    (torch.ones(6, dtype=torch.float64), "buffer 'scale' is [6] Double; the step was compiled for [6] f32"),
+])
+def test_a_buffer_of_another_type_than_compiled_is_refused(buffer, message):
+    """The runtime checks the buffers it is handed against the program, as
+    it checks the batch (the driver compiles again for a replaced buffer:
+    this is the runtime's own guard); a view is read as the row-major
+    values the compiler laid out its reads for."""
+    text = json.dumps({
+        "format": "fsdpc.program", "version": VERSION, "device": "cpu", "groups": [], "params": [],
+        "buffers": [{"name": "scale", "shape": [6], "dtype": "f32"}], "kernels": [],
+        "functions": [{
+            "name": "scaled", "step": False, "cuda_graph": False, "inputs": [0],
+            "input_types": [{"shape": [6], "dtype": "f32"}], "slots": 3, "futures": 0,
+            "instructions": [
+                {"op": "buffer", "name": "scale", "result": 1},
+                {"op": "aten", "name": "aten::mul", "overload": "Tensor", "args": [{"tensor": 0}, {"tensor": 1}],
+                 "results": [2]},
+                {"op": "return", "values": [2]}]}]})
+    runtime = runtime_extension().Program(text, "cpu")
+    x = torch.arange(6.0)
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        runtime.run("scaled", {}, {"scale": buffer}, {}, [x], {}, 10.0)
+    strided = torch.arange(12.0).view(6, 2)[:, 0]
+    (out,) = runtime.run("scaled", {}, {"scale": strided}, {}, [x], {}, 10.0)["returned"]
+    torch.testing.assert_close(out, x * strided, rtol=0, atol=0)
+
+
 def test_capture_prints_only_element_types_the_runtime_knows():
     """One table of element types crosses the boundary: every dtype the
     capture can print is in the runtime's (fsdp_rt/ElementTypes.h) and the

@@ -126,7 +126,8 @@ struct InFlight {
 class Executor {
 public:
   Executor(const Program &program, const Function &function, StepInputs inputs)
-      : device(program.device()), kernels(program.loadedKernels()), function(function), in(std::move(inputs)),
+      : device(program.device()), kernels(program.loadedKernels()), bufferSpecs(program.buffers()),
+        function(function), in(std::move(inputs)),
         slots(function.slots), futures(function.futures) {
     std::set<std::string> offloadedUnits;
     for (const ParamSpec &param : program.params())
@@ -206,6 +207,16 @@ private:
     };
     checkDevice(in.params, "parameter");
     checkDevice(in.buffers, "buffer");
+    for (const BufferSpec &spec : bufferSpecs) {
+      auto given = in.buffers.find(spec.name);
+      if (given == in.buffers.end() || !given->second.defined())
+        continue; // reading it names it missing
+      const at::Tensor &buffer = given->second;
+      if (buffer.sizes() != at::IntArrayRef(spec.shape) || buffer.scalar_type() != scalarTypeOf(spec.dtype))
+        throw std::runtime_error("fsdp_rt: buffer '" + spec.name + "' is " + shapeText(buffer.sizes()) + " " +
+                                 c10::toString(buffer.scalar_type()) + "; the step was compiled for " +
+                                 shapeText(spec.shape) + " " + spec.dtype);
+    }
     checkDevice(in.accumulated, "accumulated gradient");
     if (in.batch.size() != function.inputTypes.size())
       throw std::runtime_error("fsdp_rt: @" + function.name + " takes " +
@@ -262,7 +273,9 @@ private:
     using Kind = Instruction::Kind;
     switch (inst.kind) {
     case Kind::Param: slots[inst.results[0]] = lookup(in.params, inst.name, "parameter"); return;
-    case Kind::Buffer: slots[inst.results[0]] = lookup(in.buffers, inst.name, "buffer"); return;
+    case Kind::Buffer: // row-major, as the compiler laid out its reads (a buffer may be a view)
+      slots[inst.results[0]] = lookup(in.buffers, inst.name, "buffer").contiguous();
+      return;
     case Kind::AccumulatedGrad:
       slots[inst.results[0]] = lookup(in.accumulated, inst.name, "accumulated gradient");
       return;
@@ -797,6 +810,7 @@ private:
 
   c10::Device device;
   const LoadedKernels *kernels;
+  const std::vector<BufferSpec> &bufferSpecs;
   const Function &function;
   StepInputs in;
   std::set<std::string> offloaded;      // parameters whose shards are in host memory
