@@ -2501,6 +2501,17 @@ def default_dtype_changed() -> None:
         close(loss, expected, f"the loss with default dtype {default}")
 
 
+def output_squared(m, x):
+    return m(x).square().mean()
+
+
+def sharded_beside_eager(model: nn.Module, x: torch.Tensor) -> tuple[fsdpc.ShardedModule, nn.Module]:
+    """`model` sharded for batches like `x` with `output_squared` as the
+    loss, and an eager copy made before."""
+    reference = copy.deepcopy(model)
+    return fsdpc.shard(model, mine((x,)), output_squared), reference
+
+
 class Shifted(nn.Module):
     """A linear layer on inputs shifted and scaled by buffers."""
 
@@ -2524,18 +2535,13 @@ def buffers_replaced() -> None:
     torch.manual_seed(0)
     model = Shifted()
     x = torch.randn(GLOBAL_BATCH, 6, generator=torch.Generator().manual_seed(14))
-    reference = copy.deepcopy(model)
-
-    def loss_fn(m, x):
-        return m(x).square().mean()
-
-    sharded = fsdpc.shard(model, mine((x,)), loss_fn)
+    sharded, reference = sharded_beside_eager(model, x)
     replacements = [("scale", torch.linspace(0.5, 2.0, 6)), ("shift", torch.tensor([0.3]).expand(6)),
                     ("shift", torch.arange(12.0).view(6, 2)[:, 0] / 10)]
     for name, value in replacements:
         for where in (sharded, reference):
             setattr(where, name, value.clone() if where is reference else value)
-        close(sharded(*mine((x,))), loss_fn(reference, *mine((x,))).detach(), f"the loss after replacing {name}")
+        close(sharded(*mine((x,))), output_squared(reference, *mine((x,))).detach(), f"the loss after replacing {name}")
     kept = sharded.shift
     sharded.shift = torch.ones(3)
     try:
@@ -2545,7 +2551,7 @@ def buffers_replaced() -> None:
     else:
         raise AssertionError("a shift of 3 values for 6 features was not refused")
     sharded.shift = kept
-    close(sharded(*mine((x,))), loss_fn(reference, *mine((x,))).detach(), "the loss with the shift put back")
+    close(sharded(*mine((x,))), output_squared(reference, *mine((x,))).detach(), "the loss with the shift put back")
 
 
 FIRST_WEIGHT, SECOND_WEIGHT = 1.0, 2.0
@@ -2609,19 +2615,14 @@ def settings_absent_at_first() -> None:
     torch.manual_seed(0)
     model = OptionalSettings()
     x = torch.randn(GLOBAL_BATCH, 8, generator=torch.Generator().manual_seed(11))
-    reference = copy.deepcopy(model)
-
-    def loss_fn(m, x):
-        return m(x).square().mean()
-
-    sharded = fsdpc.shard(model, mine((x,)), loss_fn)
-    close(sharded(*mine((x,))), loss_fn(reference, *mine((x,))).detach(), "the loss without the settings")
+    sharded, reference = sharded_beside_eager(model, x)
+    close(sharded(*mine((x,))), output_squared(reference, *mine((x,))).detach(), "the loss without the settings")
     for where in (sharded, reference):
         where.shift = 0.5
-    close(sharded(*mine((x,))), loss_fn(reference, *mine((x,))).detach(), "the loss once shift was set")
+    close(sharded(*mine((x,))), output_squared(reference, *mine((x,))).detach(), "the loss once shift was set")
     assert model.shift == 0.5 and "shift" not in sharded.__dict__, "shift was not set on the model"
     model.options.scale = reference.options.scale = 3.0
-    close(sharded(*mine((x,))), loss_fn(reference, *mine((x,))).detach(), "the loss once options.scale was set")
+    close(sharded(*mine((x,))), output_squared(reference, *mine((x,))).detach(), "the loss once options.scale was set")
 
 
 class DroppedAttention(nn.Module):
@@ -2648,18 +2649,13 @@ def attention_switches_changed() -> None:
     torch.manual_seed(0)
     model = DroppedAttention()
     x = torch.randn(GLOBAL_BATCH, 6, 16, generator=torch.Generator().manual_seed(10))
-
-    def loss_fn(m, x):
-        return m(x).square().mean()
-
-    reference = copy.deepcopy(model)
-    sharded = fsdpc.shard(model, mine((x,)), loss_fn)
+    sharded, reference = sharded_beside_eager(model, x)
     sharded(*mine((x,)))
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         try:
             with warnings.catch_warnings():  # eager's own account of why each kernel does not fit
                 warnings.simplefilter("ignore")
-                loss_fn(reference, *mine((x,)))
+                output_squared(reference, *mine((x,)))
         except RuntimeError as error:
             assert "No available kernel" in str(error), error
         else:
