@@ -2392,6 +2392,7 @@ def scenario_attributes(args):
     settings_absent_at_first()
     function_swapped_in()
     buffers_replaced()
+    parameters_edited_in_place()
 
 
 LOSS_WEIGHTS = {"weight": 1.0}  # a loop's hyperparameters in a dict
@@ -2510,6 +2511,21 @@ def sharded_beside_eager(model: nn.Module, x: torch.Tensor) -> tuple[fsdpc.Shard
     loss, and an eager copy made before."""
     reference = copy.deepcopy(model)
     return fsdpc.shard(model, mine((x,)), output_squared), reference
+
+
+def parameters_edited_in_place() -> None:
+    """Parameters edited in place between steps (a prototype normalization,
+    a re-initialized bias) are what the next step reads, as in eager."""
+    torch.manual_seed(0)
+    x = torch.randn(GLOBAL_BATCH, 6, generator=torch.Generator().manual_seed(15))
+    sharded, reference = sharded_beside_eager(nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 1)), x)
+    for model in (sharded, reference):
+        with torch.no_grad():
+            first, last = model.get_submodule("0"), model.get_submodule("2")
+            first.weight.copy_(nn.functional.normalize(first.weight, dim=1))
+            nn.init.constant_(last.bias, 0.5)
+            last.weight.mul_(2.0)
+    close(sharded(*mine((x,))), output_squared(reference, *mine((x,))).detach(), "the loss after the edits")
 
 
 class Shifted(nn.Module):
