@@ -112,16 +112,17 @@ _DEFAULT_PRIORITY = (1, 2, 0, 3, 4)
 _CUDNN_FIRST = (AttentionKernel.CUDNN, AttentionKernel.FLASH, AttentionKernel.EFFICIENT, AttentionKernel.MATH)
 
 
-def backend_switches() -> tuple:
-    """What of torch's global state picks attention kernels besides the
-    call: the four backend switches (`torch.backends.cuda.enable_*_sdp`,
-    which `torch.nn.attention.sdpa_kernel` sets; the flash one also rules
-    the CPU's kernel) and the priority order (`sdpa_kernel(...,
-    set_priority=True)`). A program compiled under other switches holds
-    other kernels."""
-    backends = torch.backends.cuda
-    return (backends.flash_sdp_enabled(), backends.mem_efficient_sdp_enabled(), backends.math_sdp_enabled(),
-            backends.cudnn_sdp_enabled(), tuple(torch._C._get_sdp_priority_order()))
+def backend_switches(device_type: str) -> tuple:
+    """What of torch's global state picks the attention kernels of a step on
+    `device_type` besides the call: the backends switched on
+    (`torch.backends.cuda.enable_*_sdp`, which `torch.nn.attention.sdpa_kernel`
+    sets; the flash one also rules the CPU's kernel) in the order tried
+    (`sdpa_kernel(..., set_priority=True)`), and whether math attention may
+    reduce in half precision. A program compiled under other switches
+    holds other kernels."""
+    order = _cuda_order(CudaTarget()) if device_type == "cuda" else (AttentionKernel.CPU_FLASH, AttentionKernel.MATH)
+    return (tuple((kernel.value, _switched_on(kernel)) for kernel in order),
+            torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed())
 
 
 def _switched_on(kernel: AttentionKernel) -> bool:
@@ -376,18 +377,20 @@ class FusedAttentionFor(TorchFunctionMode):
 
     def _unrepeated(self, q, k, v, mask, is_causal) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """(key, value, enable_gqa): the tensors `k` and `v` repeat, grouped,
-        where both repeat their heads alike to the query's and cuDNN or flash
-        attention takes the grouped call on the target; else as given."""
+        where both repeat their heads alike to the query's and the kernel
+        eager runs the repeated call with on the target, cuDNN or flash
+        attention, takes the grouped call too; else as given."""
         key, value = self._head_repeats.get(k), self._head_repeats.get(v)
         if key is None or value is None or key[1] != value[1] or q.dim() != 4:
             return k, v, False
         (k_heads, repeats), (v_heads, _) = key, value
         if q.shape[1] != k_heads.shape[1] * repeats or k_heads.shape[1] != v_heads.shape[1]:
             return k, v, False
-        try:
+        try:  # the kernel eager runs the repeated call with, taking the grouped one
+            repeated = cuda_attention_kernel(q, k, v, mask, is_causal, False, self.gpu)
             grouped = cuda_attention_kernel(q, k_heads, v_heads, mask, is_causal, True, self.gpu)
-        except NoAttentionKernel:  # the repeated call may still have one
+        except NoAttentionKernel:  # the call as written says so
             return k, v, False
-        if grouped not in (AttentionKernel.CUDNN, AttentionKernel.FLASH):
+        if grouped is not repeated or grouped not in (AttentionKernel.CUDNN, AttentionKernel.FLASH):
             return k, v, False
         return k_heads, v_heads, True

@@ -133,7 +133,8 @@ class HostOptimizer:
     def __init__(self, optimizer: torch.optim.Optimizer,
                  units: Sequence[tuple[str, Sequence[tuple[str, nn.Parameter]]]],
                  host_update: Callable[[], object], in_backward: InBackward | None = None,
-                 device: torch.device | None = None):
+                 device: torch.device | None = None,
+                 before_step: Callable[[torch.optim.Optimizer], None] = lambda optimizer: None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise StepError(f"overlap_host_optimizer takes a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if getattr(optimizer, "_fsdpc_host_optimizer", None) is not None:
@@ -154,6 +155,7 @@ class HostOptimizer:
                 for fqn, p in named:
                     _STEPPED_IN_BACKWARD[p] = fqn
         self._device = device  # the step's, made current in the thread (it waits for and drops its events)
+        self._before_step = before_step  # refuses a step the sharded module knows to be wrong, before any unit steps
         self._uncommitted: list[dict] | None = None  # in backward: the hyperparameters a call began stepping with
         self._twin = type(optimizer).__new__(type(optimizer))
         self._twin.__setstate__({"defaults": optimizer.defaults, "state": optimizer.state, "param_groups": []})
@@ -172,6 +174,7 @@ class HostOptimizer:
 
     def step(self, closure: Callable | None):
         self._refuse_step_hooks()
+        self._before_step(self.optimizer)
         if closure is not None:
             raise StepError("optimizer.step(closure) evaluates the loss again, which a host optimizer that runs "
                             "beside the next step cannot: call step() without a closure")

@@ -156,6 +156,14 @@ def _refuse_retired(optimizer, args, kwargs) -> None:
                 raise StepError(f"optimizer.step() inside unsharded(): '{_LENT[id(param)]}' is whole in the model "
                                 "now, and leaving the block writes it back over what the step would do; step "
                                 "after the block (or enter it with writeback=False)")
+
+
+def _refuse_unreduced(optimizer, *_) -> None:
+    """A step over shards whose accumulated gradients no synchronizing call
+    has reduced yet (a global step hook, and the host optimizer's step,
+    whose user step sees the device's parameters only)."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
             if param in _UNREDUCED:
                 raise StepError(
                     f"optimizer.step() while '{_UNREDUCED[param]}' has gradients accumulated by calls without "
@@ -172,6 +180,7 @@ def _install_optimizer_hooks() -> None:
     if _optimizer_hooks is None:
         local_step = LocalStep(lambda param: getattr(param, "_fsdpc_shard", False))
         _optimizer_hooks = (register_optimizer_step_pre_hook(_refuse_retired),
+                            register_optimizer_step_pre_hook(_refuse_unreduced),
                             register_optimizer_step_pre_hook(local_step.before),
                             register_optimizer_step_post_hook(local_step.after))
         local_step.hooks = {handle.id for handle in _optimizer_hooks}
@@ -642,6 +651,7 @@ class ShardedModule(nn.Module):
         self._tree_watch = _TreeWatch(self._model_lent)
         for name, module in [("", self), *model.named_modules()]:
             _WATCHED_TREES[module] = (self._tree_watch, f"{name}." if name else "")
+        self._built = True  # from now on a name the model's step probed for is the user's to set on the model
 
     # -- construction ------------------------------------------------------
 
@@ -888,7 +898,8 @@ class ShardedModule(nn.Module):
                                            ambient_autocast(self.device.type))
         return (train, self.training, modes, tuple((tuple(t.shape), t.dtype) for t in batch), self._buffer_types(),
                 frozen if train else (), tuple(sorted(self._overrides.items())) if train else (), autocast,
-                (torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(), backend_switches()),
+                (torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
+                 torch.is_deterministic_algorithms_warn_only_enabled(), backend_switches(self.device.type)),
                 self._in_mode(values, (train, self.training, modes)))
 
     def _program_for(self, batch: Sequence[torch.Tensor], *, train: bool, frozen: tuple[str, ...],
@@ -925,10 +936,13 @@ class ShardedModule(nn.Module):
             if f"{path or 'the model'}.{name}" not in known:
                 read = functools.partial(read_attribute, self._original.get_submodule(path), name, _ABSENT)
                 self._watched.append(_Watched(f"{path or 'the model'}.{name}", read, read()))
-        # A function swapped in since (a global or closure naming another) reads values of its own.
-        for described, read in free_variable_reads(config["loss_fn"], self._original):
-            if described not in known:
-                self._watched.append(_Watched(described, read, read()))
+        # A function swapped in since (a global or closure naming another) reads values of its own, or the
+        # same names in its own closure: each read is found again, read from what the step now calls.
+        fresh = dict(free_variable_reads(config["loss_fn"], self._original))
+        for index, watched in enumerate(self._watched):
+            if watched.name in fresh:
+                self._watched[index] = dataclasses.replace(watched, read=fresh.pop(watched.name))
+        self._watched.extend(_Watched(described, read, read()) for described, read in fresh.items())
         key = self._signature(batch, train, frozen)  # the values the step now holds
         same = self._same_step_for_other_values(key, compiled)
         if same is not None:
@@ -1119,7 +1133,7 @@ class ShardedModule(nn.Module):
             landing = InBackward(runtime_extension().GradientLandings, self._attach_grad,
                                  self._timeout.total_seconds())
         self._host_optimizer = HostOptimizer(optimizer, units, runtime_extension().HostUpdate, landing,
-                                             device=self.device)
+                                             device=self.device, before_step=_refuse_unreduced)
 
     @staticmethod
     def _settle_state(module: "ShardedModule", *_) -> None:
@@ -1169,8 +1183,10 @@ class ShardedModule(nn.Module):
         super().__setattr__(name, value)
 
     def _probed(self, name: str) -> bool:
-        """The model's step looked for `name` on the model and did not find it."""
-        return any(watched.name == f"the model.{name}" for watched in self.__dict__.get("_watched", ()))
+        """The model's step looked for `name` on the model and did not find it
+        (the sharded module's own attributes, set while it is built, stay its own)."""
+        return self.__dict__.get("_built", False) and \
+            any(watched.name == f"the model.{name}" for watched in self.__dict__.get("_watched", ()))
 
     def __deepcopy__(self, memo):
         raise StepError("a sharded module cannot be copied: it holds this rank's shards, its process groups and "

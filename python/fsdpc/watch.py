@@ -443,7 +443,7 @@ def free_variable_reads(loss_fn: Callable, model: nn.Module) -> list[tuple[str, 
         if isinstance(value, nn.Module):  # a loss module (its label smoothing): torch's code reads it
             return _module_settings(value)
         if user_function(value) or _user_autograd_function(value):  # by name and line: the same on every host
-            return f"{value.__qualname__} at line {_first_line(value)}"
+            return f"{value.__qualname__} at line {_first_line(value)}", _closure_values(value)
         return type(value).__name__  # not a setting; a different kind of value since is a change
 
     for described, read_now, attributes, _ in free_variables(loss_fn, model):
@@ -462,6 +462,14 @@ def _attribute_now(value, name: str):
         return watched_value(getattr(value, name, UNWATCHED))
     except Exception as error:  # a user's property may raise anything
         return f"<raises {type(error).__name__}>"
+
+
+def _closure_values(value) -> tuple:
+    """The plain values a function's closure holds (a loss made by a
+    factory, `make_loss(0.7)`): two closures of one factory are different
+    functions."""
+    cells = getattr(value, "__closure__", None) or ()
+    return tuple(watched_value(cell_value(cell)) for cell in cells)
 
 
 def _first_line(value) -> int:

@@ -1716,6 +1716,7 @@ def scenario_offload(args):
     sharded.train()
     check_overlapped_host_optimizer(data, pin, args.save)
     check_host_optimizer_in_backward(data, pin)
+    check_overlapped_step_after_accumulating(data, pin)
     if DEVICE.type == "cuda" and args.save:
         target = Path(args.save, "offload-ckpt")
         checkpoint.save(target, sharded, optimizer, extra={"step": 4})
@@ -1835,6 +1836,26 @@ class TimedAdamW(SlowAdamW):
     def step(self, closure=None):
         TimedAdamW.began.append(time.monotonic())
         return super().step(closure)
+
+
+def check_overlapped_step_after_accumulating(data, pin):
+    """An overlapped optimizer step while offloaded units hold accumulated,
+    unreduced gradients is refused at step(), before any unit steps, and
+    the module trains on: the host thread would have refused it, failing
+    every later call."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    sharded = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
+                          offload_policy=CPUOffloadPolicy(pin_memory=pin), gradient_accumulation=True)
+    optimizer = optimizer_for(sharded)
+    sharded.overlap_host_optimizer(optimizer)
+    with sharded.no_sync():
+        sharded(*mine(data[0]))
+    expect_error(optimizer.step, r"optimizer\.step\(\) while '.*' has gradients accumulated")
+    sharded(*mine(data[1]))
+    optimizer.step()
+    optimizer.zero_grad()
+    assert torch.isfinite(sharded(*mine(data[2]))), "the call after the refused step"
 
 
 def check_host_optimizer_in_backward(data, pin):
@@ -2581,6 +2602,12 @@ def second_scale(y):
     return y * SECOND_WEIGHT
 
 
+def scaled_by(weight):
+    def scale(y):
+        return y * weight
+    return scale
+
+
 SCALE = first_scale  # a loop may swap which function the loss calls
 
 
@@ -2590,9 +2617,10 @@ def swappable_loss(m, x):
 
 def function_swapped_in() -> None:
     """A global swapped to another function compiles for it, and what that
-    function reads from outside itself is watched from then on (before
-    2026-11-28 only the first function's reads were: a change to
-    SECOND_WEIGHT kept the step's first value, silently)."""
+    function reads from outside itself is watched from then on; so does one
+    swapped to another closure of the same factory (before 2026-11-28 only
+    the first function's reads were: a change to SECOND_WEIGHT, or a swap
+    to `scaled_by(4.0)`, kept the step's first values, silently)."""
     global SCALE, SECOND_WEIGHT
     torch.manual_seed(0)
     model = nn.Linear(8, 1)
@@ -2601,10 +2629,11 @@ def function_swapped_in() -> None:
     sharded = fsdpc.shard(model, mine((x,)), swappable_loss)
     try:
         for change in (lambda: None, lambda: globals().update(SCALE=second_scale),
-                       lambda: globals().update(SECOND_WEIGHT=5.0)):
+                       lambda: globals().update(SECOND_WEIGHT=5.0), lambda: globals().update(SCALE=scaled_by(0.5)),
+                       lambda: globals().update(SCALE=scaled_by(4.0))):
             change()
             close(sharded(*mine((x,))), swappable_loss(reference, *mine((x,))).detach(),
-                  f"the loss with {SCALE.__name__} and weight {SECOND_WEIGHT}")
+                  f"the loss with {SCALE.__qualname__} and weight {SECOND_WEIGHT}")
     finally:
         SCALE, SECOND_WEIGHT = first_scale, 2.0
 

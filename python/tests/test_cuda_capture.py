@@ -255,6 +255,36 @@ def test_the_backend_switches_pick_as_in_eager(case, gpu, backends, set_priority
     assert cuda_attention_kernel(q, k, v, None, False, False, H100) is not AttentionKernel.MATH  # restored
 
 
+@pytest.mark.parametrize("warn_only, expected", [(True, AttentionKernel.CUDNN), (False, AttentionKernel.FLASH)])
+def test_deterministic_algorithms_leave_cudnn_only_when_they_only_warn(warn_only, expected):
+    """cuDNN attention is not deterministic: eager leaves it out under
+    `torch.use_deterministic_algorithms(True)`, and keeps it where that only
+    warns."""
+    q = meta(2, 4, 64, 64)
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    try:
+        assert cuda_attention_kernel(q, q, q, None, True, False, H100) is expected
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def test_repeated_heads_stay_repeated_where_eager_runs_them_otherwise():
+    """Keys and values repeated to the query's heads reach a grouped kernel
+    only where eager's kernel for the repeated call is that one: with
+    memory-efficient attention first in the priority order on an A100,
+    eager runs the repeated call with it (flash would take the grouped
+    one), so capture does too."""
+    from fsdpc.attention import FusedAttentionFor
+
+    q, kv = meta(2, 8, 64, 64), meta(2, 2, 64, 64)
+    order = [SDPA.EFFICIENT_ATTENTION, SDPA.FLASH_ATTENTION]
+    with torch.nn.attention.sdpa_kernel(order, set_priority=True), FusedAttentionFor("cuda", A100) as mode:
+        torch.nn.functional.scaled_dot_product_attention(q, kv.repeat_interleave(4, dim=1),
+                                                         kv.repeat_interleave(4, dim=1), is_causal=True)
+    assert mode.chosen == [AttentionKernel.EFFICIENT]
+
+
 def test_capture_under_sdpa_kernel_keeps_the_kernel_it_leaves_on():
     """The switches reach capture: a bf16 call captured for an H100 under
     `sdpa_kernel(EFFICIENT_ATTENTION)` is the memory-efficient kernel."""
