@@ -211,8 +211,9 @@ class Unsharded:
                 if self._dtype is not None and shard.is_floating_point():
                     shard = shard.to(self._dtype)
                 group = module._groups.get(spec.group) if spec.group is not None else None
-                if group is None or dist.get_world_size(group) == 1:  # whole already: a copy, unless written back
-                    pending.append((fqn, spec, shard.to(device, copy=not self._writeback), None))
+                if group is None or dist.get_world_size(group) == 1:  # whole already: a copy, as a gather makes,
+                    # so that a block left by an exception (or refused write-back) leaves the shard as it was.
+                    pending.append((fqn, spec, shard.to(device, copy=True), None))
                     continue
                 staged = shard.cpu() if through_host else shard.to(device)
                 gathered = staged.new_empty((dist.get_world_size(group) * staged.shape[0], *staged.shape[1:]))

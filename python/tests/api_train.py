@@ -3254,6 +3254,26 @@ def greedy_tokens(model: nn.Module, prompt: torch.Tensor, new: int) -> torch.Ten
     return tokens
 
 
+def check_unsharded_left_by_an_exception(data) -> None:
+    """A block left by an exception writes nothing back, also where the
+    parameters are whole on every rank already (shard groups of one rank:
+    a (world, 1) mesh replicates them); before 2026-11-28 the block held
+    those shards themselves, so its edits stayed, silently."""
+    from torch.distributed.device_mesh import init_device_mesh
+    replicated = fsdpc.shard(reference_model(), mine(data[0]), next_token_loss,
+                             mesh=init_device_mesh(DEVICE.type, (dist.get_world_size(), 1)))
+    before = replicated.full_state_dict()
+    try:
+        with replicated.unsharded() as model:
+            with torch.no_grad():
+                model.blocks[0].mlp[0].weight.mul_(100.0)
+            raise ValueError("left the block")
+    except ValueError:
+        pass
+    for name, value in replicated.full_state_dict().items():
+        close(value, before[name], f"'{name}' after a block left by an exception")
+
+
 def scenario_unsharded(args):
     """The model itself on whole parameters after training steps (FSDP1's
     summon_full_params, FSDP2's unshard): all at once it holds eager's
@@ -3298,6 +3318,7 @@ def scenario_unsharded(args):
     with sharded.unsharded(writeback=False) as model:
         with torch.no_grad():
             model.blocks[1].attn.qkv.weight.zero_()
+    check_unsharded_left_by_an_exception(data)
 
     def untie() -> None:
         with sharded.unsharded() as model:
