@@ -132,6 +132,20 @@ FSDP2_METHODS_INSTEAD = {
 }
 
 
+# Model methods (Hugging Face's) whose effect the sharded module offers
+# otherwise: inside unsharded() they would add a forward hook (the inputs'
+# gradients) the compiled step was not traced with.
+_ENABLE_CHECKPOINTING = ("enable it on the model before fsdpc.shard (`model.gradient_checkpointing_enable()`, then "
+                         "`fsdpc.shard(model, ...)`: each checkpointed layer is recomputed in backward), or shard "
+                         "with pipeline=\"checkpoint=*\"")
+_DISABLE_CHECKPOINTING = ("set the layers' flag instead, `for m in model.modules(): m.gradient_checkpointing = False` "
+                          "where it is set (the next call compiles the step without recomputation)")
+_MODEL_METHODS_INSTEAD = {"gradient_checkpointing_enable": _ENABLE_CHECKPOINTING,
+                          "activation_checkpointing_enable": _ENABLE_CHECKPOINTING,
+                          "gradient_checkpointing_disable": _DISABLE_CHECKPOINTING,
+                          "activation_checkpointing_disable": _DISABLE_CHECKPOINTING}
+
+
 # In a program's key: a read module attribute deleted since; a watched read
 # shown not to reach the steps of a mode, in the keys of that mode's programs.
 _ABSENT = Marker("(deleted)")
@@ -1160,6 +1174,8 @@ class ShardedModule(nn.Module):
             value = original.__dict__.get(name)  # the model's own attributes, not its tree (ours)
             if value is not None and not isinstance(value, (nn.Module, torch.Tensor)):
                 return value
+            if name in _MODEL_METHODS_INSTEAD and callable(getattr(type(original), name, None)):
+                raise AttributeError(f"the sharded module has no '{name}': {_MODEL_METHODS_INSTEAD[name]}") from None
             if callable(getattr(type(original), name, None)):
                 raise AttributeError(
                     f"the sharded module has no '{name}': it is {type(original).__name__}'s own method, and the "

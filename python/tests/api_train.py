@@ -1409,6 +1409,15 @@ def scenario_hugging_face(args):
         for policy, tolerance in policies:
             options = {"mp_policy": policy} if policy is not None else {}
             sharded = fsdpc.shard(make_model().to(DEVICE), (rows(data[0]),), hf_loss, **options)
+            # Its checkpointing methods would add a hook the step was not traced with: each says what instead.
+            for method, instead in (("gradient_checkpointing_enable", "enable it on the model before fsdpc.shard"),
+                                    ("gradient_checkpointing_disable", "set the layers' flag instead")):
+                try:
+                    getattr(sharded, method)
+                except AttributeError as error:
+                    assert instead in str(error), error
+                else:
+                    raise AssertionError(f"sharded.{method} was offered")
             ours = trained(sharded, sharded, data)
             theirs_model = fully_sharded(make_model().to(DEVICE), blocks_of, policy)
 
