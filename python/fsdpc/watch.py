@@ -443,7 +443,8 @@ def free_variable_reads(loss_fn: Callable, model: nn.Module) -> list[tuple[str, 
         if isinstance(value, nn.Module):  # a loss module (its label smoothing): torch's code reads it
             return _module_settings(value)
         if user_function(value) or _user_autograd_function(value):  # by name and line: the same on every host
-            return f"{value.__qualname__} at line {_first_line(value)}", _closure_values(value)
+            closed = _closure_values(value)
+            return f"{value.__qualname__} at line {_first_line(value)}" + (f" closing over {closed!r}" if closed else "")
         return type(value).__name__  # not a setting; a different kind of value since is a change
 
     for described, read_now, attributes, _ in free_variables(loss_fn, model):
