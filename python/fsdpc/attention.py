@@ -125,12 +125,16 @@ def backend_switches(device_type: str) -> tuple:
             torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed())
 
 
+# Each kernel's switch (the flash one rules the CPU's kernel too).
+_SWITCHES = {AttentionKernel.CUDNN: torch.backends.cuda.cudnn_sdp_enabled,
+             AttentionKernel.FLASH: torch.backends.cuda.flash_sdp_enabled,
+             AttentionKernel.CPU_FLASH: torch.backends.cuda.flash_sdp_enabled,
+             AttentionKernel.EFFICIENT: torch.backends.cuda.mem_efficient_sdp_enabled,
+             AttentionKernel.MATH: torch.backends.cuda.math_sdp_enabled}
+
+
 def _switched_on(kernel: AttentionKernel) -> bool:
-    backends = torch.backends.cuda
-    return {AttentionKernel.CUDNN: backends.cudnn_sdp_enabled, AttentionKernel.FLASH: backends.flash_sdp_enabled,
-            AttentionKernel.CPU_FLASH: backends.flash_sdp_enabled,
-            AttentionKernel.EFFICIENT: backends.mem_efficient_sdp_enabled,
-            AttentionKernel.MATH: backends.math_sdp_enabled}[kernel]()
+    return _SWITCHES[kernel]()
 
 
 def _cuda_order(target: CudaTarget) -> tuple[AttentionKernel, ...]:

@@ -902,8 +902,8 @@ class ShardedModule(nn.Module):
     def _signature(self, batch: Sequence[torch.Tensor], train: bool, frozen: tuple[str, ...],
                    read: tuple[tuple[str, ...], tuple, torch.dtype | None] | None = None) -> tuple:
         """What picks a program: mode (and the modules in the other one),
-        batch shapes, buffer shapes and dtypes, frozen parameters, the options set since fsdpc.shard,
-        the autocast the call runs under, torch's default dtype (which
+        batch shapes, buffer shapes and dtypes, frozen parameters, the
+        options set since fsdpc.shard, the autocast the call runs under, torch's default dtype (which
         factories without a dtype make), its deterministic-algorithms switch
         and attention backend switches (which pick kernels), and the values
         of the module attributes the steps read (`read`: the modes apart,
@@ -1174,9 +1174,9 @@ class ShardedModule(nn.Module):
             value = original.__dict__.get(name)  # the model's own attributes, not its tree (ours)
             if value is not None and not isinstance(value, (nn.Module, torch.Tensor)):
                 return value
-            if name in _MODEL_METHODS_INSTEAD and callable(getattr(type(original), name, None)):
-                raise AttributeError(f"the sharded module has no '{name}': {_MODEL_METHODS_INSTEAD[name]}") from None
             if callable(getattr(type(original), name, None)):
+                if name in _MODEL_METHODS_INSTEAD:
+                    raise AttributeError(f"the sharded module has no '{name}': {_MODEL_METHODS_INSTEAD[name]}") from None
                 raise AttributeError(
                     f"the sharded module has no '{name}': it is {type(original).__name__}'s own method, and the "
                     f"sharded module runs the compiled training step; call it on the model with whole "
